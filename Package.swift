@@ -1,0 +1,60 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+let package = Package(
+    name: "whend",
+    platforms: [.macOS(.v14)],
+    products: [
+        .executable(name: "whend", targets: ["whend"]),
+        .executable(name: "whenctl", targets: ["whenctl"]),
+        .library(name: "WhendWire", targets: ["WhendWire"]),
+        .library(name: "WhendJournal", targets: ["WhendJournal"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.3"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+    ],
+    targets: [
+        // C libraries from Debian, through system-library targets.
+        .systemLibrary(name: "CZstd", pkgConfig: "libzstd", providers: [.apt(["libzstd-dev"])]),
+        .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
+
+        // The wire format (PROTOCOL.md): framing, the validating scanner, normalisation. No NIO.
+        .target(name: "WhendWire"),
+        // The append-only zstd journal: writer, recovery, reader, index, verify. No NIO.
+        .target(name: "WhendJournal", dependencies: ["WhendWire", "CZstd"]),
+        // The daemon: NIO event socket, connections, acks, wiring to the journal.
+        .target(
+            name: "WhendDaemon",
+            dependencies: [
+                "WhendWire", "WhendJournal", "CSystemd",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .executableTarget(
+            name: "whend",
+            dependencies: [
+                "WhendDaemon",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .executableTarget(
+            name: "whenctl",
+            dependencies: [
+                "WhendWire", "WhendJournal",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
+
+        .testTarget(name: "WhendWireTests", dependencies: ["WhendWire"]),
+        .testTarget(name: "WhendJournalTests", dependencies: ["WhendJournal", "WhendWire"]),
+        // End to end: real whend and whenctl processes on real sockets. Depends on the
+        // executables so that `swift test` builds them beside the test bundle.
+        .testTarget(name: "WhendTests", dependencies: ["WhendWire", "WhendJournal", "whend", "whenctl"]),
+    ],
+    swiftLanguageModes: [.v6]
+)

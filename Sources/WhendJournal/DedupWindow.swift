@@ -1,0 +1,47 @@
+import WhendWire
+
+/// Remembers the (`app`, `session`, `id`) of the events among the last `window` records of the
+/// journal, so that a resent event is stored once (PROTOCOL.md §4).
+///
+/// The window is counted in records (`_seq`s), not in time, so that its memory is bounded by
+/// configuration (at most `window` keys of at most 511 bytes each) and rebuilding it at
+/// start-up reads at most `window` records, whatever the journal's size.
+struct DedupWindow {
+    let window: UInt64
+    private var seqOfKey: [DedupKey: UInt64] = [:]
+    private var order: [(seq: UInt64, key: DedupKey)] = []
+    private var head = 0
+
+    init(window: Int) {
+        self.window = UInt64(max(0, window))
+    }
+
+    var count: Int { seqOfKey.count }
+
+    func contains(_ key: DedupKey) -> Bool { seqOfKey[key] != nil }
+
+    mutating func insert(_ key: DedupKey, seq: UInt64) {
+        guard window > 0 else { return }
+        seqOfKey[key] = seq
+        order.append((seq, key))
+    }
+
+    mutating func remove(_ key: DedupKey) {
+        seqOfKey[key] = nil
+    }
+
+    /// Forgets the keys of records that fell out of the window once `lastSeq` is stored.
+    mutating func evict(lastSeq: UInt64) {
+        guard lastSeq > window else { return }
+        let oldest = lastSeq - window + 1
+        while head < order.count, order[head].seq < oldest {
+            let (seq, key) = order[head]
+            if seqOfKey[key] == seq { seqOfKey[key] = nil }
+            head += 1
+        }
+        if head > 4096, head * 2 > order.count {
+            order.removeFirst(head)
+            head = 0
+        }
+    }
+}

@@ -1,0 +1,51 @@
+import Foundation
+
+/// One segment file of the journal, named by the `_seq` of its first record.
+public struct SegmentFile: Sendable, Comparable {
+    public var firstSeq: UInt64
+    public var path: String
+
+    public static func < (a: SegmentFile, b: SegmentFile) -> Bool { a.firstSeq < b.firstSeq }
+
+    /// `00000000000000000001.jsonl.zst`: zero-padded so that names sort in `_seq` order.
+    public static func name(firstSeq: UInt64) -> String {
+        let digits = String(firstSeq)
+        return String(repeating: "0", count: max(0, 20 - digits.count)) + digits + ".jsonl.zst"
+    }
+}
+
+/// The journal directory: where segments are, and in which order.
+public struct JournalDirectory: Sendable {
+    public let path: String
+
+    public init(path: String) {
+        self.path = path
+    }
+
+    /// The journal directory under a state directory (PROTOCOL.md §7).
+    public init(stateDirectory: String) {
+        self.path = stateDirectory + "/journal"
+    }
+
+    public func create() throws {
+        do {
+            try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        } catch {
+            throw JournalIOError(operation: "mkdir", path: path, errno: errno == 0 ? EACCES : errno)
+        }
+    }
+
+    public func segmentPath(firstSeq: UInt64) -> String { path + "/" + SegmentFile.name(firstSeq: firstSeq) }
+
+    /// The segments, oldest first. Files that are not segments are left alone.
+    public func segments() -> [SegmentFile] {
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: path) else { return [] }
+        var result: [SegmentFile] = []
+        for name in names where name.hasSuffix(".jsonl.zst") {
+            let stem = name.dropLast(".jsonl.zst".count)
+            guard !stem.isEmpty, stem.allSatisfy(\.isNumber), let seq = UInt64(stem) else { continue }
+            result.append(SegmentFile(firstSeq: seq, path: path + "/" + name))
+        }
+        return result.sorted()
+    }
+}

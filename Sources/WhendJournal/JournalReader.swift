@@ -1,0 +1,174 @@
+import Foundation
+import WhendWire
+
+/// Something wrong found in a segment, with where it is.
+public struct JournalProblem: Sendable, CustomStringConvertible, Equatable {
+    public var path: String
+    /// The offset in the (compressed) file of the frame where it lies.
+    public var offset: Int64
+    public var message: String
+
+    public var description: String { "\(path): offset \(offset): \(message)" }
+}
+
+/// A record as a reader sees it.
+public struct JournalRecord {
+    /// The stored line, without `\n`. Valid only during the callback.
+    public var line: UnsafeBufferPointer<UInt8>
+    public var fields: StoredRecord
+    public var segment: String
+    public var frameOffset: Int64
+}
+
+/// Reads the journal in `_seq` order, while the daemon writes it if need be.
+///
+/// Sealed segments are entered through their index, so that `fromSeq` and `sinceMicros` start
+/// near the first wanted record instead of decompressing everything before it. The active
+/// segment is read up to its last flushed commit; with `follow`, the reader waits for more and
+/// moves to the next segment once the writer opens it.
+public struct JournalReader: Sendable {
+    public let directory: JournalDirectory
+    public var pollInterval: TimeInterval = 0.1
+
+    public init(directory: JournalDirectory) {
+        self.directory = directory
+    }
+
+    /// Calls `body` for every record with `_seq ≥ fromSeq` (when given), in order, until it
+    /// returns false.
+    ///
+    /// - Parameters:
+    ///   - sinceMicros: skip sealed frames whose records were all received before this time.
+    ///     Records are not filtered by it: the caller filters exactly.
+    ///   - follow: at the end of the journal, wait for new records instead of returning.
+    ///   - onCaughtUp: called each time the reader has read everything there is (when
+    ///     following); returning false stops the reading.
+    ///   - onProblem: called for damage; the reader then goes on with the next segment.
+    public func read(
+        fromSeq: UInt64? = nil, sinceMicros: Int64? = nil, follow: Bool = false,
+        body: (JournalRecord, _ isLive: Bool) -> Bool,
+        onCaughtUp: () -> Bool = { true },
+        onProblem: (JournalProblem) -> Void
+    ) {
+        var segments = directory.segments()
+        var position = startPosition(segments, fromSeq: fromSeq, sinceMicros: sinceMicros)
+        var lastSeqSeen: UInt64 = 0
+        while true {
+            guard let (index, startOffset) = position, index < segments.count else {
+                // Nothing to read yet (an empty journal): wait for a first segment if following.
+                guard follow, onCaughtUp() else { return }
+                Thread.sleep(forTimeInterval: pollInterval)
+                segments = directory.segments()
+                position = segments.isEmpty ? nil : (segments.firstIndex { $0.firstSeq > lastSeqSeen } ?? segments.count - 1, 0)
+                continue
+            }
+            let segment = segments[index]
+            let fd = open(segment.path, O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else {
+                if errno == ENOENT {  // deleted by retention meanwhile
+                    segments = directory.segments()
+                    position = segments.firstIndex { $0.firstSeq > lastSeqSeen }.map { ($0, 0) }
+                    continue
+                }
+                onProblem(JournalProblem(path: segment.path, offset: 0, message: "cannot open: \(String(cString: strerror(errno)))"))
+                position = (index + 1, 0)
+                continue
+            }
+            defer { close(fd) }
+            let decoder = SegmentDecoder(startingAt: startOffset)
+            var offset = off_t(startOffset)
+            var chunk = [UInt8](repeating: 0, count: 1 << 18)
+            var stop = false
+            var damaged = false
+            var nextSegmentSeen = false
+            reading: while true {
+                let n = chunk.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, offset) }
+                if n > 0 {
+                    offset += off_t(n)
+                    let isLast = index == segments.count - 1
+                    do {
+                        try chunk.withUnsafeBytes { raw in
+                            try decoder.feed(UnsafeRawBufferPointer(rebasing: raw[0..<n])) { event in
+                                guard case .line(let line, let frameOffset) = event else { return }
+                                let fields: StoredRecord
+                                do { fields = try StoredRecord.scan(line) } catch {
+                                    onProblem(JournalProblem(path: segment.path, offset: frameOffset, message: "a line is not a JSON object: \(error)"))
+                                    return
+                                }
+                                if let seq = fields.seq {
+                                    lastSeqSeen = max(lastSeqSeen, seq)
+                                    if let fromSeq, seq < fromSeq { return }
+                                }
+                                let record = JournalRecord(line: line, fields: fields, segment: segment.path, frameOffset: frameOffset)
+                                if !body(record, isLast) { throw StopReading() }
+                            }
+                        }
+                    } catch is StopReading {
+                        stop = true
+                        break reading
+                    } catch let failure as SegmentDecoder.Failure {
+                        onProblem(JournalProblem(path: segment.path, offset: failure.offset, message: failure.message))
+                        damaged = true
+                        break reading
+                    } catch {
+                        damaged = true
+                        break reading
+                    }
+                    continue
+                }
+                if n < 0 && errno == EINTR { continue }
+                // End of the file as it is now.
+                if index < segments.count - 1 || nextSegmentSeen { break reading }
+                guard follow else { break reading }
+                if !onCaughtUp() {
+                    stop = true
+                    break reading
+                }
+                Thread.sleep(forTimeInterval: pollInterval)
+                let now = directory.segments()
+                if now.last.map({ $0.firstSeq > segment.firstSeq }) == true {
+                    // The writer moved on: this segment is sealed; read what remains, then go on.
+                    segments = now
+                    nextSegmentSeen = true
+                }
+            }
+            if stop { return }
+            let isLast = index == segments.count - 1
+            if !damaged, !decoder.isBetweenFrames, !isLast {
+                onProblem(JournalProblem(
+                    path: segment.path, offset: decoder.frameStart ?? 0,
+                    message: "the segment ends inside a frame: it was torn and not recovered; start whend once to recover it"))
+            }
+            if isLast && !follow { return }
+            if isLast {
+                // Following, and the last segment vanished or was damaged: look again.
+                segments = directory.segments()
+                position = segments.firstIndex { $0.firstSeq > lastSeqSeen }.map { ($0, 0) } ?? (segments.count, 0)
+                continue
+            }
+            if let i = segments.firstIndex(where: { $0.firstSeq > segment.firstSeq }) { position = (i, 0) } else { position = (segments.count, 0) }
+        }
+    }
+
+    private struct StopReading: Error {}
+
+    /// The segment and offset where reading starts.
+    func startPosition(_ segments: [SegmentFile], fromSeq: UInt64?, sinceMicros: Int64?) -> (Int, Int64)? {
+        guard !segments.isEmpty else { return nil }
+        var start = 0
+        if let fromSeq {
+            start = segments.lastIndex { $0.firstSeq <= fromSeq } ?? 0
+        }
+        for i in start..<segments.count {
+            guard let index = SegmentIndex.read(fromFileAt: segments[i].path) else { return (i, 0) }
+            if let fromSeq, index.lastSeq < fromSeq { continue }
+            var offset: Int64 = fromSeq.map { index.offset(forSeq: $0) } ?? 0
+            if let sinceMicros {
+                guard let timeOffset = index.offset(forReceivedMicros: sinceMicros) else { continue }
+                offset = max(offset, timeOffset)
+            }
+            return (i, offset)
+        }
+        return (segments.count - 1, SegmentIndex.read(fromFileAt: segments[segments.count - 1].path) == nil ? 0 : 0)
+    }
+}

@@ -1,0 +1,117 @@
+import Foundation
+import WhendWire
+
+/// What `whenctl verify` found.
+public struct VerificationReport: Sendable {
+    public var segments = 0
+    public var records: UInt64 = 0
+    public var firstSeq: UInt64?
+    public var lastSeq: UInt64?
+    public var problems: [JournalProblem] = []
+    /// Facts that are not problems, such as a segment being written right now.
+    public var notes: [String] = []
+
+    public var isClean: Bool { problems.isEmpty }
+}
+
+/// Checks every segment: zstd integrity (frame checksums included), one JSON object per line,
+/// `_seq` contiguous within and across segments, and each sealed segment's index.
+public struct JournalVerifier: Sendable {
+    public let directory: JournalDirectory
+
+    public init(directory: JournalDirectory) {
+        self.directory = directory
+    }
+
+    /// - Parameter progress: called after each segment with (done, total).
+    public func verify(progress: (Int, Int) -> Void = { _, _ in }) -> VerificationReport {
+        var report = VerificationReport()
+        let segments = directory.segments()
+        var previousLast: UInt64?
+        for (i, segment) in segments.enumerated() {
+            let isLast = i == segments.count - 1
+            report.segments += 1
+            if let previousLast, segment.firstSeq != previousLast + 1 {
+                let message = segment.firstSeq > previousLast + 1
+                    ? "_seq \(previousLast + 1)…\(segment.firstSeq - 1) are missing before this segment"
+                    : "this segment starts at _seq \(segment.firstSeq), but the one before ends at \(previousLast)"
+                report.problems.append(JournalProblem(path: segment.path, offset: 0, message: message))
+            }
+            let last = verify(segment, isLast: isLast, into: &report)
+            previousLast = last ?? (segment.firstSeq - 1)
+            progress(i + 1, segments.count)
+        }
+        return report
+    }
+
+    /// Returns the last `_seq` found in the segment.
+    private func verify(_ segment: SegmentFile, isLast: Bool, into report: inout VerificationReport) -> UInt64? {
+        func problem(_ offset: Int64, _ message: String) {
+            report.problems.append(JournalProblem(path: segment.path, offset: offset, message: message))
+        }
+        let data: [UInt8]
+        do { data = try FileIO.readAll(segment.path) } catch {
+            problem(0, "cannot read: \(error)")
+            return nil
+        }
+        var expected = segment.firstSeq
+        var lastSeq: UInt64?
+        var frameStarts = Set<Int64>()
+        var lineInFrame = 0
+        let decoder = SegmentDecoder()
+        do {
+            try data.withUnsafeBytes { raw in
+                try decoder.feed(raw) { event in
+                    switch event {
+                    case .frameEnd:
+                        lineInFrame = 0
+                    case .line(let line, let frameOffset):
+                        frameStarts.insert(frameOffset)
+                        lineInFrame += 1
+                        let fields: StoredRecord
+                        do { fields = try StoredRecord.scan(line) } catch {
+                            problem(frameOffset, "line \(lineInFrame) of the frame is not a JSON object (\(error))")
+                            expected += 1
+                            return
+                        }
+                        guard let seq = fields.seq else {
+                            problem(frameOffset, "line \(lineInFrame) of the frame has no _seq")
+                            expected += 1
+                            return
+                        }
+                        if seq != expected {
+                            problem(frameOffset, "expected _seq \(expected), found \(seq)")
+                        }
+                        expected = seq + 1
+                        lastSeq = seq
+                        report.records += 1
+                        if report.firstSeq == nil { report.firstSeq = seq }
+                        report.lastSeq = seq
+                    }
+                }
+            }
+        } catch let failure as SegmentDecoder.Failure {
+            problem(failure.offset, "\(failure.message); the rest of the segment cannot be read")
+            return lastSeq
+        } catch {
+            problem(0, "\(error)")
+            return lastSeq
+        }
+        if let index = SegmentIndex.read(fromFileAt: segment.path) {
+            if index.firstSeq != segment.firstSeq || index.lastSeq != (lastSeq ?? segment.firstSeq - 1) {
+                problem(0, "the index says _seq \(index.firstSeq)…\(index.lastSeq), the records say \(segment.firstSeq)…\(lastSeq.map(String.init) ?? "none")")
+            }
+            for entry in index.entries where !frameStarts.contains(entry.offset) {
+                problem(entry.offset, "the index points to offset \(entry.offset), where no frame of records starts")
+            }
+        } else if isLast {
+            report.notes.append("\(segment.path) is the active segment (not sealed yet)")
+            if !decoder.isBetweenFrames, decoder.pendingLineBytes > 0 {
+                report.notes.append("\(segment.path) ends inside a record: being written, or torn (whend recovers it at start)")
+            }
+        } else {
+            problem(0, "not sealed, yet not the last segment: it was torn and never recovered; start whend once to recover it")
+        }
+        return lastSeq
+    }
+}

@@ -1,0 +1,401 @@
+import Foundation
+import WhendWire
+
+/// What an acknowledgement means (DESIGN.md "The journal writer").
+public enum Durability: String, Sendable, CaseIterable {
+    /// Acked once `fdatasync` returned: the record survives a power cut.
+    case fsync
+    /// Acked once `write` returned: the record survives a crash of the daemon, not of the machine.
+    case write
+    /// Acked once sequenced; written soon after. For benchmarks and throwaway rigs.
+    case none
+}
+
+/// How the journal is written, rotated and pruned.
+public struct JournalConfiguration: Sendable {
+    public var directory: JournalDirectory
+    public var durability: Durability = .fsync
+    /// Rotate the active segment once it holds this many compressed bytes.
+    public var segmentMaxBytes: Int64 = 32 << 20
+    /// Rotate the active segment once it is this old (seconds), if it holds any record.
+    public var segmentMaxAge: TimeInterval = 3600
+    /// End a zstd frame after this many uncompressed bytes: the seek granularity.
+    public var frameBytes: Int = 4 << 20
+    /// Delete the oldest sealed segments while the journal is larger than this (0: no limit).
+    public var retentionMaxBytes: Int64 = 1 << 30
+    /// Delete sealed segments older than this many seconds (0: no limit).
+    public var retentionMaxAge: TimeInterval = 0
+    /// How many of the latest records the de-duplication of resent events covers.
+    public var dedupWindow: Int = 100_000
+    public var compressionLevel: Int32 = 3
+
+    public init(directory: JournalDirectory) {
+        self.directory = directory
+    }
+}
+
+/// Records of one connection, handed to the writer together: the unit of ordering and of
+/// acknowledgement.
+public struct JournalBatch: Sendable {
+    /// Record bodies (everything after `{"_seq":N,`), back to back.
+    public var bodies: [UInt8] = []
+    /// Where each body ends in `bodies`.
+    public var ends: [Int] = []
+    /// The de-duplication keys of the bodies that carry an `id`, by body index, ascending.
+    public var keys: [(index: Int, key: DedupKey)] = []
+    /// The range of `_rt` stamped on these bodies, in µs, for the index.
+    public var minReceivedMicros: Int64 = .max
+    public var maxReceivedMicros: Int64 = .min
+
+    public init() {}
+
+    public var isEmpty: Bool { ends.isEmpty }
+    public var count: Int { ends.count }
+}
+
+/// The fate of a batch.
+public enum JournalCommit: Sendable, Equatable {
+    /// Every record is stored (under the configured durability), or was a resend of one that is.
+    case stored(lastSeq: UInt64)
+    /// Nothing of the batch is acknowledged; the message says why and what to do.
+    case failed(String)
+}
+
+/// Live figures of the writer, for status and metrics.
+public struct JournalStatistics: Sendable {
+    public var lastSeq: UInt64
+    public var recordsStored: UInt64
+    public var duplicatesSkipped: UInt64
+    public var commits: UInt64
+    public var bytesWritten: UInt64
+    public var failing: String?
+}
+
+/// The one place that orders records: it gives each its `_seq`, commits everything that arrived
+/// while the previous commit was in flight as one group, and only then reports the batches done.
+///
+/// It runs on a thread of its own so that `fdatasync` never blocks an event loop. Submitters
+/// never wait on it; they hear back through each batch's completion, called on the writer thread.
+///
+/// Thread safety: `queue`, `stopping` and `statistics` are guarded by `condition`; every other
+/// stored property is touched only by the writer thread once `start()` has been called.
+public final class JournalWriter: @unchecked Sendable {
+    public let configuration: JournalConfiguration
+    public typealias Completion = @Sendable (JournalCommit) -> Void
+
+    private let condition = NSCondition()
+    private var queue: [(JournalBatch, Completion)] = []
+    private var stopping = false
+    private var stats: JournalStatistics
+    private let finished = DispatchSemaphore(value: 0)
+
+    private var nextSeq: UInt64
+    private var dedup: DedupWindow
+    private var active: SegmentWriter?
+    /// A segment whose last write failed: it must be recovered before anything else is written.
+    private var broken: SegmentFile?
+    private let compressor: ZstdCompressor
+    private var scratch: [UInt8] = []
+    private var lastRetention = Date.distantPast
+    private let log: @Sendable (String) -> Void
+
+    /// Opens the journal: recovers the unsealed tail, if any, and rebuilds the de-duplication
+    /// window from the latest records. Its cost is bounded by one segment and the window, not by
+    /// the journal's size.
+    ///
+    /// - Parameter log: where to report what recovery and retention did.
+    /// - Throws: `JournalIOError` when the directory cannot be created or the tail recovered.
+    public init(configuration: JournalConfiguration, log: @escaping @Sendable (String) -> Void = { _ in }) throws {
+        self.configuration = configuration
+        self.log = log
+        let directory = configuration.directory
+        try directory.create()
+        if let leftovers = try? FileManager.default.contentsOfDirectory(atPath: directory.path) {
+            for name in leftovers where name.hasSuffix(".recovering") { unlink(directory.path + "/" + name) }
+        }
+        var dedup = DedupWindow(window: configuration.dedupWindow)
+        var lastSeq: UInt64 = 0
+        if let tail = directory.segments().last {
+            let result = try SegmentRecovery.recover(tail)
+            switch result.outcome {
+            case .alreadySealed: break
+            case .sealed(let dropped):
+                log("recovered \(tail.path): kept records up to _seq \(result.lastSeq), cut \(dropped) bytes of torn tail, sealed")
+            case .removedEmpty:
+                log("removed \(tail.path): it held no complete record")
+            }
+            lastSeq = result.lastSeq
+        }
+        let window = UInt64(max(0, configuration.dedupWindow))
+        if window > 0, lastSeq > 0 {
+            let from = lastSeq > window ? lastSeq - window + 1 : 1
+            JournalReader(directory: directory).read(fromSeq: from) { record, _ in
+                if let key = record.fields.dedupKey, let seq = record.fields.seq { dedup.insert(key, seq: seq) }
+                return true
+            } onProblem: { problem in
+                log("while rebuilding the de-duplication window: \(problem)")
+            }
+        }
+        self.dedup = dedup
+        self.nextSeq = lastSeq + 1
+        self.compressor = ZstdCompressor(level: configuration.compressionLevel)
+        self.stats = JournalStatistics(lastSeq: lastSeq, recordsStored: 0, duplicatesSkipped: 0, commits: 0, bytesWritten: 0)
+    }
+
+    /// Starts the writer thread.
+    public func start() {
+        let thread = Thread { [self] in run() }
+        thread.name = "whend-journal"
+        thread.start()
+    }
+
+    /// Queues a batch. Its completion runs on the writer thread once the batch's group commit
+    /// is done (or failed). After `shutdown()` began, batches fail with a message saying so.
+    public func submit(_ batch: JournalBatch, completion: @escaping Completion) {
+        condition.lock()
+        if stopping {
+            condition.unlock()
+            completion(.failed("whend is shutting down; send again after it restarts"))
+            return
+        }
+        queue.append((batch, completion))
+        condition.signal()
+        condition.unlock()
+    }
+
+    public var statistics: JournalStatistics {
+        condition.lock()
+        defer { condition.unlock() }
+        return stats
+    }
+
+    /// Commits everything queued, seals the active segment and stops the thread.
+    public func shutdown() {
+        condition.lock()
+        stopping = true
+        condition.signal()
+        condition.unlock()
+        finished.wait()
+    }
+
+    // MARK: - The writer thread
+
+    private func run() {
+        while true {
+            condition.lock()
+            if queue.isEmpty && !stopping {
+                _ = condition.wait(until: Date().addingTimeInterval(1))
+            }
+            let batches = queue
+            queue.removeAll(keepingCapacity: true)
+            let stop = stopping
+            condition.unlock()
+
+            if !batches.isEmpty {
+                commit(batches)
+                if configuration.durability == .none, queueIsEmpty() { flushQuietly() }
+            } else if stop {
+                break
+            } else {
+                maintain()
+            }
+        }
+        if let active {
+            do {
+                try active.seal()
+                log("sealed \(active.file.path) at _seq \(active.lastSeq)")
+            } catch {
+                log("could not seal \(active.file.path): \(error); it will be recovered at the next start")
+            }
+        }
+        active = nil
+        finished.signal()
+    }
+
+    private func queueIsEmpty() -> Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        return queue.isEmpty
+    }
+
+    private func commit(_ batches: [(JournalBatch, Completion)]) {
+        if let failure = repairIfBroken() {
+            finish(batches, .failed(failure))
+            return
+        }
+        scratch.removeAll(keepingCapacity: true)
+        let first = nextSeq
+        var seq = first
+        var inserted: [DedupKey] = []
+        var duplicates: UInt64 = 0
+        var minReceived = Int64.max
+        var maxReceived = Int64.min
+        for (batch, _) in batches {
+            minReceived = min(minReceived, batch.minReceivedMicros)
+            maxReceived = max(maxReceived, batch.maxReceivedMicros)
+            var nextKey = 0
+            batch.bodies.withUnsafeBufferPointer { bodies in
+                var start = 0
+                for i in 0..<batch.ends.count {
+                    let end = batch.ends[i]
+                    defer { start = end }
+                    if nextKey < batch.keys.count, batch.keys[nextKey].index == i {
+                        let key = batch.keys[nextKey].key
+                        nextKey += 1
+                        if dedup.contains(key) {
+                            duplicates += 1
+                            continue
+                        }
+                        dedup.insert(key, seq: seq)
+                        inserted.append(key)
+                    }
+                    appendRecordPrefix(seq)
+                    scratch.append(contentsOf: UnsafeBufferPointer(rebasing: bodies[start..<end]))
+                    scratch.append(0x0A)
+                    seq += 1
+                }
+            }
+        }
+        let last = seq - 1
+        do {
+            if seq > first {
+                let segment = try activeSegment()
+                try scratch.withUnsafeBytes { lines in
+                    try segment.append(
+                        lines: lines, firstSeq: first, lastSeq: last, minReceived: minReceived, maxReceived: maxReceived,
+                        flush: configuration.durability != .none)
+                }
+                if configuration.durability == .fsync { try segment.sync() }
+                nextSeq = seq
+                dedup.evict(lastSeq: last)
+            }
+        } catch {
+            for key in inserted { dedup.remove(key) }
+            broken = active?.file
+            active = nil
+            let message = "the journal cannot store right now (\(error)); nothing of this was stored; retry later"
+            log(message)
+            condition.lock()
+            stats.failing = "\(error)"
+            condition.unlock()
+            finish(batches, .failed(message))
+            return
+        }
+        condition.lock()
+        stats.lastSeq = nextSeq - 1
+        stats.recordsStored += seq - first
+        stats.duplicatesSkipped += duplicates
+        stats.commits += 1
+        stats.bytesWritten += UInt64(scratch.count)
+        stats.failing = nil
+        condition.unlock()
+        finish(batches, .stored(lastSeq: nextSeq - 1))
+        if let segment = active, segment.size >= configuration.segmentMaxBytes { rotate() }
+    }
+
+    private func finish(_ batches: [(JournalBatch, Completion)], _ result: JournalCommit) {
+        for (_, completion) in batches { completion(result) }
+    }
+
+    private func appendRecordPrefix(_ seq: UInt64) {
+        // `{"_seq":` then the decimal digits, without going through String.
+        scratch.append(contentsOf: [0x7B, 0x22, 0x5F, 0x73, 0x65, 0x71, 0x22, 0x3A])
+        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
+                     UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
+            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        var n = seq
+        var count = 0
+        withUnsafeMutableBytes(of: &digits) { d in
+            repeat {
+                d[19 - count] = UInt8(0x30 + n % 10)
+                n /= 10
+                count += 1
+            } while n > 0
+            scratch.append(contentsOf: d[(20 - count)..<20])
+        }
+        scratch.append(0x2C)
+    }
+
+    private func activeSegment() throws -> SegmentWriter {
+        if let active { return active }
+        let segment = try SegmentWriter(
+            directory: configuration.directory, firstSeq: nextSeq, compressor: compressor,
+            frameBytes: configuration.frameBytes)
+        active = segment
+        return segment
+    }
+
+    /// After a failed write, seals what the torn segment holds and carries `_seq` on from it.
+    /// Returns why the journal still cannot store, or nil when it can.
+    private func repairIfBroken() -> String? {
+        guard let segment = broken else { return nil }
+        do {
+            let result = try SegmentRecovery.recover(segment) { record in
+                if let key = record.dedupKey, let seq = record.seq, seq >= nextSeq { dedup.insert(key, seq: seq) }
+            }
+            nextSeq = result.lastSeq + 1
+            broken = nil
+            log("the journal can store again: recovered \(segment.path) up to _seq \(result.lastSeq)")
+            return nil
+        } catch {
+            return "the journal cannot store right now (\(error)); nothing of this was stored; retry later"
+        }
+    }
+
+    private func flushQuietly() {
+        guard let active else { return }
+        do { try active.flush() } catch {
+            broken = active.file
+            self.active = nil
+            log("flushing \(active.file.path) failed: \(error)")
+        }
+    }
+
+    private func rotate() {
+        guard let segment = active else { return }
+        active = nil
+        do {
+            try segment.seal()
+        } catch {
+            broken = segment.file
+            log("sealing \(segment.file.path) failed: \(error); it will be recovered before the next write")
+        }
+        applyRetention()
+    }
+
+    private func maintain() {
+        if let segment = active, segment.recordCount > 0,
+            Date().timeIntervalSince(segment.openedAt) >= configuration.segmentMaxAge
+        {
+            rotate()
+        }
+        if Date().timeIntervalSince(lastRetention) >= 60 { applyRetention() }
+    }
+
+    /// Deletes whole sealed segments, oldest first, while the journal is over its size or age
+    /// limits. The active segment is never deleted.
+    private func applyRetention() {
+        lastRetention = Date()
+        let maxBytes = configuration.retentionMaxBytes
+        let maxAge = configuration.retentionMaxAge
+        guard maxBytes > 0 || maxAge > 0 else { return }
+        var segments = configuration.directory.segments()
+        if let active, segments.last?.firstSeq == active.file.firstSeq { segments.removeLast() }
+        if let broken, segments.last?.firstSeq == broken.firstSeq { segments.removeLast() }
+        var sizes = segments.map { FileIO.size($0.path) ?? 0 }
+        var total = sizes.reduce(0, +) + (active?.size ?? 0)
+        let now = Date().timeIntervalSince1970
+        while let oldest = segments.first {
+            var st = stat()
+            let age = stat(oldest.path, &st) == 0 ? now - TimeInterval(st.st_mtim.tv_sec) : 0
+            let overSize = maxBytes > 0 && total > maxBytes
+            let overAge = maxAge > 0 && age > maxAge
+            guard overSize || overAge else { break }
+            if unlink(oldest.path) == 0 {
+                log("retention: deleted \(oldest.path) (\(overSize ? "journal over \(maxBytes) bytes" : "older than \(Int(maxAge)) s"))")
+            }
+            total -= sizes.removeFirst()
+            segments.removeFirst()
+        }
+    }
+}

@@ -1,0 +1,111 @@
+import Foundation
+
+/// The seek index of a sealed segment, stored as its last frame: a zstd *skippable* frame, which
+/// `zstd`, `zstdcat` and every conforming decoder pass over.
+///
+/// Layout (little-endian): magic `0x184D2A5E`, payload size (u32), then the payload:
+/// `"WHIX"`, version (u32), first and last `_seq` (u64), record count (u64), entry count (u32),
+/// reserved (u32), the entries (offset, first `_seq`, min and max `_rt` in µs: 4 × 64 bits), and
+/// a trailer of payload size (u32) and `"WHIX"` so that a reader finds the index from the end
+/// of the file. A segment that ends in a valid index is *sealed*.
+public struct SegmentIndex: Sendable, Equatable {
+    /// One zstd frame of the segment.
+    public struct Entry: Sendable, Equatable {
+        /// Offset of the frame in the file.
+        public var offset: Int64
+        public var firstSeq: UInt64
+        public var minReceivedMicros: Int64
+        public var maxReceivedMicros: Int64
+    }
+
+    public var firstSeq: UInt64
+    /// `firstSeq - 1` for a segment without records.
+    public var lastSeq: UInt64
+    public var entries: [Entry]
+
+    public var recordCount: UInt64 { lastSeq + 1 - firstSeq }
+
+    static let frameMagic: UInt32 = 0x184D_2A5E
+    static let tag: UInt32 = 0x5849_4857  // "WHIX" read as little-endian
+    static let version: UInt32 = 1
+    static let trailerSize = 8
+
+    func encoded() -> [UInt8] {
+        var payload: [UInt8] = []
+        func put<T: FixedWidthInteger>(_ v: T) { withUnsafeBytes(of: v.littleEndian) { payload.append(contentsOf: $0) } }
+        put(Self.tag)
+        put(Self.version)
+        put(firstSeq)
+        put(lastSeq)
+        put(recordCount)
+        put(UInt32(entries.count))
+        put(UInt32(0))
+        for e in entries {
+            put(e.offset)
+            put(e.firstSeq)
+            put(e.minReceivedMicros)
+            put(e.maxReceivedMicros)
+        }
+        let size = UInt32(payload.count + Self.trailerSize)
+        put(size)
+        put(Self.tag)
+        var frame: [UInt8] = []
+        withUnsafeBytes(of: Self.frameMagic.littleEndian) { frame.append(contentsOf: $0) }
+        withUnsafeBytes(of: size.littleEndian) { frame.append(contentsOf: $0) }
+        return frame + payload
+    }
+
+    /// Reads the index at the end of a segment file; nil when the segment is not sealed.
+    public static func read(fromFileAt path: String) -> SegmentIndex? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var st = stat()
+        guard fstat(fd, &st) == 0 else { return nil }
+        let fileSize = Int64(st.st_size)
+        guard fileSize >= 8 + 48 + Int64(trailerSize) else { return nil }
+        var trailer = [UInt8](repeating: 0, count: trailerSize)
+        guard pread(fd, &trailer, trailerSize, off_t(fileSize - Int64(trailerSize))) == trailerSize else { return nil }
+        let size = Int64(le32(trailer, 0))
+        guard le32(trailer, 4) == tag, size >= 48 + Int64(trailerSize), size + 8 <= fileSize, size < 1 << 30 else { return nil }
+        var frame = [UInt8](repeating: 0, count: Int(size) + 8)
+        guard pread(fd, &frame, frame.count, off_t(fileSize - size - 8)) == frame.count else { return nil }
+        return decode(frame)
+    }
+
+    static func decode(_ f: [UInt8]) -> SegmentIndex? {
+        guard f.count >= 8 + 48, le32(f, 0) == frameMagic, Int(le32(f, 4)) == f.count - 8,
+            le32(f, 8) == tag, le32(f, 12) == version
+        else { return nil }
+        let first = le64(f, 16)
+        let last = le64(f, 24)
+        let count = Int(le32(f, 40))
+        guard 8 + 48 + count * 32 + trailerSize == f.count, last &+ 1 >= first, le64(f, 32) == last &+ 1 &- first else { return nil }
+        var entries: [Entry] = []
+        for i in 0..<count {
+            let at = 56 + i * 32
+            entries.append(Entry(
+                offset: Int64(bitPattern: le64(f, at)), firstSeq: le64(f, at + 8),
+                minReceivedMicros: Int64(bitPattern: le64(f, at + 16)), maxReceivedMicros: Int64(bitPattern: le64(f, at + 24))))
+        }
+        return SegmentIndex(firstSeq: first, lastSeq: last, entries: entries)
+    }
+
+    /// The offset of the last frame that starts at or before `seq`.
+    public func offset(forSeq seq: UInt64) -> Int64 {
+        entries.last(where: { $0.firstSeq <= seq })?.offset ?? 0
+    }
+
+    /// The offset of the first frame that may hold a record received at or after `micros`.
+    public func offset(forReceivedMicros micros: Int64) -> Int64? {
+        entries.first(where: { $0.maxReceivedMicros >= micros })?.offset
+    }
+}
+
+@inline(__always) func le32(_ b: [UInt8], _ at: Int) -> UInt32 {
+    UInt32(b[at]) | UInt32(b[at + 1]) << 8 | UInt32(b[at + 2]) << 16 | UInt32(b[at + 3]) << 24
+}
+
+@inline(__always) func le64(_ b: [UInt8], _ at: Int) -> UInt64 {
+    UInt64(le32(b, at)) | UInt64(le32(b, at + 4)) << 32
+}

@@ -1,0 +1,125 @@
+import CZstd
+import Foundation
+import WhendWire
+
+/// Brings the unsealed last segment back to a sealed state after a crash or a failed write.
+///
+/// It keeps every complete record, in order, with contiguous `_seq`s from the segment's name;
+/// cuts whatever follows the last one (a torn frame, a torn line, garbage); and seals the
+/// segment. The torn frame cannot simply be continued, and a new frame cannot follow an
+/// unfinished one (decoders would report corruption and drop data), so the records of the torn
+/// frame are compressed again into a fresh, finished frame. The new file is written beside the
+/// old one and renamed over it, so a crash during recovery leaves the old file as it was.
+public enum SegmentRecovery {
+    public enum Outcome: Sendable, Equatable {
+        /// The segment was sealed already: nothing touched.
+        case alreadySealed
+        /// The segment was sealed now; `droppedBytes` of its tail could not be kept.
+        case sealed(droppedBytes: Int64)
+        /// The segment held no complete record and was removed.
+        case removedEmpty
+    }
+
+    public struct Result: Sendable {
+        public var outcome: Outcome
+        /// The last `_seq` the segment holds (`firstSeq - 1` when none).
+        public var lastSeq: UInt64
+        public var index: SegmentIndex?
+    }
+
+    /// Recovers `segment` in place.
+    /// - Parameter onRecord: called for every record kept, in order (for the de-duplication
+    ///   window).
+    public static func recover(
+        _ segment: SegmentFile, onRecord: (StoredRecord) -> Void = { _ in }
+    ) throws -> Result {
+        if let index = SegmentIndex.read(fromFileAt: segment.path), index.firstSeq == segment.firstSeq {
+            return Result(outcome: .alreadySealed, lastSeq: index.lastSeq, index: index)
+        }
+        let data = try FileIO.readAll(segment.path)
+        var entries: [SegmentIndex.Entry] = []
+        var expected = segment.firstSeq
+        var cut: Int64 = 0  // end of the last frame kept whole
+        var frameLines: [[UInt8]] = []  // lines of the frame being decoded
+        var frameEntry: SegmentIndex.Entry?
+        var damaged = false
+
+        struct Stop: Error {}
+        let decoder = SegmentDecoder()
+        do {
+            try data.withUnsafeBytes { raw in
+                try decoder.feed(raw) { event in
+                    switch event {
+                    case .line(let line, let frameOffset):
+                        guard let record = try? StoredRecord.scan(line), record.seq == expected else {
+                            damaged = true
+                            throw Stop()
+                        }
+                        let rt = record.receivedMicros ?? 0
+                        if frameEntry == nil {
+                            frameEntry = .init(offset: frameOffset, firstSeq: expected, minReceivedMicros: rt, maxReceivedMicros: rt)
+                        } else {
+                            frameEntry!.minReceivedMicros = min(frameEntry!.minReceivedMicros, rt)
+                            frameEntry!.maxReceivedMicros = max(frameEntry!.maxReceivedMicros, rt)
+                        }
+                        frameLines.append(Array(line))
+                        expected += 1
+                        onRecord(record)
+                    case .frameEnd(_, let end):
+                        if let e = frameEntry { entries.append(e) }
+                        frameEntry = nil
+                        frameLines.removeAll()
+                        cut = end
+                    }
+                }
+            }
+        } catch {
+            damaged = true
+        }
+        _ = damaged
+        let lastSeq = expected - 1
+        if lastSeq < segment.firstSeq {
+            guard unlink(segment.path) == 0 || errno == ENOENT else {
+                throw JournalIOError(operation: "unlink", path: segment.path, errno: errno)
+            }
+            return Result(outcome: .removedEmpty, lastSeq: lastSeq, index: nil)
+        }
+
+        // The new file: the whole frames as they are, the torn frame's records in a new frame,
+        // then the index.
+        var rebuilt = Array(data[0..<Int(cut)])
+        if !frameLines.isEmpty, var entry = frameEntry {
+            entry.offset = cut
+            entries.append(entry)
+            var plain: [UInt8] = []
+            for line in frameLines {
+                plain.append(contentsOf: line)
+                plain.append(0x0A)
+            }
+            let compressor = ZstdCompressor(level: 3)
+            plain.withUnsafeBytes { compressor.compress($0, directive: ZSTD_e_end, into: &rebuilt) }
+        }
+        let index = SegmentIndex(firstSeq: segment.firstSeq, lastSeq: lastSeq, entries: entries)
+        rebuilt.append(contentsOf: index.encoded())
+
+        let temporary = segment.path + ".recovering"
+        let fd = try FileIO.open(temporary, O_WRONLY | O_CREAT | O_TRUNC)
+        do {
+            try rebuilt.withUnsafeBytes { b in try FileIO.writeAll(fd, b, path: temporary) }
+            try FileIO.sync(fd, path: temporary)
+        } catch {
+            close(fd)
+            unlink(temporary)
+            throw error
+        }
+        close(fd)
+        guard rename(temporary, segment.path) == 0 else {
+            let e = errno
+            unlink(temporary)
+            throw JournalIOError(operation: "rename", path: temporary, errno: e)
+        }
+        try FileIO.syncDirectory((segment.path as NSString).deletingLastPathComponent)
+        let dropped = Int64(data.count) - cut
+        return Result(outcome: .sealed(droppedBytes: max(0, dropped)), lastSeq: lastSeq, index: index)
+    }
+}

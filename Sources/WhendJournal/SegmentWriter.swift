@@ -1,0 +1,105 @@
+import CZstd
+import Foundation
+
+/// The active segment: records are compressed into zstd frames and written at each commit.
+///
+/// Within a frame, every commit ends with a zstd *flush*, so the bytes on disk decode up to the
+/// last committed record even though the frame is still open. A frame is ended once it holds
+/// `frameBytes` of records, which gives readers places to start (the index lists them).
+final class SegmentWriter {
+    let file: SegmentFile
+    let fd: Int32
+    let compressor: ZstdCompressor
+    let frameBytes: Int
+    let openedAt: Date
+    private(set) var size: Int64 = 0
+    private(set) var lastSeq: UInt64
+    private(set) var entries: [SegmentIndex.Entry] = []
+    private var frameUncompressed = 0
+    private var output: [UInt8] = []
+
+    var recordCount: UInt64 { lastSeq + 1 - file.firstSeq }
+
+    /// Creates the segment file (it must not exist) and makes its name durable.
+    init(directory: JournalDirectory, firstSeq: UInt64, compressor: ZstdCompressor, frameBytes: Int) throws {
+        let path = directory.segmentPath(firstSeq: firstSeq)
+        file = SegmentFile(firstSeq: firstSeq, path: path)
+        fd = try FileIO.open(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND)
+        do {
+            try FileIO.syncDirectory(directory.path)
+        } catch {
+            close(fd)
+            unlink(path)
+            throw error
+        }
+        compressor.reset()
+        self.compressor = compressor
+        self.frameBytes = frameBytes
+        self.lastSeq = firstSeq - 1
+        self.openedAt = Date()
+        output.reserveCapacity(1 << 16)
+    }
+
+    deinit { close(fd) }
+
+    /// Compresses and writes complete record lines `firstSeq…lastSeq`.
+    ///
+    /// - Parameter flush: end with a zstd flush so that everything written decodes (a commit);
+    ///   false leaves data in the compressor for a later call (durability `none`).
+    /// - Throws: when the write fails. The segment is then unusable: its frame is torn, and
+    ///   only recovery may touch the file again.
+    func append(
+        lines: UnsafeRawBufferPointer, firstSeq: UInt64, lastSeq: UInt64, minReceived: Int64, maxReceived: Int64, flush: Bool
+    ) throws {
+        if frameUncompressed == 0 {
+            entries.append(.init(offset: size, firstSeq: firstSeq, minReceivedMicros: minReceived, maxReceivedMicros: maxReceived))
+        } else {
+            entries[entries.count - 1].minReceivedMicros = min(entries[entries.count - 1].minReceivedMicros, minReceived)
+            entries[entries.count - 1].maxReceivedMicros = max(entries[entries.count - 1].maxReceivedMicros, maxReceived)
+        }
+        frameUncompressed += lines.count
+        let endFrame = frameUncompressed >= frameBytes
+        output.removeAll(keepingCapacity: true)
+        compressor.compress(lines, directive: endFrame ? ZSTD_e_end : (flush ? ZSTD_e_flush : ZSTD_e_continue), into: &output)
+        if endFrame { frameUncompressed = 0 }
+        self.lastSeq = lastSeq
+        try writeOutput()
+    }
+
+    /// Flushes what the compressor holds (after appends with `flush: false`).
+    func flush() throws {
+        guard frameUncompressed > 0 else { return }
+        output.removeAll(keepingCapacity: true)
+        compressor.compress(UnsafeRawBufferPointer(start: nil, count: 0), directive: ZSTD_e_flush, into: &output)
+        try writeOutput()
+    }
+
+    func sync() throws {
+        try FileIO.sync(fd, path: file.path)
+    }
+
+    /// Ends the open frame, appends the index and syncs: the segment is then sealed, and no
+    /// byte of it changes again.
+    func seal() throws {
+        output.removeAll(keepingCapacity: true)
+        if frameUncompressed > 0 {
+            compressor.compress(UnsafeRawBufferPointer(start: nil, count: 0), directive: ZSTD_e_end, into: &output)
+            frameUncompressed = 0
+        }
+        output.append(contentsOf: SegmentIndex(firstSeq: file.firstSeq, lastSeq: lastSeq, entries: entries).encoded())
+        try writeOutput()
+        try sync()
+    }
+
+    private func writeOutput() throws {
+        guard !output.isEmpty else { return }
+        let path = file.path
+        let fd = self.fd
+        let result: JournalIOError? = output.withUnsafeBytes { bytes in
+            do { try FileIO.writeAll(fd, bytes, path: path) } catch { return error as? JournalIOError ?? JournalIOError(operation: "write", path: path, errno: EIO) }
+            return nil
+        }
+        if let result { throw result }
+        size += Int64(output.count)
+    }
+}

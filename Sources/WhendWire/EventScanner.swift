@@ -1,0 +1,428 @@
+/// The event types of PROTOCOL.md §6.
+public enum EventType: String, Sendable, CaseIterable {
+    case lifecycle, when, navigation, screen, error
+}
+
+/// The connection settings a hello line carries (PROTOCOL.md §3).
+public struct Hello: Sendable, Equatable {
+    /// Default `app`, decoded UTF-8.
+    public var app: [UInt8]?
+    /// Default `session`, decoded UTF-8.
+    public var session: [UInt8]?
+    public var acks: Bool
+
+    public init(app: [UInt8]? = nil, session: [UInt8]? = nil, acks: Bool = false) {
+        self.app = app
+        self.session = session
+        self.acks = acks
+    }
+}
+
+/// Top-level keys the protocol gives a meaning to.
+enum KnownKey: Int {
+    case type, app, session, id, ts, user, context
+    case screen, status, isBeingPresentedInitially, isBeingRemovedIndefinitely
+    case name, params, when, action, message, fatal, stack
+
+    static func match(_ k: UnsafeBufferPointer<UInt8>) -> KnownKey? {
+        // Dispatch on length first: most keys are rejected by one comparison.
+        switch k.count {
+        case 2: return equal(k, "id") ? .id : equal(k, "ts") ? .ts : nil
+        case 3: return equal(k, "app") ? .app : nil
+        case 4:
+            if equal(k, "type") { return .type }
+            if equal(k, "user") { return .user }
+            if equal(k, "name") { return .name }
+            if equal(k, "when") { return .when }
+            return nil
+        case 5: return equal(k, "fatal") ? .fatal : equal(k, "stack") ? .stack : nil
+        case 6:
+            if equal(k, "screen") { return .screen }
+            if equal(k, "status") { return .status }
+            if equal(k, "params") { return .params }
+            if equal(k, "action") { return .action }
+            return nil
+        case 7: return equal(k, "session") ? .session : equal(k, "context") ? .context : equal(k, "message") ? .message : nil
+        case 25:
+            return equal(k, "isBeingPresentedInitially") ? .isBeingPresentedInitially : nil
+        case 26:
+            return equal(k, "isBeingRemovedIndefinitely") ? .isBeingRemovedIndefinitely : nil
+        default: return nil
+        }
+    }
+}
+
+@inline(__always) func equal(_ a: UnsafeBufferPointer<UInt8>, _ s: StaticString) -> Bool {
+    let n = s.utf8CodeUnitCount
+    guard a.count == n else { return false }
+    let p = s.utf8Start
+    for i in 0..<n where a[i] != p[i] { return false }
+    return true
+}
+
+/// One top-level member of an event line: where its key and value lie in the line.
+public struct EventMember: Sendable {
+    /// The key's raw bytes, quotes included, as they came.
+    public var keyRange: Range<Int>
+    /// The key, decoded (without quotes).
+    var key: KnownKey?
+    public var kind: JSONKind
+    /// The value's raw bytes as they came (a valid JSON value).
+    public var valueRange: Range<Int>
+}
+
+/// A validated event line, as positions into the line it was scanned from.
+///
+/// Valid only while that line's bytes are: the encoder turns it into a stored record at once.
+public struct ScannedEvent: Sendable {
+    public var type: EventType
+    public var members: [EventMember]
+    /// Decoded values of the fields that identify the event for de-duplication.
+    public var app: [UInt8]?
+    public var session: [UInt8]?
+    public var id: [UInt8]?
+    /// For a `when` in the Codable form: the member index of `when`, and the ranges of the case
+    /// name (raw string contents) and its params object.
+    var codableWhen: (member: Int, name: Range<Int>, params: Range<Int>)?
+    /// True for a plain-form `when` without `params`: the stored record gains `"params":{}`.
+    var needsEmptyParams: Bool
+}
+
+/// What one non-empty line turned out to be.
+public enum ScannedLine: Sendable {
+    case empty
+    case hello(Hello)
+    case event(ScannedEvent)
+}
+
+/// Validates lines of the event protocol (PROTOCOL.md §2–§6) without building a JSON tree.
+public enum EventScanner {
+    /// Scans one line (without its `\n`; a trailing `\r` is tolerated).
+    ///
+    /// - Parameters:
+    ///   - line: the line's bytes.
+    ///   - helloAllowed: true for the connection's first non-empty line.
+    /// - Returns: `.empty` for a blank line, `.hello` for a valid hello on the first line, else
+    ///   the validated event.
+    /// - Throws: a `WireError` with the §5 code for the first rule the line breaks.
+    public static func scan(_ line: UnsafeBufferPointer<UInt8>, helloAllowed: Bool) throws(WireError) -> ScannedLine {
+        var end = line.count
+        while end > 0, line[end - 1] == 0x0D || line[end - 1] == 0x20 || line[end - 1] == 0x09 { end -= 1 }
+        var start = 0
+        while start < end, line[start] == 0x20 || line[start] == 0x09 { start += 1 }
+        if start == end { return .empty }
+        let bytes = UnsafeBufferPointer(rebasing: line[start..<end])
+
+        if let bad = firstInvalidUTF8Offset(bytes) {
+            throw WireError(.invalidUTF8, "the line is not valid UTF-8 (byte \(bad + 1)); send JSON text encoded as UTF-8")
+        }
+        var s = JSONScanner(bytes)
+        guard bytes[0] == UInt8(ascii: "{") else {
+            // Tell "valid JSON but not an object" apart from "not JSON".
+            _ = try s.scanValue()
+            s.skipWhitespace()
+            guard s.atEnd else { throw s.syntaxError("unexpected data after the value") }
+            throw WireError(.notAnObject, "an event must be a JSON object, like {\"type\":\"when\",\"name\":\"appStarted\"}")
+        }
+
+        var members: [EventMember] = []
+        members.reserveCapacity(12)
+        var seen: UInt32 = 0
+        var reserved: String?
+        var duplicate: String?
+        s.position += 1
+        s.skipWhitespace()
+        if s.peek() == UInt8(ascii: "}") {
+            s.position += 1
+        } else {
+            while true {
+                s.skipWhitespace()
+                let keyStart = s.position
+                let (keyRange, keyEscaped) = try s.scanString()
+                let keyEnd = s.position
+                try s.expect(UInt8(ascii: ":"), "':' after a key")
+                let (kind, valueRange) = try s.scanValue(depth: 1)
+                var known: KnownKey?
+                var firstByte: UInt8?
+                if keyEscaped {
+                    let decoded = decodeJSONString(UnsafeBufferPointer(rebasing: bytes[keyRange]))
+                    firstByte = decoded.first
+                    known = decoded.withUnsafeBufferPointer { KnownKey.match($0) }
+                } else {
+                    firstByte = keyRange.isEmpty ? nil : bytes[keyRange.lowerBound]
+                    known = KnownKey.match(UnsafeBufferPointer(rebasing: bytes[keyRange]))
+                }
+                if firstByte == UInt8(ascii: "_"), reserved == nil {
+                    reserved = String(decoding: UnsafeBufferPointer(rebasing: bytes[keyRange]), as: UTF8.self)
+                }
+                if let known {
+                    let bit: UInt32 = 1 << UInt32(known.rawValue)
+                    if seen & bit != 0, duplicate == nil {
+                        duplicate = String(decoding: UnsafeBufferPointer(rebasing: bytes[keyRange]), as: UTF8.self)
+                    }
+                    seen |= bit
+                }
+                members.append(EventMember(keyRange: keyStart..<keyEnd, key: known, kind: kind, valueRange: valueRange))
+                s.skipWhitespace()
+                guard let b = s.peek() else { throw s.syntaxError("the line ends inside the object") }
+                s.position += 1
+                if b == UInt8(ascii: "}") { break }
+                guard b == UInt8(ascii: ",") else {
+                    s.position -= 1
+                    throw s.syntaxError("expected ',' or '}'")
+                }
+            }
+        }
+        s.skipWhitespace()
+        guard s.atEnd else { throw s.syntaxError("unexpected data after the object") }
+
+        // A hello is an object whose single key is "hello".
+        if members.count == 1, equal(UnsafeBufferPointer(rebasing: bytes[members[0].keyRange]), "\"hello\"") {
+            guard helloAllowed else {
+                throw WireError(.misplacedHello, "a hello is only allowed as the first line of a connection; this line was ignored")
+            }
+            return .hello(try scanHello(bytes, members[0]))
+        }
+        if let reserved {
+            throw WireError(.reservedField, "key \"\(reserved)\" begins with '_'; such fields are set by whend only; rename it or move it into \"context\"")
+        }
+        if let duplicate {
+            throw WireError(.invalidField, "key \(duplicate) appears more than once; send each field once")
+        }
+        return .event(try validateEvent(bytes, members))
+    }
+
+    static func text(_ bytes: UnsafeBufferPointer<UInt8>, _ range: Range<Int>) -> String {
+        String(decoding: UnsafeBufferPointer(rebasing: bytes[range]), as: UTF8.self)
+    }
+
+    static func scanHello(_ bytes: UnsafeBufferPointer<UInt8>, _ member: EventMember) throws(WireError) -> Hello {
+        guard member.kind == .object else {
+            throw WireError(.invalidField, "\"hello\" must be an object like {\"protocol\":1,\"acks\":true}")
+        }
+        var hello = Hello()
+        var s = JSONScanner(bytes)
+        s.position = member.valueRange.lowerBound + 1
+        s.skipWhitespace()
+        if s.peek() == UInt8(ascii: "}") { return hello }
+        while true {
+            s.skipWhitespace()
+            let (keyRange, _) = try s.scanString()
+            try s.expect(UInt8(ascii: ":"), "':'")
+            let (kind, valueRange) = try s.scanValue(depth: 2)
+            let key = UnsafeBufferPointer(rebasing: bytes[keyRange])
+            if equal(key, "protocol") {
+                guard kind == .number else { throw WireError(.invalidField, "hello \"protocol\" must be an integer; this daemon speaks 1") }
+                let v = text(bytes, valueRange)
+                guard v == "1" else {
+                    throw WireError(.unsupportedProtocol, "the hello asked for protocol \(v); this daemon speaks protocol 1")
+                }
+            } else if equal(key, "app") {
+                hello.app = try stringValue(bytes, kind, valueRange, field: "hello app", max: 255)
+            } else if equal(key, "session") {
+                hello.session = try stringValue(bytes, kind, valueRange, field: "hello session", max: 128)
+            } else if equal(key, "acks") {
+                guard kind == .bool else { throw WireError(.invalidField, "hello \"acks\" must be true or false") }
+                hello.acks = bytes[valueRange.lowerBound] == UInt8(ascii: "t")
+            }
+            // Other keys are ignored, so that later protocol additions do not break this daemon.
+            s.skipWhitespace()
+            guard let b = s.peek() else { throw s.syntaxError("the line ends inside the hello") }
+            s.position += 1
+            if b == UInt8(ascii: "}") { return hello }
+        }
+    }
+
+    /// Decodes a string field and checks its length in bytes.
+    static func stringValue(
+        _ bytes: UnsafeBufferPointer<UInt8>, _ kind: JSONKind, _ range: Range<Int>, field: String, min: Int = 1, max: Int
+    ) throws(WireError) -> [UInt8] {
+        guard kind == .string else { throw WireError(.invalidField, "\"\(field)\" must be a string") }
+        let raw = UnsafeBufferPointer(rebasing: bytes[(range.lowerBound + 1)..<(range.upperBound - 1)])
+        let value = raw.contains(UInt8(ascii: "\\")) ? decodeJSONString(raw) : Array(raw)
+        guard value.count >= min && value.count <= max else {
+            throw WireError(.invalidField, "\"\(field)\" must be \(min)–\(max) bytes long; it is \(value.count)")
+        }
+        return value
+    }
+
+    static func validateEvent(_ bytes: UnsafeBufferPointer<UInt8>, _ members: [EventMember]) throws(WireError) -> ScannedEvent {
+        var index = [Int?](repeating: nil, count: 18)
+        for (i, m) in members.enumerated() { if let k = m.key { index[k.rawValue] = i } }
+        func member(_ k: KnownKey) -> EventMember? { index[k.rawValue].map { members[$0] } }
+        func string(_ k: KnownKey, max: Int = 255) throws(WireError) -> [UInt8]? {
+            guard let m = member(k) else { return nil }
+            return try stringValue(bytes, m.kind, m.valueRange, field: "\(k)", max: max)
+        }
+        func require(_ k: KnownKey, _ type: String, max: Int = 255) throws(WireError) -> [UInt8] {
+            guard let v = try string(k, max: max) else {
+                throw WireError(.missingField, "\(type) event needs \"\(k)\"")
+            }
+            return v
+        }
+        func kind(_ k: KnownKey, _ expected: JSONKind, _ description: String) throws(WireError) {
+            if let m = member(k), m.kind != expected {
+                throw WireError(.invalidField, "\"\(k)\" must be \(description)")
+            }
+        }
+        func isTrue(_ k: KnownKey) -> Bool {
+            guard let m = member(k) else { return false }
+            return bytes[m.valueRange.lowerBound] == UInt8(ascii: "t")
+        }
+
+        guard let typeMember = member(.type) else {
+            throw WireError(.missingField, "every event needs \"type\": one of lifecycle, when, navigation, screen, error")
+        }
+        let typeValue = try stringValue(bytes, typeMember.kind, typeMember.valueRange, field: "type", max: 64)
+        guard let type = EventType(rawValue: String(decoding: typeValue, as: UTF8.self)) else {
+            throw WireError(.unknownType, "type \"\(String(decoding: typeValue, as: UTF8.self))\" is not one of lifecycle, when, navigation, screen, error")
+        }
+
+        // Fields every event may carry.
+        let app = try string(.app)
+        let session = try string(.session, max: 128)
+        let id = try string(.id, max: 128)
+        _ = try string(.user)
+        if let ts = try string(.ts, max: 64), !isRFC3339(ts) {
+            throw WireError(.invalidField, "\"ts\" must be an RFC 3339 time like 2026-11-21T13:35:00.123Z; got \"\(String(decoding: ts, as: UTF8.self))\"")
+        }
+        try kind(.context, .object, "an object")
+
+        var event = ScannedEvent(type: type, members: members, app: app, session: session, id: id, codableWhen: nil, needsEmptyParams: false)
+        switch type {
+        case .lifecycle:
+            _ = try require(.screen, "lifecycle")
+            let status = String(decoding: try require(.status, "lifecycle", max: 32), as: UTF8.self)
+            let appearing = status == "willAppear" || status == "didAppear"
+            guard appearing || status == "willDisappear" || status == "didDisappear" else {
+                throw WireError(.invalidField, "\"status\" must be willAppear, didAppear, willDisappear or didDisappear; got \"\(status)\"")
+            }
+            try kind(.isBeingPresentedInitially, .bool, "true or false")
+            try kind(.isBeingRemovedIndefinitely, .bool, "true or false")
+            if isTrue(.isBeingPresentedInitially) && !appearing {
+                throw WireError(.invalidField, "\"isBeingPresentedInitially\" can be true only on willAppear or didAppear, not on \(status)")
+            }
+            if isTrue(.isBeingRemovedIndefinitely) && appearing {
+                throw WireError(.invalidField, "\"isBeingRemovedIndefinitely\" can be true only on willDisappear or didDisappear, not on \(status)")
+            }
+        case .when:
+            _ = try string(.screen)
+            try kind(.params, .object, "an object")
+            if let w = index[KnownKey.when.rawValue] {
+                guard member(.name) == nil else {
+                    throw WireError(.invalidField, "send either \"name\" (with \"params\") or \"when\" (the Codable form), not both")
+                }
+                guard member(.params) == nil else {
+                    throw WireError(.invalidField, "the Codable form carries its params inside \"when\"; drop the separate \"params\"")
+                }
+                event.codableWhen = try scanCodableWhen(bytes, members[w], member: w)
+            } else {
+                guard let name = try string(.name) else {
+                    throw WireError(.missingField, "when event needs \"name\" (or \"when\", the Codable form)")
+                }
+                guard isCaseName(name) else {
+                    throw WireError(.invalidField, "\"name\" must match [A-Za-z_][A-Za-z0-9_]*; got \"\(String(decoding: name, as: UTF8.self))\"")
+                }
+                event.needsEmptyParams = member(.params) == nil
+            }
+        case .navigation:
+            let action = String(decoding: try require(.action, "navigation", max: 32), as: UTF8.self)
+            switch action {
+            case "root", "push", "present", "replace": _ = try require(.screen, "navigation \(action)")
+            case "dismiss", "pop": _ = try string(.screen)
+            default:
+                throw WireError(.invalidField, "\"action\" must be root, push, present, replace, dismiss or pop; got \"\(action)\"")
+            }
+            try kind(.params, .object, "an object")
+        case .screen:
+            _ = try require(.name, "screen")
+        case .error:
+            guard let m = member(.message) else { throw WireError(.missingField, "error event needs \"message\"") }
+            guard m.kind == .string else { throw WireError(.invalidField, "\"message\" must be a string") }
+            try kind(.fatal, .bool, "true or false")
+            _ = try string(.name)
+            _ = try string(.screen)
+            if let stack = member(.stack) {
+                guard stack.kind == .array, try arrayHoldsOnlyStrings(bytes, stack.valueRange) else {
+                    throw WireError(.invalidField, "\"stack\" must be an array of strings, innermost frame first")
+                }
+            }
+        }
+        return event
+    }
+
+    static func scanCodableWhen(
+        _ bytes: UnsafeBufferPointer<UInt8>, _ m: EventMember, member: Int
+    ) throws(WireError) -> (member: Int, name: Range<Int>, params: Range<Int>) {
+        let shape = "\"when\" must be an object with exactly one key, the case name, whose value is an object, like {\"userTypesNewEmail\":{\"userEmail\":\"a@example.com\"}}"
+        guard m.kind == .object else { throw WireError(.invalidField, shape) }
+        var s = JSONScanner(bytes)
+        s.position = m.valueRange.lowerBound + 1
+        s.skipWhitespace()
+        guard s.peek() == UInt8(ascii: "\"") else { throw WireError(.invalidField, shape) }
+        let (nameRange, escaped) = try s.scanString()
+        try s.expect(UInt8(ascii: ":"), "':'")
+        let (kind, params) = try s.scanValue(depth: 2)
+        s.skipWhitespace()
+        guard kind == .object, s.peek() == UInt8(ascii: "}") else { throw WireError(.invalidField, shape) }
+        let name = UnsafeBufferPointer(rebasing: bytes[nameRange])
+        guard !escaped, name.count <= 255, isCaseName(name) else {
+            throw WireError(.invalidField, "the case name in \"when\" must match [A-Za-z_][A-Za-z0-9_]*; got \"\(text(bytes, nameRange))\"")
+        }
+        return (member, nameRange, params)
+    }
+
+    static func arrayHoldsOnlyStrings(_ bytes: UnsafeBufferPointer<UInt8>, _ range: Range<Int>) throws(WireError) -> Bool {
+        var s = JSONScanner(bytes)
+        s.position = range.lowerBound + 1
+        s.skipWhitespace()
+        if s.peek() == UInt8(ascii: "]") { return true }
+        while true {
+            let (kind, _) = try s.scanValue(depth: 2)
+            guard kind == .string else { return false }
+            s.skipWhitespace()
+            guard let b = s.peek() else { return false }
+            s.position += 1
+            if b == UInt8(ascii: "]") { return true }
+        }
+    }
+}
+
+/// `[A-Za-z_][A-Za-z0-9_]*`, at most 255 bytes: a Swift enum case name.
+func isCaseName<C: Collection<UInt8>>(_ name: C) -> Bool {
+    guard let first = name.first, name.count <= 255 else { return false }
+    func letter(_ b: UInt8) -> Bool { (b >= 0x41 && b <= 0x5A) || (b >= 0x61 && b <= 0x7A) || b == 0x5F }
+    guard letter(first) else { return false }
+    return name.allSatisfy { letter($0) || ($0 >= 0x30 && $0 <= 0x39) }
+}
+
+/// RFC 3339 `date-time`: `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`, `t`/`z` in either case.
+public func isRFC3339(_ v: [UInt8]) -> Bool {
+    func digits(_ at: Int, _ n: Int) -> Int? {
+        guard at + n <= v.count else { return nil }
+        var x = 0
+        for i in at..<(at + n) {
+            guard v[i] >= 0x30 && v[i] <= 0x39 else { return nil }
+            x = x * 10 + Int(v[i] - 0x30)
+        }
+        return x
+    }
+    guard v.count >= 20, digits(0, 4) != nil, v[4] == 0x2D, let mo = digits(5, 2), v[7] == 0x2D,
+        let d = digits(8, 2), v[10] == UInt8(ascii: "T") || v[10] == UInt8(ascii: "t") || v[10] == 0x20,
+        let h = digits(11, 2), v[13] == 0x3A, let mi = digits(14, 2), v[16] == 0x3A, let s = digits(17, 2),
+        (1...12).contains(mo), (1...31).contains(d), h < 24, mi < 60, s <= 60
+    else { return false }
+    var i = 19
+    if i < v.count, v[i] == 0x2E {
+        i += 1
+        let start = i
+        while i < v.count, v[i] >= 0x30 && v[i] <= 0x39 { i += 1 }
+        guard i > start else { return false }
+    }
+    guard i < v.count else { return false }
+    if v[i] == UInt8(ascii: "Z") || v[i] == UInt8(ascii: "z") { return i + 1 == v.count }
+    guard v[i] == 0x2B || v[i] == 0x2D, let oh = digits(i + 1, 2), v.count == i + 6, v[i + 3] == 0x3A,
+        let om = digits(i + 4, 2)
+    else { return false }
+    return oh < 24 && om < 60
+}

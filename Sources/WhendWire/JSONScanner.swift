@@ -1,0 +1,261 @@
+/// The kind of a JSON value, as the scanner saw it.
+public enum JSONKind: Sendable, Equatable {
+    case string, number, bool, null, object, array
+}
+
+/// A validating, allocation-free JSON scanner over one line of bytes.
+///
+/// It checks the grammar of RFC 8259 exactly (strings, escapes, numbers, literals, nesting) but
+/// builds no tree: callers ask for the next token and get byte ranges back. Values the caller
+/// does not care about are skipped with full validation. Nesting deeper than `maxDepth` is an
+/// error rather than a deep recursion, so hostile input cannot exhaust the stack.
+public struct JSONScanner {
+    public static let maxDepth = 512
+
+    public let bytes: UnsafeBufferPointer<UInt8>
+    public var position: Int
+
+    public init(_ bytes: UnsafeBufferPointer<UInt8>) {
+        self.bytes = bytes
+        self.position = 0
+    }
+
+    @inline(__always) var atEnd: Bool { position >= bytes.count }
+
+    @inline(__always) func peek() -> UInt8? { position < bytes.count ? bytes[position] : nil }
+
+    public mutating func skipWhitespace() {
+        while position < bytes.count {
+            switch bytes[position] {
+            case 0x20, 0x09, 0x0A, 0x0D: position += 1
+            default: return
+            }
+        }
+    }
+
+    func syntaxError(_ what: String) -> WireError {
+        WireError(.invalidJSON, "\(what) at byte \(position + 1) of the line")
+    }
+
+    public mutating func expect(_ byte: UInt8, _ what: String) throws(WireError) {
+        skipWhitespace()
+        guard peek() == byte else {
+            throw syntaxError(atEnd ? "the line ends where \(what) was expected" : "expected \(what)")
+        }
+        position += 1
+    }
+
+    /// Scans a string starting at the current position (which must be its opening quote).
+    /// Returns the range of its raw contents (without quotes) and whether it holds escapes.
+    public mutating func scanString() throws(WireError) -> (range: Range<Int>, hasEscapes: Bool) {
+        guard peek() == UInt8(ascii: "\"") else { throw syntaxError("expected a string") }
+        position += 1
+        let start = position
+        var hasEscapes = false
+        let count = bytes.count
+        while position < count {
+            let b = bytes[position]
+            if b == UInt8(ascii: "\"") {
+                let range = start..<position
+                position += 1
+                return (range, hasEscapes)
+            } else if b == UInt8(ascii: "\\") {
+                hasEscapes = true
+                position += 1
+                guard position < count else { break }
+                switch bytes[position] {
+                case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"), UInt8(ascii: "b"),
+                    UInt8(ascii: "f"), UInt8(ascii: "n"), UInt8(ascii: "r"), UInt8(ascii: "t"):
+                    position += 1
+                case UInt8(ascii: "u"):
+                    guard position + 4 < count else { position = count; break }
+                    for k in 1...4 where hexValue(bytes[position + k]) == nil {
+                        position += k
+                        throw syntaxError("invalid \\u escape")
+                    }
+                    position += 5
+                default:
+                    throw syntaxError("invalid escape")
+                }
+            } else if b < 0x20 {
+                throw syntaxError("control character inside a string")
+            } else {
+                position += 1
+            }
+        }
+        throw syntaxError("unterminated string")
+    }
+
+    mutating func scanNumber() throws(WireError) {
+        let count = bytes.count
+        if peek() == UInt8(ascii: "-") { position += 1 }
+        guard let first = peek(), first >= 0x30 && first <= 0x39 else { throw syntaxError("invalid number") }
+        position += 1
+        if first != 0x30 {
+            while position < count, bytes[position] >= 0x30 && bytes[position] <= 0x39 { position += 1 }
+        }
+        if peek() == UInt8(ascii: ".") {
+            position += 1
+            guard let d = peek(), d >= 0x30 && d <= 0x39 else { throw syntaxError("invalid number") }
+            while position < count, bytes[position] >= 0x30 && bytes[position] <= 0x39 { position += 1 }
+        }
+        if let e = peek(), e == UInt8(ascii: "e") || e == UInt8(ascii: "E") {
+            position += 1
+            if let s = peek(), s == UInt8(ascii: "+") || s == UInt8(ascii: "-") { position += 1 }
+            guard let d = peek(), d >= 0x30 && d <= 0x39 else { throw syntaxError("invalid number") }
+            while position < count, bytes[position] >= 0x30 && bytes[position] <= 0x39 { position += 1 }
+        }
+    }
+
+    mutating func scanLiteral(_ literal: StaticString) throws(WireError) {
+        let n = literal.utf8CodeUnitCount
+        guard position + n <= bytes.count else { throw syntaxError("invalid literal") }
+        let lit = literal.utf8Start
+        for k in 0..<n where bytes[position + k] != lit[k] { throw syntaxError("invalid literal") }
+        position += n
+    }
+
+    /// Scans (validates and skips) any value starting at the current position, after
+    /// whitespace. Returns its kind and its raw byte range.
+    public mutating func scanValue(depth: Int = 0) throws(WireError) -> (kind: JSONKind, range: Range<Int>) {
+        skipWhitespace()
+        let start = position
+        guard let b = peek() else { throw syntaxError("the line ends where a value was expected") }
+        let kind: JSONKind
+        switch b {
+        case UInt8(ascii: "\""):
+            _ = try scanString()
+            kind = .string
+        case UInt8(ascii: "{"):
+            try scanContainer(close: UInt8(ascii: "}"), isObject: true, depth: depth + 1)
+            kind = .object
+        case UInt8(ascii: "["):
+            try scanContainer(close: UInt8(ascii: "]"), isObject: false, depth: depth + 1)
+            kind = .array
+        case UInt8(ascii: "t"):
+            try scanLiteral("true")
+            kind = .bool
+        case UInt8(ascii: "f"):
+            try scanLiteral("false")
+            kind = .bool
+        case UInt8(ascii: "n"):
+            try scanLiteral("null")
+            kind = .null
+        case UInt8(ascii: "-"), 0x30...0x39:
+            try scanNumber()
+            kind = .number
+        default:
+            throw syntaxError("unexpected character")
+        }
+        return (kind, start..<position)
+    }
+
+    mutating func scanContainer(close: UInt8, isObject: Bool, depth: Int) throws(WireError) {
+        guard depth <= JSONScanner.maxDepth else {
+            throw WireError(.invalidJSON, "values nest deeper than \(JSONScanner.maxDepth) levels")
+        }
+        position += 1  // the opening bracket
+        skipWhitespace()
+        if peek() == close {
+            position += 1
+            return
+        }
+        while true {
+            if isObject {
+                skipWhitespace()
+                _ = try scanString()
+                try expect(UInt8(ascii: ":"), "':' after a key")
+            }
+            _ = try scanValue(depth: depth)
+            skipWhitespace()
+            guard let b = peek() else { throw syntaxError("the line ends inside a container") }
+            position += 1
+            if b == close { return }
+            guard b == UInt8(ascii: ",") else {
+                position -= 1
+                throw syntaxError("expected ',' or '\(Character(Unicode.Scalar(close)))'")
+            }
+        }
+    }
+}
+
+@inline(__always) func hexValue(_ b: UInt8) -> UInt32? {
+    switch b {
+    case 0x30...0x39: return UInt32(b - 0x30)
+    case 0x41...0x46: return UInt32(b - 0x41 + 10)
+    case 0x61...0x66: return UInt32(b - 0x61 + 10)
+    default: return nil
+    }
+}
+
+/// Decodes the raw contents of a JSON string (as `JSONScanner.scanString` delimits them, already
+/// validated) into UTF-8 bytes. Unpaired surrogates in `\u` escapes become U+FFFD.
+public func decodeJSONString(_ raw: UnsafeBufferPointer<UInt8>) -> [UInt8] {
+    var out: [UInt8] = []
+    out.reserveCapacity(raw.count)
+    var i = 0
+    func appendScalar(_ v: UInt32) {
+        let scalar = Unicode.Scalar(v) ?? "\u{FFFD}"
+        out.append(contentsOf: String(Character(scalar)).utf8)
+    }
+    func hex4(_ at: Int) -> UInt32 {
+        var v: UInt32 = 0
+        for k in 0..<4 { v = v << 4 | (hexValue(raw[at + k]) ?? 0) }
+        return v
+    }
+    while i < raw.count {
+        let b = raw[i]
+        guard b == UInt8(ascii: "\\"), i + 1 < raw.count else {
+            out.append(b)
+            i += 1
+            continue
+        }
+        let e = raw[i + 1]
+        i += 2
+        switch e {
+        case UInt8(ascii: "b"): out.append(0x08)
+        case UInt8(ascii: "f"): out.append(0x0C)
+        case UInt8(ascii: "n"): out.append(0x0A)
+        case UInt8(ascii: "r"): out.append(0x0D)
+        case UInt8(ascii: "t"): out.append(0x09)
+        case UInt8(ascii: "u"):
+            guard i + 4 <= raw.count else { return out }
+            let v = hex4(i)
+            i += 4
+            if v >= 0xD800 && v <= 0xDBFF, i + 6 <= raw.count, raw[i] == UInt8(ascii: "\\"),
+                raw[i + 1] == UInt8(ascii: "u")
+            {
+                let low = hex4(i + 2)
+                if low >= 0xDC00 && low <= 0xDFFF {
+                    i += 6
+                    appendScalar(0x10000 + ((v - 0xD800) << 10) + (low - 0xDC00))
+                    continue
+                }
+            }
+            appendScalar(v)
+        default: out.append(e)
+        }
+    }
+    return out
+}
+
+/// Appends `bytes` to `out` as a JSON string literal, quotes included.
+public func appendJSONString(_ bytes: some Sequence<UInt8>, to out: inout [UInt8]) {
+    let hex: [UInt8] = Array("0123456789abcdef".utf8)
+    out.append(UInt8(ascii: "\""))
+    for b in bytes {
+        switch b {
+        case UInt8(ascii: "\""): out.append(UInt8(ascii: "\\")); out.append(b)
+        case UInt8(ascii: "\\"): out.append(UInt8(ascii: "\\")); out.append(b)
+        case 0x0A: out.append(UInt8(ascii: "\\")); out.append(UInt8(ascii: "n"))
+        case 0x0D: out.append(UInt8(ascii: "\\")); out.append(UInt8(ascii: "r"))
+        case 0x09: out.append(UInt8(ascii: "\\")); out.append(UInt8(ascii: "t"))
+        case 0..<0x20:
+            out.append(contentsOf: Array("\\u00".utf8))
+            out.append(hex[Int(b >> 4)])
+            out.append(hex[Int(b & 0xF)])
+        default: out.append(b)
+        }
+    }
+    out.append(UInt8(ascii: "\""))
+}

@@ -1,0 +1,185 @@
+import Foundation
+
+/// The daemon-written fields of PROTOCOL.md §7 for one connection's sender.
+public struct PeerCredentials: Sendable, Equatable {
+    public var pid: Int32
+    public var uid: UInt32
+    public var gid: UInt32
+    /// The sender's process name (`/proc/<pid>/comm`).
+    public var comm: String
+
+    public init(pid: Int32, uid: UInt32, gid: UInt32, comm: String) {
+        self.pid = pid
+        self.uid = uid
+        self.gid = gid
+        self.comm = comm
+    }
+}
+
+/// The identity of an event for de-duplication: (`app`, `session`, `id`), length-prefixed so
+/// that no choice of strings makes two different triples equal.
+public struct DedupKey: Hashable, Sendable {
+    public var bytes: [UInt8]
+
+    public init(app: [UInt8], session: [UInt8]?, id: [UInt8]) {
+        var b: [UInt8] = []
+        b.reserveCapacity(app.count + (session?.count ?? 0) + id.count + 12)
+        for part in [app, session ?? [], id] {
+            withUnsafeBytes(of: UInt32(part.count).littleEndian) { b.append(contentsOf: $0) }
+            b.append(contentsOf: part)
+        }
+        b.append(session == nil ? 0 : 1)
+        self.bytes = b
+    }
+}
+
+/// Turns validated events of one connection into stored records (PROTOCOL.md §7).
+///
+/// A record is written as a *body*: everything after `{"_seq":N,`, which the journal writer
+/// prepends once it has given the record its place. The body holds the event's fields as they
+/// came (the `when` Codable form rewritten to `name` + `params`), the hello's defaults, and the
+/// trusted fields, in that order.
+public struct RecordEncoder: Sendable {
+    public private(set) var hello: Hello
+    let credentials: PeerCredentials
+    /// `,"_pid":…,"_uid":…,"_gid":…,"_comm":"…"}`: the same for every record of the connection.
+    let trustedSuffix: [UInt8]
+    let helloAppField: [UInt8]?
+    let helloSessionField: [UInt8]?
+    let commAppField: [UInt8]
+    var clock = RFC3339Clock()
+
+    public init(credentials: PeerCredentials, hello: Hello = Hello()) {
+        self.credentials = credentials
+        self.hello = hello
+        var suffix: [UInt8] = []
+        suffix.append(contentsOf: Array(",\"_pid\":\(credentials.pid),\"_uid\":\(credentials.uid),\"_gid\":\(credentials.gid),\"_comm\":".utf8))
+        appendJSONString(credentials.comm.utf8, to: &suffix)
+        suffix.append(UInt8(ascii: "}"))
+        self.trustedSuffix = suffix
+        func field(_ name: String, _ value: [UInt8]?) -> [UInt8]? {
+            guard let value else { return nil }
+            var out = Array(",\"\(name)\":".utf8)
+            appendJSONString(value, to: &out)
+            return out
+        }
+        self.helloAppField = field("app", hello.app)
+        self.helloSessionField = field("session", hello.session)
+        // The process name can be empty in theory; an empty app is not an app.
+        self.commAppField = field("app", credentials.comm.isEmpty ? Array("unknown".utf8) : Array(credentials.comm.utf8))!
+    }
+
+    /// The encoder for the rest of the connection once a hello has arrived.
+    public func with(hello: Hello) -> RecordEncoder {
+        RecordEncoder(credentials: credentials, hello: hello)
+    }
+
+    /// The `app` an event without its own gets: the hello's, else the sender's process name.
+    public var defaultApp: [UInt8] {
+        hello.app ?? (credentials.comm.isEmpty ? Array("unknown".utf8) : Array(credentials.comm.utf8))
+    }
+
+    /// Appends the record body for `event` (scanned from `line`) to `out`, stamped with the
+    /// current time as `_rt`.
+    ///
+    /// - Returns: the de-duplication key when the event carries an `id`.
+    public mutating func appendBody(
+        of event: ScannedEvent, line: UnsafeBufferPointer<UInt8>, to out: inout [UInt8]
+    ) -> DedupKey? {
+        var first = true
+        for (i, m) in event.members.enumerated() {
+            if !first { out.append(UInt8(ascii: ",")) }
+            first = false
+            if let w = event.codableWhen, w.member == i {
+                out.append(contentsOf: Array("\"name\":\"".utf8))
+                out.append(contentsOf: UnsafeBufferPointer(rebasing: line[w.name]))
+                out.append(contentsOf: Array("\",\"params\":".utf8))
+                out.append(contentsOf: UnsafeBufferPointer(rebasing: line[w.params]))
+            } else {
+                out.append(contentsOf: UnsafeBufferPointer(rebasing: line[m.keyRange]))
+                out.append(UInt8(ascii: ":"))
+                out.append(contentsOf: UnsafeBufferPointer(rebasing: line[m.valueRange]))
+            }
+        }
+        if event.needsEmptyParams { out.append(contentsOf: Array(",\"params\":{}".utf8)) }
+        if event.app == nil { out.append(contentsOf: helloAppField ?? commAppField) }
+        if event.session == nil, let s = helloSessionField { out.append(contentsOf: s) }
+        out.append(contentsOf: Array(",\"_rt\":\"".utf8))
+        clock.appendNow(to: &out)
+        out.append(UInt8(ascii: "\""))
+        out.append(contentsOf: trustedSuffix)
+        guard let id = event.id else { return nil }
+        return DedupKey(app: event.app ?? defaultApp, session: event.session ?? hello.session, id: id)
+    }
+}
+
+/// Formats the wall clock as RFC 3339 UTC with microseconds, e.g. `2026-11-21T13:35:00.123456Z`.
+///
+/// The date part is computed once a second; the rest is digit arithmetic.
+public struct RFC3339Clock: Sendable {
+    var cachedSecond: Int = -1
+    var cachedPrefix: [UInt8] = []
+
+    public init() {}
+
+    public mutating func appendNow(to out: inout [UInt8]) {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        append(seconds: Int(ts.tv_sec), micros: Int(ts.tv_nsec) / 1000, to: &out)
+    }
+
+    public mutating func append(seconds: Int, micros: Int, to out: inout [UInt8]) {
+        if seconds != cachedSecond {
+            var t = time_t(seconds)
+            var parts = tm()
+            gmtime_r(&t, &parts)
+            cachedPrefix = Array(
+                String(
+                    format: "%04d-%02d-%02dT%02d:%02d:%02d.", Int(parts.tm_year) + 1900, Int(parts.tm_mon) + 1,
+                    Int(parts.tm_mday), Int(parts.tm_hour), Int(parts.tm_min), Int(parts.tm_sec)
+                ).utf8
+            )
+            cachedSecond = seconds
+        }
+        out.append(contentsOf: cachedPrefix)
+        var divisor = 100_000
+        var rest = micros
+        while divisor > 0 {
+            out.append(UInt8(0x30 + rest / divisor))
+            rest %= divisor
+            divisor /= 10
+        }
+        out.append(UInt8(ascii: "Z"))
+    }
+}
+
+/// Parses an `_rt`-style RFC 3339 UTC time (`…Z`, any fraction) into microseconds since 1970.
+public func parseRFC3339Micros(_ v: some Collection<UInt8>) -> Int64? {
+    let b = Array(v)
+    guard isRFC3339(b) else { return nil }
+    func num(_ at: Int, _ n: Int) -> Int { b[at..<(at + n)].reduce(0) { $0 * 10 + Int($1 - 0x30) } }
+    var parts = tm()
+    parts.tm_year = Int32(num(0, 4) - 1900)
+    parts.tm_mon = Int32(num(5, 2) - 1)
+    parts.tm_mday = Int32(num(8, 2))
+    parts.tm_hour = Int32(num(11, 2))
+    parts.tm_min = Int32(num(14, 2))
+    parts.tm_sec = Int32(num(17, 2))
+    var seconds = Int64(timegm(&parts))
+    var micros: Int64 = 0
+    var i = 19
+    if b[i] == 0x2E {
+        i += 1
+        var scale: Int64 = 100_000
+        while i < b.count, b[i] >= 0x30 && b[i] <= 0x39 {
+            micros += Int64(b[i] - 0x30) * scale
+            scale /= 10
+            i += 1
+        }
+    }
+    if b[i] == 0x2B || b[i] == 0x2D {
+        let offset = Int64(num(i + 1, 2) * 3600 + num(i + 4, 2) * 60)
+        seconds += b[i] == 0x2B ? -offset : offset
+    }
+    return seconds * 1_000_000 + micros
+}

@@ -1,0 +1,88 @@
+/// The fields of a stored record (PROTOCOL.md §7) that readers filter and index on.
+///
+/// Scanning validates the whole line as one JSON object, so a reader that gets a
+/// `StoredRecord` knows the line is sound.
+public struct StoredRecord: Sendable, Equatable {
+    public var seq: UInt64?
+    /// `_rt` in microseconds since 1970.
+    public var receivedMicros: Int64?
+    public var type: String?
+    public var app: [UInt8]?
+    public var session: [UInt8]?
+    public var id: [UInt8]?
+
+    public init() {}
+
+    /// The de-duplication identity, when the record carries an `id`.
+    public var dedupKey: DedupKey? {
+        guard let id, let app else { return nil }
+        return DedupKey(app: app, session: session, id: id)
+    }
+
+    /// Scans one stored line.
+    /// - Throws: `WireError` (`invalid_json`, `not_an_object`, `invalid_utf8`) when the line is
+    ///   not one JSON object.
+    public static func scan(_ line: UnsafeBufferPointer<UInt8>) throws(WireError) -> StoredRecord {
+        if let bad = firstInvalidUTF8Offset(line) {
+            throw WireError(.invalidUTF8, "not UTF-8 at byte \(bad + 1)")
+        }
+        var s = JSONScanner(line)
+        s.skipWhitespace()
+        guard s.peek() == UInt8(ascii: "{") else { throw WireError(.notAnObject, "the line is not a JSON object") }
+        s.position += 1
+        var record = StoredRecord()
+        s.skipWhitespace()
+        if s.peek() == UInt8(ascii: "}") {
+            s.position += 1
+        } else {
+            while true {
+                s.skipWhitespace()
+                let (keyRange, _) = try s.scanString()
+                try s.expect(UInt8(ascii: ":"), "':'")
+                let (kind, valueRange) = try s.scanValue(depth: 1)
+                let key = UnsafeBufferPointer(rebasing: line[keyRange])
+                let inner = kind == .string
+                    ? UnsafeBufferPointer(rebasing: line[(valueRange.lowerBound + 1)..<(valueRange.upperBound - 1)]) : nil
+                func decoded() -> [UInt8]? {
+                    guard let inner else { return nil }
+                    return inner.contains(UInt8(ascii: "\\")) ? decodeJSONString(inner) : Array(inner)
+                }
+                if equal(key, "_seq"), kind == .number {
+                    record.seq = parseUInt(UnsafeBufferPointer(rebasing: line[valueRange]))
+                } else if equal(key, "_rt"), let inner {
+                    record.receivedMicros = parseRFC3339Micros(inner)
+                } else if equal(key, "type") {
+                    record.type = decoded().map { String(decoding: $0, as: UTF8.self) }
+                } else if equal(key, "app") {
+                    record.app = decoded()
+                } else if equal(key, "session") {
+                    record.session = decoded()
+                } else if equal(key, "id") {
+                    record.id = decoded()
+                }
+                s.skipWhitespace()
+                guard let b = s.peek() else { throw s.syntaxError("the line ends inside the object") }
+                s.position += 1
+                if b == UInt8(ascii: "}") { break }
+                guard b == UInt8(ascii: ",") else { throw s.syntaxError("expected ',' or '}'") }
+            }
+        }
+        s.skipWhitespace()
+        guard s.atEnd else { throw s.syntaxError("unexpected data after the object") }
+        return record
+    }
+}
+
+/// A decimal unsigned integer, or nil if it is not one (or overflows).
+public func parseUInt(_ bytes: UnsafeBufferPointer<UInt8>) -> UInt64? {
+    guard !bytes.isEmpty else { return nil }
+    var v: UInt64 = 0
+    for b in bytes {
+        guard b >= 0x30 && b <= 0x39 else { return nil }
+        let (m, o1) = v.multipliedReportingOverflow(by: 10)
+        let (a, o2) = m.addingReportingOverflow(UInt64(b - 0x30))
+        if o1 || o2 { return nil }
+        v = a
+    }
+    return v
+}

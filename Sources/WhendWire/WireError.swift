@@ -1,0 +1,29 @@
+/// The error codes of PROTOCOL.md §5, exactly as they appear on the wire.
+public enum WireErrorCode: String, Sendable, CaseIterable {
+    case invalidJSON = "invalid_json"
+    case invalidUTF8 = "invalid_utf8"
+    case notAnObject = "not_an_object"
+    case tooLarge = "too_large"
+    case missingField = "missing_field"
+    case invalidField = "invalid_field"
+    case unknownType = "unknown_type"
+    case reservedField = "reserved_field"
+    case misplacedHello = "misplaced_hello"
+    case unsupportedProtocol = "unsupported_protocol"
+    case rateLimited = "rate_limited"
+    case rejected = "rejected"
+    case unavailable = "unavailable"
+}
+
+/// Why one line was refused: a protocol code and a message a person can act on.
+public struct WireError: Error, Sendable, Equatable, CustomStringConvertible {
+    public var code: WireErrorCode
+    public var message: String
+
+    public init(_ code: WireErrorCode, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { "\(code.rawValue): \(message)" }
+}
