@@ -181,7 +181,13 @@ public enum EventScanner {
             guard helloAllowed else {
                 throw WireError(.misplacedHello, "a hello is only allowed as the first line of a connection; this line was ignored")
             }
-            return .hello(try scanHello(bytes, members[0]))
+            do {
+                return .hello(try scanHello(bytes, members[0]))
+            } catch {
+                var e = error
+                e.isAboutConnection = true
+                throw e
+            }
         }
         if let reserved {
             throw WireError(.reservedField, "key \"\(reserved)\" begins with '_'; such fields are set by whend only; rename it or move it into \"context\"")

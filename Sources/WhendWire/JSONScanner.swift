@@ -34,7 +34,7 @@ public struct JSONScanner {
     }
 
     func syntaxError(_ what: String) -> WireError {
-        WireError(.invalidJSON, "\(what) at byte \(position + 1) of the line")
+        WireError(.invalidJSON, "the line is not valid JSON: \(what) at byte \(position + 1)")
     }
 
     public mutating func expect(_ byte: UInt8, _ what: String) throws(WireError) {

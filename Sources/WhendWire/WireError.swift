@@ -19,10 +19,14 @@ public enum WireErrorCode: String, Sendable, CaseIterable {
 public struct WireError: Error, Sendable, Equatable, CustomStringConvertible {
     public var code: WireErrorCode
     public var message: String
+    /// True for errors about the connection itself (a bad hello): they carry no event number,
+    /// and the daemon closes the connection after sending them.
+    public var isAboutConnection: Bool
 
-    public init(_ code: WireErrorCode, _ message: String) {
+    public init(_ code: WireErrorCode, _ message: String, isAboutConnection: Bool = false) {
         self.code = code
         self.message = message
+        self.isAboutConnection = isAboutConnection
     }
 
     public var description: String { "\(code.rawValue): \(message)" }

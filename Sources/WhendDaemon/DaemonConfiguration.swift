@@ -1,0 +1,40 @@
+import Foundation
+import WhendJournal
+import WhendWire
+
+/// Everything the daemon needs to run; every field has the embedded default that `make run`
+/// uses.
+public struct DaemonConfiguration: Sendable {
+    /// The event socket's path (PROTOCOL.md §1).
+    public var socketPath: String
+    /// Permission bits of the event socket: 0666 lets every local user's apps emit.
+    public var socketMode: mode_t = 0o666
+    /// `$STATE_DIRECTORY`, else `$XDG_STATE_HOME/whend`, else `~/.local/state/whend`.
+    public var stateDirectory: String
+    /// The line limit (PROTOCOL.md §2).
+    public var maxEventBytes: Int = 65536
+    public var journal: JournalConfiguration
+    /// Events per second one connection may send (0: unlimited), and the burst above it.
+    public var rateLimit: Double = 0
+    public var rateBurst: Double = 1000
+    /// Bytes of records one connection may have waiting for the journal before the daemon stops
+    /// reading from it: bounds memory whatever clients send.
+    public var maxPendingBytesPerConnection: Int = 4 << 20
+    /// How long a graceful stop waits for connections to drain (seconds).
+    public var shutdownTimeout: TimeInterval = 10
+    /// Event-loop threads (0: one per core).
+    public var eventLoopThreads: Int = 0
+
+    public init(environment: [String: String] = ProcessInfo.processInfo.environment) {
+        // The daemon binds where clients look first after WHEND_SOCKET (§1, 2–4), unless told.
+        socketPath = environment["WHEND_SOCKET"].flatMap { $0.isEmpty ? nil : $0 }
+            ?? SocketLocation.defaultRuntimeDirectory(environment: environment) + "/events.sock"
+        stateDirectory = SocketLocation.defaultStateDirectory(environment: environment)
+        journal = JournalConfiguration(directory: JournalDirectory(stateDirectory: stateDirectory))
+    }
+
+    public mutating func setStateDirectory(_ path: String) {
+        stateDirectory = path
+        journal.directory = JournalDirectory(stateDirectory: path)
+    }
+}

@@ -1,0 +1,278 @@
+import Foundation
+import NIOCore
+import WhendJournal
+import WhendWire
+
+/// Asks a connection to finish: read nothing more, wait for the journal, send the final ack,
+/// close. Sent through the pipeline at a graceful stop.
+struct DrainRequest {}
+
+/// One app's connection to the event socket (PROTOCOL.md §2–§6), from bytes to acks.
+///
+/// Reading a chunk: the framer cuts lines; each is scanned and validated in place; valid events
+/// are encoded as record bodies into one batch, invalid ones answered with an error at once. At
+/// the end of the read the batch goes to the journal writer. When the writer reports it stored,
+/// the ack moves forward to the last line before the oldest batch still in flight.
+final class EventConnectionHandler: ChannelDuplexHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    private struct InFlight {
+        var firstLine: UInt64
+        var lineNumbers: [UInt64]
+        var bytes: Int
+    }
+
+    private let writer: JournalWriter
+    private let configuration: DaemonConfiguration
+    private let counters: DaemonCounters
+    private var framer: LineFramer
+    private var encoder: RecordEncoder
+    private var rate: TokenBucket
+
+    private var sawFirstLine = false
+    private var acks = false
+    private var lineNumber: UInt64 = 0
+    private var lastAckSent: UInt64 = 0
+    private var inFlight: [InFlight] = []
+    private var inFlightHead = 0
+    private var pendingBytes = 0
+    private var batch = JournalBatch()
+    private var batchLines: [UInt64] = []
+    private var inputClosed = false
+    private var closing = false
+    private var readPending = false
+    private var wroteSinceFlush = false
+
+    init(writer: JournalWriter, configuration: DaemonConfiguration, credentials: PeerCredentials, counters: DaemonCounters) {
+        self.writer = writer
+        self.configuration = configuration
+        self.counters = counters
+        self.framer = LineFramer(maxLineBytes: configuration.maxEventBytes)
+        self.encoder = RecordEncoder(credentials: credentials)
+        self.rate = TokenBucket(rate: configuration.rateLimit, burst: configuration.rateBurst)
+    }
+
+    // MARK: Inbound
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let buffer = unwrapInboundIn(data)
+        guard !closing else { return }
+        counters.add(bytesIn: buffer.readableBytes)
+        buffer.withUnsafeReadableBytes { raw in
+            framer.feed(raw.assumingMemoryBound(to: UInt8.self)) { piece in handle(piece, context: context) }
+        }
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        submitBatch(context: context)
+        sendAckIfDue(context: context)
+        flushIfNeeded(context: context)
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let event = event as? ChannelEvent, event == .inputClosed {
+            // Half-close: the client has sent its last line. Bytes after the last newline form
+            // a final line; then answer everything and close once the journal has it.
+            framer.finish { piece in handle(piece, context: context) }
+            submitBatch(context: context)
+            inputClosed = true
+            closeIfDone(context: context)
+            flushIfNeeded(context: context)
+        } else if event is DrainRequest {
+            submitBatch(context: context)
+            inputClosed = true
+            closeIfDone(context: context)
+            flushIfNeeded(context: context)
+        } else {
+            context.fireUserInboundEventTriggered(event)
+        }
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable { resumeReadingIfAllowed(context: context) }
+        context.fireChannelWritabilityChanged()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: Error) {
+        // A client that vanished mid-write: nothing to tell it. Its batches still get stored.
+        closing = true
+        context.close(promise: nil)
+    }
+
+    // MARK: Outbound: backpressure
+
+    func read(context: ChannelHandlerContext) {
+        if mayRead(context: context) {
+            context.read()
+        } else {
+            readPending = true
+        }
+    }
+
+    /// Stop reading while this connection has too much waiting for the journal, or while a
+    /// client that asked for acks does not read them (so replies never pile up without bound).
+    private func mayRead(context: ChannelHandlerContext) -> Bool {
+        guard !inputClosed, !closing else { return false }
+        if pendingBytes >= configuration.maxPendingBytesPerConnection { return false }
+        if acks && !context.channel.isWritable { return false }
+        return true
+    }
+
+    private func resumeReadingIfAllowed(context: ChannelHandlerContext) {
+        if readPending && mayRead(context: context) {
+            readPending = false
+            context.read()
+        }
+    }
+
+    // MARK: Lines
+
+    private func handle(_ piece: LineFramer.Piece, context: ChannelHandlerContext) {
+        switch piece {
+        case .tooLarge(let length):
+            sawFirstLine = true
+            lineNumber += 1
+            reject(lineNumber, WireError(.tooLarge, "the line is \(length) bytes; the limit is \(configuration.maxEventBytes) (max_event_bytes); split the event or move bulk data out of it"), context: context)
+        case .line(let bytes):
+            let scanned: ScannedLine
+            do {
+                scanned = try EventScanner.scan(bytes, helloAllowed: !sawFirstLine)
+            } catch {
+                if error.isAboutConnection {
+                    // A hello we cannot honour: say why and close, rather than guess its settings.
+                    write(ServerMessage.error(error, event: nil), context: context, essential: true)
+                    closing = true
+                    flushThenClose(context: context)
+                    return
+                }
+                sawFirstLine = true
+                lineNumber += 1
+                reject(lineNumber, error, context: context)
+                return
+            }
+            switch scanned {
+            case .empty:
+                return
+            case .hello(let hello):
+                sawFirstLine = true
+                acks = hello.acks
+                encoder = encoder.with(hello: hello)
+                write(ServerMessage.welcome(server: "whend/\(WhendVersion.current)", maxEventBytes: configuration.maxEventBytes), context: context, essential: true)
+            case .event(let event):
+                sawFirstLine = true
+                lineNumber += 1
+                guard rate.take() else {
+                    reject(lineNumber, WireError(.rateLimited, "over this connection's limit of \(configuration.rateLimit) events/s; the event was not stored; slow down and send it again"), context: context)
+                    return
+                }
+                let now = currentMicros()
+                batch.minReceivedMicros = min(batch.minReceivedMicros, now)
+                let key = encoder.appendBody(of: event, line: bytes, to: &batch.bodies)
+                batch.maxReceivedMicros = max(batch.maxReceivedMicros, currentMicros())
+                batch.ends.append(batch.bodies.count)
+                if let key { batch.keys.append((batch.ends.count - 1, key)) }
+                batchLines.append(lineNumber)
+            }
+        }
+    }
+
+    private func reject(_ line: UInt64, _ error: WireError, context: ChannelHandlerContext) {
+        counters.rejected(error.code)
+        write(ServerMessage.error(error, event: line), context: context, essential: acks)
+    }
+
+    // MARK: The journal
+
+    private func submitBatch(context: ChannelHandlerContext) {
+        guard !batch.isEmpty else { return }
+        let submitted = batch
+        let entry = InFlight(firstLine: batchLines[0], lineNumbers: batchLines, bytes: submitted.bodies.count)
+        batch = JournalBatch()
+        batchLines = []
+        inFlight.append(entry)
+        pendingBytes += entry.bytes
+        counters.received(submitted.count)
+        let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
+        let loopContext = NIOLoopBound(context, eventLoop: context.eventLoop)
+        let eventLoop = context.eventLoop
+        writer.submit(submitted) { result in
+            eventLoop.execute { handler.value.batchDone(result, context: loopContext.value) }
+        }
+    }
+
+    private func batchDone(_ result: JournalCommit, context: ChannelHandlerContext) {
+        let done = inFlight[inFlightHead]
+        inFlightHead += 1
+        if inFlightHead == inFlight.count {
+            inFlight.removeAll(keepingCapacity: true)
+            inFlightHead = 0
+        }
+        pendingBytes -= done.bytes
+        if case .failed(let message) = result {
+            let error = WireError(.unavailable, message)
+            for line in done.lineNumbers { reject(line, error, context: context) }
+        }
+        guard context.channel.isActive else { return }
+        sendAckIfDue(context: context)
+        closeIfDone(context: context)
+        flushIfNeeded(context: context)
+        resumeReadingIfAllowed(context: context)
+    }
+
+    /// The ack covers every line before the oldest batch still waiting for the journal.
+    private func sendAckIfDue(context: ChannelHandlerContext) {
+        guard acks else { return }
+        let handled = inFlightHead < inFlight.count ? inFlight[inFlightHead].firstLine - 1 : lineNumber
+        if handled > lastAckSent {
+            lastAckSent = handled
+            write(ServerMessage.ack(handled), context: context, essential: true)
+        }
+    }
+
+    private func closeIfDone(context: ChannelHandlerContext) {
+        guard inputClosed, !closing, inFlightHead == inFlight.count, batch.isEmpty else { return }
+        closing = true
+        sendAckIfDue(context: context)
+        flushThenClose(context: context)
+    }
+
+    /// Closes once everything written so far has reached the socket.
+    private func flushThenClose(context: ChannelHandlerContext) {
+        let channel = context.channel
+        wroteSinceFlush = false
+        context.writeAndFlush(wrapOutboundOut(channel.allocator.buffer(capacity: 0))).whenComplete { _ in
+            channel.close(promise: nil)
+        }
+    }
+
+    // MARK: Writing
+
+    /// Writes a reply line. Non-essential lines (errors to a client that asked for no acks) are
+    /// dropped while the client is not reading, as PROTOCOL.md §4 allows.
+    private func write(_ bytes: [UInt8], context: ChannelHandlerContext, essential: Bool) {
+        guard context.channel.isActive else { return }
+        if !essential && !context.channel.isWritable {
+            counters.droppedReply()
+            return
+        }
+        var buffer = context.channel.allocator.buffer(capacity: bytes.count)
+        buffer.writeBytes(bytes)
+        context.write(wrapOutboundOut(buffer), promise: nil)
+        wroteSinceFlush = true
+    }
+
+    private func flushIfNeeded(context: ChannelHandlerContext) {
+        if wroteSinceFlush {
+            wroteSinceFlush = false
+            context.flush()
+        }
+    }
+}
+
+@inline(__always) func currentMicros() -> Int64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
+}
