@@ -29,6 +29,8 @@ public struct SegmentIndex: Sendable, Equatable {
     static let tag: UInt32 = 0x5849_4857  // "WHIX" read as little-endian
     static let version: UInt32 = 1
     static let trailerSize = 8
+    /// Payload bytes before the entries: tag, version, first, last, count, entry count, reserved.
+    static let headerSize = 40
 
     func encoded() -> [UInt8] {
         var payload: [UInt8] = []
@@ -63,27 +65,27 @@ public struct SegmentIndex: Sendable, Equatable {
         var st = stat()
         guard fstat(fd, &st) == 0 else { return nil }
         let fileSize = Int64(st.st_size)
-        guard fileSize >= 8 + 48 + Int64(trailerSize) else { return nil }
+        guard fileSize >= 8 + Int64(headerSize + trailerSize) else { return nil }
         var trailer = [UInt8](repeating: 0, count: trailerSize)
         guard pread(fd, &trailer, trailerSize, off_t(fileSize - Int64(trailerSize))) == trailerSize else { return nil }
         let size = Int64(le32(trailer, 0))
-        guard le32(trailer, 4) == tag, size >= 48 + Int64(trailerSize), size + 8 <= fileSize, size < 1 << 30 else { return nil }
+        guard le32(trailer, 4) == tag, size >= Int64(headerSize + trailerSize), size + 8 <= fileSize, size < 1 << 30 else { return nil }
         var frame = [UInt8](repeating: 0, count: Int(size) + 8)
         guard pread(fd, &frame, frame.count, off_t(fileSize - size - 8)) == frame.count else { return nil }
         return decode(frame)
     }
 
     static func decode(_ f: [UInt8]) -> SegmentIndex? {
-        guard f.count >= 8 + 48, le32(f, 0) == frameMagic, Int(le32(f, 4)) == f.count - 8,
+        guard f.count >= 8 + headerSize + trailerSize, le32(f, 0) == frameMagic, Int(le32(f, 4)) == f.count - 8,
             le32(f, 8) == tag, le32(f, 12) == version
         else { return nil }
         let first = le64(f, 16)
         let last = le64(f, 24)
         let count = Int(le32(f, 40))
-        guard 8 + 48 + count * 32 + trailerSize == f.count, last &+ 1 >= first, le64(f, 32) == last &+ 1 &- first else { return nil }
+        guard 8 + headerSize + count * 32 + trailerSize == f.count, last &+ 1 >= first, le64(f, 32) == last &+ 1 &- first else { return nil }
         var entries: [Entry] = []
         for i in 0..<count {
-            let at = 56 + i * 32
+            let at = 8 + headerSize + i * 32
             entries.append(Entry(
                 offset: Int64(bitPattern: le64(f, at)), firstSeq: le64(f, at + 8),
                 minReceivedMicros: Int64(bitPattern: le64(f, at + 16)), maxReceivedMicros: Int64(bitPattern: le64(f, at + 24))))

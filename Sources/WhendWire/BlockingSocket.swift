@@ -1,0 +1,86 @@
+import Foundation
+
+/// A blocking client connection to a Unix stream socket, for command-line tools and tests.
+/// Apps use the non-blocking client library instead.
+public final class BlockingSocket: @unchecked Sendable {
+    // Unchecked: `fd` never changes after init; `close()` is the caller's to order.
+    public let fd: Int32
+
+    public struct Failure: Error, CustomStringConvertible {
+        public var description: String
+    }
+
+    /// Connects to `path`.
+    /// - Throws: `Failure` saying whether the daemon is missing or the path unreachable.
+    public init(path: String) throws {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw Failure(description: "socket(): \(String(cString: strerror(errno)))") }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+            close(fd)
+            throw Failure(description: "socket path too long (\(bytes.count) bytes): \(path)")
+        }
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: bytes) }
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
+        guard result == 0 else {
+            let e = errno
+            close(fd)
+            let hint = e == ENOENT || e == ECONNREFUSED ? "; is whend running? start it with `make run`, or set WHEND_SOCKET" : ""
+            throw Failure(description: "cannot connect to \(path): \(String(cString: strerror(e)))\(hint)")
+        }
+        self.fd = fd
+    }
+
+    deinit { close(fd) }
+
+    public func send(_ bytes: [UInt8]) throws {
+        var done = 0
+        while done < bytes.count {
+            let n = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + done, bytes.count - done, Int32(MSG_NOSIGNAL)) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw Failure(description: "send: \(String(cString: strerror(errno)))")
+            }
+            done += n
+        }
+    }
+
+    public func send(_ text: String) throws { try send(Array(text.utf8)) }
+
+    /// Shuts down the writing side: the daemon answers what it got, then closes.
+    public func finishSending() { shutdown(fd, Int32(SHUT_WR)) }
+
+    /// Reads whatever is available (blocking for at least one byte); empty at end of stream.
+    public func receive(max: Int = 65536) throws -> [UInt8] {
+        var buffer = [UInt8](repeating: 0, count: max)
+        while true {
+            let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, max, 0) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw Failure(description: "recv: \(String(cString: strerror(errno)))")
+            }
+            return Array(buffer[0..<n])
+        }
+    }
+
+    /// Reads lines until the daemon closes, calling `body` for each.
+    public func receiveLines(_ body: (String) -> Void) throws {
+        var pending: [UInt8] = []
+        while true {
+            let chunk = try receive()
+            if chunk.isEmpty { break }
+            pending.append(contentsOf: chunk)
+            while let nl = pending.firstIndex(of: 0x0A) {
+                body(String(decoding: pending[..<nl], as: UTF8.self))
+                pending.removeSubrange(...nl)
+            }
+        }
+        if !pending.isEmpty { body(String(decoding: pending, as: UTF8.self)) }
+    }
+}

@@ -1,0 +1,243 @@
+import ArgumentParser
+import Foundation
+import WhendJournal
+import WhendWire
+
+/// Which records to show: the filters `cat` and `tail` share.
+struct RecordFilterOptions: ParsableArguments {
+    @Option(name: .long, help: "Only records of this app.")
+    var app: String?
+
+    @Option(name: .long, help: "Only records of this session.")
+    var session: String?
+
+    @Option(name: .long, help: "Only records of this type (lifecycle, when, navigation, screen, error); repeatable.")
+    var type: [String] = []
+
+    @Option(name: .long, help: "From this _seq on.")
+    var from: UInt64?
+
+    @Option(name: .long, help: "Up to this _seq.")
+    var to: UInt64?
+
+    @Option(name: .long, help: "Received at or after this time: RFC 3339, or a duration ago such as 90s, 15m, 2h, 7d.")
+    var since: String?
+
+    @Option(name: .long, help: "Received before this time (same forms as --since).")
+    var until: String?
+
+    @Option(name: [.short, .long], help: "Output: json (the stored lines) or short (one readable line each).")
+    var output: OutputFormat = .json
+
+    enum OutputFormat: String, ExpressibleByArgument { case json, short }
+
+    func validate() throws {
+        for t in type where EventType(rawValue: t) == nil {
+            throw ValidationError("--type must be one of lifecycle, when, navigation, screen, error; got '\(t)'")
+        }
+        _ = try sinceMicros
+        _ = try untilMicros
+    }
+
+    var sinceMicros: Int64? { get throws { try since.map { try parseTime($0, option: "--since") } } }
+    var untilMicros: Int64? { get throws { try until.map { try parseTime($0, option: "--until") } } }
+
+    func filter() throws -> RecordFilter {
+        RecordFilter(
+            app: app.map { Array($0.utf8) }, session: session.map { Array($0.utf8) }, types: Set(type),
+            fromSeq: from, toSeq: to, sinceMicros: try sinceMicros, untilMicros: try untilMicros)
+    }
+}
+
+struct RecordFilter {
+    var app: [UInt8]?
+    var session: [UInt8]?
+    var types: Set<String>
+    var fromSeq: UInt64?
+    var toSeq: UInt64?
+    var sinceMicros: Int64?
+    var untilMicros: Int64?
+
+    func matches(_ r: StoredRecord) -> Bool {
+        if let app, r.app != app { return false }
+        if let session, r.session != session { return false }
+        if !types.isEmpty, !types.contains(r.type ?? "") { return false }
+        if let fromSeq, (r.seq ?? 0) < fromSeq { return false }
+        if let sinceMicros, (r.receivedMicros ?? .min) < sinceMicros { return false }
+        if let untilMicros, (r.receivedMicros ?? .max) >= untilMicros { return false }
+        return true
+    }
+
+    /// True once no later record can match (`_seq` past `--to`).
+    func isPastEnd(_ r: StoredRecord) -> Bool {
+        if let toSeq, let seq = r.seq, seq > toSeq { return true }
+        return false
+    }
+}
+
+func parseTime(_ text: String, option: String) throws -> Int64 {
+    if let micros = parseRFC3339Micros(Array(text.utf8)) { return micros }
+    let units: [Character: Double] = ["s": 1, "m": 60, "h": 3600, "d": 86400]
+    if let unit = text.last, let scale = units[unit], let amount = Double(text.dropLast()), amount >= 0 {
+        return currentMicros() - Int64(amount * scale * 1e6)
+    }
+    throw ValidationError("\(option) takes an RFC 3339 time (2026-11-21T13:35:00Z) or a duration ago (90s, 15m, 2h, 7d); got '\(text)'")
+}
+
+func currentMicros() -> Int64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
+}
+
+/// The short human form: time, _seq, app, session, type and what happened.
+func shortForm(_ line: UnsafeBufferPointer<UInt8>) -> String {
+    guard let object = try? JSONSerialization.jsonObject(with: Data(buffer: line)) as? [String: Any] else {
+        return String(decoding: line, as: UTF8.self)
+    }
+    func s(_ key: String) -> String { (object[key] as? String) ?? (object[key] as? NSNumber)?.stringValue ?? "" }
+    let what: String
+    switch s("type") {
+    case "when":
+        let params = (object["params"] as? [String: Any]).flatMap { try? JSONSerialization.data(withJSONObject: $0, options: [.sortedKeys]) }
+        what = s("name") + (params.map { " " + String(decoding: $0, as: UTF8.self) }.flatMap { $0 == " {}" ? "" : $0 } ?? "")
+    case "lifecycle": what = "\(s("screen")) \(s("status"))"
+    case "navigation": what = "\(s("action")) \(s("screen"))".trimmingCharacters(in: .whitespaces)
+    case "screen": what = s("name")
+    case "error": what = ((object["fatal"] as? Bool) == true ? "FATAL " : "") + s("message")
+    default: what = ""
+    }
+    return "\(s("_rt")) #\(s("_seq")) \(s("app"))\(object["session"] != nil ? "/" + s("session") : "") \(s("type")): \(what)"
+}
+
+func emit(_ record: JournalRecord, format: RecordFilterOptions.OutputFormat, to out: Output) {
+    switch format {
+    case .json: out.write(record.line)
+    case .short: out.write(shortForm(record.line))
+    }
+}
+
+struct Cat: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Print journal records, in _seq order, as JSON lines or a short human form.",
+        discussion: "Reading while whend writes is safe: the active segment is read up to its last commit."
+    )
+
+    @OptionGroup var location: JournalLocationOptions
+    @OptionGroup var filters: RecordFilterOptions
+
+    func run() throws {
+        let directory = try location.existingDirectory()
+        let filter = try filters.filter()
+        let out = Output()
+        var problems = 0
+        JournalReader(directory: directory).read(fromSeq: filter.fromSeq, sinceMicros: filter.sinceMicros) { record, _ in
+            if filter.isPastEnd(record.fields) { return false }
+            if filter.matches(record.fields) { emit(record, format: filters.output, to: out) }
+            return true
+        } onProblem: { problem in
+            problems += 1
+            out.flush()
+            printError("whenctl cat: warning: \(problem)")
+        }
+        out.flush()
+        if problems > 0 { throw ExitCode(1) }
+    }
+}
+
+struct Tail: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Print the last records, and with -f follow new ones as they are committed."
+    )
+
+    @OptionGroup var location: JournalLocationOptions
+    @OptionGroup var filters: RecordFilterOptions
+
+    @Option(name: .short, help: "How many of the latest matching records to print first.")
+    var lines: Int = 10
+
+    @Flag(name: .shortAndLong, help: "Keep printing records as they are committed, until interrupted.")
+    var follow = false
+
+    func run() throws {
+        let directory = try location.existingDirectory()
+        let filter = try filters.filter()
+        let out = Output()
+        // Start in the last segment (or at --from), keep the last N matches until caught up.
+        let start = filter.fromSeq ?? directory.segments().last?.firstSeq
+        var recent: [[UInt8]] = []
+        var caughtUp = false
+        JournalReader(directory: directory).read(fromSeq: start, sinceMicros: filter.sinceMicros, follow: follow) { record, _ in
+            if filter.isPastEnd(record.fields) { return false }
+            guard filter.matches(record.fields) else { return true }
+            if caughtUp {
+                emit(record, format: filters.output, to: out)
+            } else {
+                recent.append(Array(record.line))
+                if recent.count > lines { recent.removeFirst(recent.count - lines) }
+            }
+            return true
+        } onCaughtUp: {
+            if !caughtUp {
+                caughtUp = true
+                printRecent(recent, out)
+            }
+            out.flush()
+            return true
+        } onProblem: { problem in
+            out.flush()
+            printError("whenctl tail: warning: \(problem)")
+        }
+        if !caughtUp { printRecent(recent, out) }
+        out.flush()
+    }
+
+    private func printRecent(_ recent: [[UInt8]], _ out: Output) {
+        for line in recent {
+            line.withUnsafeBufferPointer {
+                switch filters.output {
+                case .json: out.write($0)
+                case .short: out.write(shortForm($0))
+                }
+            }
+        }
+    }
+}
+
+struct Verify: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Check every segment: zstd integrity, one JSON object per line, _seq without gaps, the index.",
+        discussion: "Prints each problem with its file and offset; exits 1 if there is any."
+    )
+
+    @OptionGroup var location: JournalLocationOptions
+
+    @Flag(name: .long, help: "Print the report as one JSON object.")
+    var json = false
+
+    func run() throws {
+        let directory = try location.existingDirectory()
+        let showProgress = isatty(2) != 0 && !json
+        let report = JournalVerifier(directory: directory).verify { done, total in
+            if showProgress { FileHandle.standardError.write(Data("\rverifying segment \(done)/\(total)".utf8)) }
+        }
+        if showProgress { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
+        if json {
+            let object: [String: Any] = [
+                "ok": report.isClean, "segments": report.segments, "records": report.records,
+                "first_seq": report.firstSeq.map { NSNumber(value: $0) } ?? NSNull(),
+                "last_seq": report.lastSeq.map { NSNumber(value: $0) } ?? NSNull(),
+                "problems": report.problems.map { ["file": $0.path, "offset": $0.offset, "message": $0.message] as [String: Any] },
+                "notes": report.notes,
+            ]
+            let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
+            print(String(decoding: data, as: UTF8.self))
+        } else {
+            for problem in report.problems { print("PROBLEM \(problem)") }
+            for note in report.notes { print("note: \(note)") }
+            let range = report.firstSeq.map { "_seq \($0)…\(report.lastSeq ?? $0)" } ?? "no records"
+            print("\(report.isClean ? "OK" : "FAILED"): \(report.segments) segment(s), \(report.records) record(s), \(range), \(report.problems.count) problem(s)")
+        }
+        if !report.isClean { throw ExitCode(1) }
+    }
+}

@@ -1,0 +1,74 @@
+import ArgumentParser
+import Foundation
+import WhendJournal
+import WhendWire
+
+@main
+struct Whenctl: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "whenctl",
+        abstract: "whend's companion: emit events, read, follow and verify the journal.",
+        version: WhendVersion.current,
+        subcommands: [Emit.self, Cat.self, Tail.self, Verify.self]
+    )
+}
+
+/// Where the journal is: `--journal`, else `journal/` in `--state-dir`, else in the state
+/// directory the daemon uses by default (PROTOCOL.md §7).
+struct JournalLocationOptions: ParsableArguments {
+    @Option(name: .long, help: "The state directory whend uses (its journal is journal/ inside).")
+    var stateDir: String?
+
+    @Option(name: .long, help: "The journal directory itself.")
+    var journal: String?
+
+    var directory: JournalDirectory {
+        if let journal { return JournalDirectory(path: journal) }
+        return JournalDirectory(stateDirectory: stateDir ?? SocketLocation.defaultStateDirectory())
+    }
+
+    func existingDirectory() throws -> JournalDirectory {
+        let directory = self.directory
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: directory.path, isDirectory: &isDirectory), isDirectory.boolValue else {
+            throw ValidationError("no journal at \(directory.path); start whend first, or point --state-dir/--journal at one")
+        }
+        return directory
+    }
+}
+
+func printError(_ text: String) {
+    FileHandle.standardError.write(Data((text + "\n").utf8))
+}
+
+/// Buffered standard output: records are printed by the million.
+final class Output {
+    private var buffer: [UInt8] = []
+
+    init() { buffer.reserveCapacity(1 << 16) }
+
+    func write(_ bytes: UnsafeBufferPointer<UInt8>) {
+        buffer.append(contentsOf: bytes)
+        buffer.append(0x0A)
+        if buffer.count >= 1 << 16 { flush() }
+    }
+
+    func write(_ text: String) {
+        buffer.append(contentsOf: text.utf8)
+        buffer.append(0x0A)
+        if buffer.count >= 1 << 16 { flush() }
+    }
+
+    func flush() {
+        var done = 0
+        while done < buffer.count {
+            let n = buffer.withUnsafeBytes { Glibc.write(1, $0.baseAddress! + done, $0.count - done) }
+            if n <= 0 {
+                if n < 0 && errno == EINTR { continue }
+                Foundation.exit(errno == EPIPE ? 0 : 1)
+            }
+            done += n
+        }
+        buffer.removeAll(keepingCapacity: true)
+    }
+}
