@@ -1,0 +1,35 @@
+# whend — two commands do all the set-up: `make run` and `make test`.
+SWIFT ?= swift
+# C libraries and tools whend builds and tests with, from Debian.
+DEBIAN_PACKAGES := libzstd-dev libsystemd-dev zstd pkg-config
+
+.PHONY: deps build release run test lint clean
+
+# Installs what is missing, and nothing when all is there (so `make run` needs no root twice).
+deps:
+	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		if [ "$$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi; \
+		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing; \
+	fi
+
+build: deps
+	$(SWIFT) build
+
+release: deps
+	$(SWIFT) build -c release
+
+# The daemon on its embedded defaults, in the foreground; Ctrl-C stops it gracefully.
+run: build
+	.build/debug/whend
+
+test: deps
+	$(SWIFT) build --build-tests
+	$(SWIFT) test --skip-build
+
+lint:
+	$(SWIFT) format lint --strict --recursive Sources Tests Package.swift
+
+clean:
+	rm -rf .build
