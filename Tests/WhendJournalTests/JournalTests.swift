@@ -1,0 +1,203 @@
+import CZstd
+import Foundation
+import Testing
+import WhendWire
+
+@testable import WhendJournal
+
+func temporaryDirectory(_ name: String) -> String {
+    let path = NSTemporaryDirectory() + "whend-\(name)-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+    try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+    return path
+}
+
+func record(_ seq: UInt64, _ note: String = "") -> [UInt8] {
+    Array(#"{"_seq":\#(seq),"type":"when","name":"step","params":{"n":\#(seq),"note":"\#(note)"},"app":"a","id":"e\#(seq)","_rt":"2026-11-21T13:35:00.000000Z","_pid":1,"_uid":0,"_gid":0,"_comm":"t"}"#.utf8)
+}
+
+func readAll(_ directory: JournalDirectory) -> (lines: [[UInt8]], problems: [JournalProblem]) {
+    var lines: [[UInt8]] = []
+    var problems: [JournalProblem] = []
+    JournalReader(directory: directory).read { r, _ in
+        lines.append(Array(r.line))
+        return true
+    } onProblem: { problems.append($0) }
+    return (lines, problems)
+}
+
+func zstdTestPasses(_ path: String) -> Bool {
+    let p = Process()
+    p.executableURL = URL(fileURLWithPath: "/usr/bin/zstd")
+    p.arguments = ["-q", "-t", path]
+    p.standardError = FileHandle.nullDevice
+    try? p.run()
+    p.waitUntilExit()
+    return p.terminationStatus == 0
+}
+
+@Suite struct SegmentRecoveryTests {
+    /// Writes an unsealed segment in small commits, as the daemon does, noting the file size
+    /// after each commit and the last `_seq` it made durable.
+    func writeTornSegment(in directory: JournalDirectory) throws -> (records: [[UInt8]], commits: [(size: Int64, lastSeq: UInt64)]) {
+        try directory.create()
+        let writer = try SegmentWriter(directory: directory, firstSeq: 1, compressor: ZstdCompressor(level: 3), frameBytes: 1500)
+        var records: [[UInt8]] = []
+        var commits: [(Int64, UInt64)] = []
+        var seq: UInt64 = 1
+        for commit in 0..<40 {
+            var lines: [UInt8] = []
+            let first = seq
+            for _ in 0..<(commit % 4 + 1) {
+                let r = record(seq, String(repeating: "x", count: Int(seq % 13)))
+                records.append(r)
+                lines += r + [0x0A]
+                seq += 1
+            }
+            try lines.withUnsafeBytes {
+                try writer.append(lines: $0, firstSeq: first, lastSeq: seq - 1, minReceived: 0, maxReceived: 0, flush: true)
+            }
+            commits.append((writer.size, seq - 1))
+        }
+        return (records, commits)
+    }
+
+    @Test func segmentCutAtEveryOffsetRecoversToItsLastCompleteRecord() throws {
+        let source = JournalDirectory(path: temporaryDirectory("torn-source"))
+        let (records, commits) = try writeTornSegment(in: source)
+        let full = try FileIO.readAll(source.segmentPath(firstSeq: 1))
+        #expect(commits.count == 40 && full.count > 1000)
+        // Several frames, so that cuts land in whole frames, torn frames and frame boundaries.
+        #expect(Set(commits.map(\.size)).count == 40)
+
+        let target = JournalDirectory(path: temporaryDirectory("torn-target"))
+        try target.create()
+        let path = target.segmentPath(firstSeq: 1)
+        var previousKept = 0
+        for cut in 0...full.count {
+            unlink(path)
+            try Data(full[0..<cut]).write(to: URL(fileURLWithPath: path))
+            let result = try SegmentRecovery.recover(SegmentFile(firstSeq: 1, path: path))
+            let committed = commits.last(where: { $0.size <= Int64(cut) })?.lastSeq ?? 0
+            let (lines, problems) = readAll(target)
+            #expect(problems.isEmpty, "cut at \(cut): \(problems)")
+            // Nothing committed before the cut is lost; nothing but whole records is kept.
+            #expect(UInt64(lines.count) >= committed, "cut at \(cut) lost committed records")
+            #expect(lines == Array(records.prefix(lines.count)), "cut at \(cut) kept something else than a prefix")
+            #expect(lines.count >= previousKept, "cut at \(cut) kept fewer records than a shorter cut")
+            previousKept = lines.count
+            #expect(result.lastSeq == UInt64(lines.count))
+            if lines.isEmpty {
+                #expect(result.outcome == .removedEmpty)
+                #expect(!FileManager.default.fileExists(atPath: path))
+            } else {
+                let index = try #require(SegmentIndex.read(fromFileAt: path), "cut at \(cut): not sealed")
+                #expect(index.lastSeq == UInt64(lines.count))
+                if cut % 97 == 0 { #expect(zstdTestPasses(path), "cut at \(cut): zstd -t fails") }
+                if cut % 7 == 0 { #expect(JournalVerifier(directory: target).verify().isClean, "cut at \(cut)") }
+            }
+        }
+        #expect(previousKept == records.count)
+    }
+
+    @Test func recoveringASealedSegmentChangesNothing() throws {
+        let directory = JournalDirectory(path: temporaryDirectory("sealed"))
+        try directory.create()
+        let writer = try SegmentWriter(directory: directory, firstSeq: 5, compressor: ZstdCompressor(level: 3), frameBytes: 300)
+        var lines: [UInt8] = []
+        for seq in UInt64(5)...20 { lines += record(seq) + [0x0A] }
+        try lines.withUnsafeBytes { try writer.append(lines: $0, firstSeq: 5, lastSeq: 20, minReceived: 10, maxReceived: 20, flush: true) }
+        try writer.seal()
+        let path = directory.segmentPath(firstSeq: 5)
+        let before = try FileIO.readAll(path)
+        let result = try SegmentRecovery.recover(SegmentFile(firstSeq: 5, path: path))
+        #expect(result.outcome == .alreadySealed)
+        #expect(result.lastSeq == 20)
+        #expect(try FileIO.readAll(path) == before)
+        #expect(zstdTestPasses(path))
+        let index = try #require(SegmentIndex.read(fromFileAt: path))
+        #expect(index.firstSeq == 5 && index.lastSeq == 20)
+        #expect(index.entries.first?.offset == 0)
+    }
+}
+
+@Suite struct JournalWriterTests {
+    func batch(_ records: [(body: String, id: String?)]) -> JournalBatch {
+        var b = JournalBatch()
+        for (i, r) in records.enumerated() {
+            // As the daemon's encoder does, the id is in the stored body too.
+            b.bodies += Array((r.id.map { #""id":"\#($0)","# } ?? "").utf8) + Array(r.body.utf8)
+            b.ends.append(b.bodies.count)
+            if let id = r.id { b.keys.append((i, DedupKey(app: Array("a".utf8), session: nil, id: Array(id.utf8)))) }
+        }
+        b.minReceivedMicros = 0
+        b.maxReceivedMicros = 0
+        return b
+    }
+
+    func submitAndWait(_ writer: JournalWriter, _ b: JournalBatch) -> JournalCommit {
+        let done = DispatchSemaphore(value: 0)
+        let box = ResultBox()
+        writer.submit(b) { result in
+            box.value = result
+            done.signal()
+        }
+        done.wait()
+        return box.value!
+    }
+
+    final class ResultBox: @unchecked Sendable { var value: JournalCommit? }
+
+    @Test func sequenceCarriesOnAcrossRestartsAndResendsAreStoredOnce() throws {
+        let directory = JournalDirectory(path: temporaryDirectory("writer"))
+        var configuration = JournalConfiguration(directory: directory)
+        configuration.segmentMaxBytes = 300  // rotate often
+        let body = #""type":"screen","name":"A","app":"a","_rt":"2026-11-21T13:35:00.000000Z","_pid":1,"_uid":0,"_gid":0,"_comm":"t"}"#
+        for round in 0..<3 {
+            let writer = try JournalWriter(configuration: configuration)
+            writer.start()
+            for i in 0..<20 {
+                let id = "r\(round)-\(i)"
+                // Each event twice in one batch, and the previous round's last event again.
+                let result = submitAndWait(writer, batch([(body, id), (body, id), (body, round > 0 ? "r\(round - 1)-19" : nil)]))
+                guard case .stored = result else { Issue.record("\(result)"); return }
+            }
+            writer.shutdown()
+        }
+        let (lines, problems) = readAll(directory)
+        #expect(problems.isEmpty)
+        // Round 0 stores 20 events + 20 id-less ones; later rounds 20 each (the resends of the
+        // previous round's last event are recognised across the restart).
+        #expect(lines.count == 40 + 20 + 20)
+        let seqs = try lines.map { line in try line.withUnsafeBufferPointer { try StoredRecord.scan($0).seq } }
+        #expect(seqs == (1...UInt64(lines.count)).map { $0 })
+        let report = JournalVerifier(directory: directory).verify()
+        #expect(report.isClean, "\(report.problems)")
+        #expect(directory.segments().count > 3)
+        for segment in directory.segments() {
+            #expect(SegmentIndex.read(fromFileAt: segment.path) != nil)
+            #expect(zstdTestPasses(segment.path))
+        }
+    }
+
+    @Test func readerStartsNearARequestedSeqThroughTheIndex() throws {
+        let directory = JournalDirectory(path: temporaryDirectory("seek"))
+        var configuration = JournalConfiguration(directory: directory)
+        configuration.frameBytes = 2000
+        let writer = try JournalWriter(configuration: configuration)
+        writer.start()
+        let body = #""type":"screen","name":"A","app":"a","_rt":"2026-11-21T13:35:00.000000Z","_pid":1,"_uid":0,"_gid":0,"_comm":"t"}"#
+        for _ in 0..<50 { _ = submitAndWait(writer, batch(Array(repeating: (body, nil), count: 10))) }
+        writer.shutdown()
+        let index = try #require(SegmentIndex.read(fromFileAt: directory.segmentPath(firstSeq: 1)))
+        #expect(index.entries.count > 5)
+        var first: UInt64?
+        var frame: Int64 = -1
+        JournalReader(directory: directory).read(fromSeq: 400) { r, _ in
+            first = r.fields.seq
+            frame = r.frameOffset
+            return false
+        } onProblem: { Issue.record("\($0)") }
+        #expect(first == 400)
+        #expect(frame == index.offset(forSeq: 400) && frame > 0)
+    }
+}
