@@ -1,4 +1,5 @@
 import CZstd
+import WhendWire
 
 /// A zstd streaming compressor (level and content checksums set once), reused across frames.
 final class ZstdCompressor {
@@ -119,7 +120,7 @@ final class SegmentDecoder {
         try out.withUnsafeBufferPointer { all in
             let chunk = UnsafeBufferPointer(rebasing: all[0..<produced])
             var start = 0
-            while let nl = chunk[start...].firstIndex(of: 0x0A) {
+            while let nl = indexOfNewline(in: chunk, from: start) {
                 if pendingLine.isEmpty {
                     try body(.line(UnsafeBufferPointer(rebasing: chunk[start..<nl]), frameOffset: frameOffset))
                 } else {

@@ -1,3 +1,5 @@
+import Foundation
+
 /// Splits a byte stream into lines (PROTOCOL.md §2) with a bounded buffer.
 ///
 /// A line is the bytes before a `\n`; a `\r` before the `\n` is not counted against the limit.
@@ -28,11 +30,10 @@ public struct LineFramer: Sendable {
         var start = 0
         let count = chunk.count
         while start < count {
-            guard let nl = UnsafeBufferPointer(rebasing: chunk[start...]).firstIndex(of: 0x0A) else {
+            guard let end = indexOfNewline(in: chunk, from: start) else {
                 absorb(UnsafeBufferPointer(rebasing: chunk[start..<count]))
                 return
             }
-            let end = start + nl
             if let skipped = skippedBytes {
                 skippedBytes = nil
                 try body(.tooLarge(skipped + (end - start)))
@@ -87,4 +88,12 @@ public struct LineFramer: Sendable {
             partial.append(contentsOf: bytes)
         }
     }
+}
+
+/// The index of the first `\n` at or after `from`, found with `memchr` (vectorised by libc).
+@inline(__always)
+public func indexOfNewline(in buffer: UnsafeBufferPointer<UInt8>, from: Int) -> Int? {
+    guard from < buffer.count, let base = buffer.baseAddress else { return nil }
+    guard let hit = memchr(base + from, 0x0A, buffer.count - from) else { return nil }
+    return base.distance(to: hit.assumingMemoryBound(to: UInt8.self))
 }

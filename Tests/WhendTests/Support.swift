@@ -1,0 +1,146 @@
+import Foundation
+import Testing
+import WhendJournal
+import WhendWire
+
+/// The built executables sit beside the test bundle.
+func executable(_ name: String) -> String {
+    if let override = ProcessInfo.processInfo.environment["WHEND_BIN_DIR"] { return override + "/" + name }
+    let me = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+    return (me as NSString).deletingLastPathComponent + "/" + name
+}
+
+func scratchDirectory(_ name: String) -> String {
+    // Short: socket paths must fit in 108 bytes.
+    let path = "/tmp/wt-\(name.prefix(12))-\(getpid())-\(UInt16.random(in: 0...UInt16.max))"
+    try? FileManager.default.removeItem(atPath: path)
+    try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+    return path
+}
+
+struct TestFailure: Error, CustomStringConvertible {
+    var description: String
+}
+
+/// A real whend process with its own socket and state directory.
+final class DaemonProcess: @unchecked Sendable {
+    // Unchecked: used from one test at a time; `process` is replaced only by start().
+    let directory: String
+    let socketPath: String
+    let stateDirectory: String
+    let extraArguments: [String]
+    private(set) var process: Process?
+    let logPath: String
+
+    init(_ name: String, arguments: [String] = [], stateDirectory: String? = nil) {
+        directory = scratchDirectory(name)
+        socketPath = directory + "/events.sock"
+        self.stateDirectory = stateDirectory ?? directory + "/state"
+        extraArguments = arguments
+        logPath = directory + "/whend.log"
+    }
+
+    var journal: JournalDirectory { JournalDirectory(stateDirectory: stateDirectory) }
+
+    /// Starts whend and waits until its socket accepts connections.
+    func start() throws {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: executable("whend"))
+        p.arguments = ["--socket", socketPath, "--state-dir", stateDirectory, "--log-level", "notice"] + extraArguments
+        _ = FileManager.default.createFile(atPath: logPath, contents: nil)
+        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
+        log.seekToEndOfFile()
+        p.standardOutput = log
+        p.standardError = log
+        try p.run()
+        process = p
+        let deadline = Date().addingTimeInterval(20)
+        while Date() < deadline {
+            if (try? BlockingSocket(path: socketPath)) != nil { return }
+            if !p.isRunning { throw TestFailure(description: "whend exited at start: \(self.log)") }
+            usleep(20_000)
+        }
+        throw TestFailure(description: "whend did not listen within 20 s: \(self.log)")
+    }
+
+    var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
+
+    /// SIGTERM, and wait for the graceful stop. Returns the exit status.
+    @discardableResult
+    func stop() -> Int32 {
+        guard let p = process else { return 0 }
+        kill(p.processIdentifier, SIGTERM)
+        p.waitUntilExit()
+        process = nil
+        return p.terminationStatus
+    }
+
+    /// SIGKILL: no chance to flush, seal or answer.
+    func crash() {
+        guard let p = process else { return }
+        kill(p.processIdentifier, SIGKILL)
+        p.waitUntilExit()
+        process = nil
+    }
+
+    deinit {
+        if let p = process, p.isRunning {
+            kill(p.processIdentifier, SIGKILL)
+            p.waitUntilExit()
+        }
+    }
+
+    /// Every stored record, parsed.
+    func records() -> [[String: Any]] {
+        var result: [[String: Any]] = []
+        JournalReader(directory: journal).read { r, _ in
+            if let o = try? JSONSerialization.jsonObject(with: Data(buffer: r.line)) as? [String: Any] { result.append(o) }
+            return true
+        } onProblem: { Issue.record("journal problem: \($0)") }
+        return result
+    }
+}
+
+/// Sends `lines` on a fresh connection, half-closes, and returns every line the daemon
+/// answered before it closed, parsed.
+func exchange(_ socketPath: String, _ lines: [String], raw: [UInt8]? = nil) throws -> [[String: Any]] {
+    let connection = try BlockingSocket(path: socketPath)
+    if let raw { try connection.send(raw) }
+    for line in lines { try connection.send(line + "\n") }
+    connection.finishSending()
+    var answers: [[String: Any]] = []
+    try connection.receiveLines { line in
+        if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] { answers.append(o) }
+    }
+    return answers
+}
+
+extension Array where Element == [String: Any] {
+    var acks: [Int] { compactMap { $0["ack"] as? Int } }
+    var errors: [(event: Int?, code: String, message: String)] {
+        compactMap { o in
+            guard let e = o["error"] as? [String: Any] else { return nil }
+            return (e["event"] as? Int, e["code"] as? String ?? "", e["message"] as? String ?? "")
+        }
+    }
+}
+
+let helloWithAcks = #"{"hello":{"protocol":1,"app":"com.example.mail","session":"s1","acks":true}}"#
+
+func runCommand(_ path: String, _ arguments: [String], environment: [String: String] = [:]) throws -> (status: Int32, output: String, error: String) {
+    let p = Process()
+    p.executableURL = URL(fileURLWithPath: path)
+    p.arguments = arguments
+    var env = ProcessInfo.processInfo.environment
+    for (k, v) in environment { env[k] = v }
+    p.environment = env
+    let out = Pipe()
+    let err = Pipe()
+    p.standardOutput = out
+    p.standardError = err
+    try p.run()
+    let outData = out.fileHandleForReading.readDataToEndOfFile()
+    let errData = err.fileHandleForReading.readDataToEndOfFile()
+    p.waitUntilExit()
+    return (p.terminationStatus, String(decoding: outData, as: UTF8.self), String(decoding: errData, as: UTF8.self))
+}
