@@ -130,48 +130,24 @@ public enum EventScanner {
         var seen: UInt32 = 0
         var reserved: String?
         var duplicate: String?
-        s.position += 1
-        s.skipWhitespace()
-        if s.peek() == UInt8(ascii: "}") {
-            s.position += 1
-        } else {
-            while true {
-                s.skipWhitespace()
-                let keyStart = s.position
-                let (keyRange, keyEscaped) = try s.scanString()
-                let keyEnd = s.position
-                try s.expect(UInt8(ascii: ":"), "':' after a key")
-                let (kind, valueRange) = try s.scanValue(depth: 1)
-                var known: KnownKey?
-                var firstByte: UInt8?
-                if keyEscaped {
-                    let decoded = decodeJSONString(UnsafeBufferPointer(rebasing: bytes[keyRange]))
-                    firstByte = decoded.first
-                    known = decoded.withUnsafeBufferPointer { KnownKey.match($0) }
-                } else {
-                    firstByte = keyRange.isEmpty ? nil : bytes[keyRange.lowerBound]
-                    known = KnownKey.match(UnsafeBufferPointer(rebasing: bytes[keyRange]))
-                }
-                if firstByte == UInt8(ascii: "_"), reserved == nil {
-                    reserved = String(decoding: UnsafeBufferPointer(rebasing: bytes[keyRange]), as: UTF8.self)
-                }
-                if let known {
-                    let bit: UInt32 = 1 << UInt32(known.rawValue)
-                    if seen & bit != 0, duplicate == nil {
-                        duplicate = String(decoding: UnsafeBufferPointer(rebasing: bytes[keyRange]), as: UTF8.self)
-                    }
-                    seen |= bit
-                }
-                members.append(EventMember(keyRange: keyStart..<keyEnd, key: known, kind: kind, valueRange: valueRange))
-                s.skipWhitespace()
-                guard let b = s.peek() else { throw s.syntaxError("the line ends inside the object") }
-                s.position += 1
-                if b == UInt8(ascii: "}") { break }
-                guard b == UInt8(ascii: ",") else {
-                    s.position -= 1
-                    throw s.syntaxError("expected ',' or '}'")
-                }
+        try s.scanObject { m throws(WireError) in
+            var known: KnownKey?
+            var firstByte: UInt8?
+            if m.keyHasEscapes {
+                let decoded = decodeJSONString(UnsafeBufferPointer(rebasing: bytes[m.key]))
+                firstByte = decoded.first
+                known = decoded.withUnsafeBufferPointer { KnownKey.match($0) }
+            } else {
+                firstByte = m.key.isEmpty ? nil : bytes[m.key.lowerBound]
+                known = KnownKey.match(UnsafeBufferPointer(rebasing: bytes[m.key]))
             }
+            if firstByte == UInt8(ascii: "_"), reserved == nil { reserved = text(bytes, m.key) }
+            if let known {
+                let bit: UInt32 = 1 << UInt32(known.rawValue)
+                if seen & bit != 0, duplicate == nil { duplicate = text(bytes, m.quotedKey) }
+                seen |= bit
+            }
+            members.append(EventMember(keyRange: m.quotedKey, key: known, kind: m.kind, valueRange: m.value))
         }
         s.skipWhitespace()
         guard s.atEnd else { throw s.syntaxError("unexpected data after the object") }
@@ -208,35 +184,26 @@ public enum EventScanner {
         }
         var hello = Hello()
         var s = JSONScanner(bytes)
-        s.position = member.valueRange.lowerBound + 1
-        s.skipWhitespace()
-        if s.peek() == UInt8(ascii: "}") { return hello }
-        while true {
-            s.skipWhitespace()
-            let (keyRange, _) = try s.scanString()
-            try s.expect(UInt8(ascii: ":"), "':'")
-            let (kind, valueRange) = try s.scanValue(depth: 2)
-            let key = UnsafeBufferPointer(rebasing: bytes[keyRange])
+        s.position = member.valueRange.lowerBound
+        try s.scanObject(depth: 1) { m throws(WireError) in
+            let key = UnsafeBufferPointer(rebasing: bytes[m.key])
             if equal(key, "protocol") {
-                guard kind == .number else { throw WireError(.invalidField, "hello \"protocol\" must be an integer; this daemon speaks 1") }
-                let v = text(bytes, valueRange)
+                guard m.kind == .number else { throw WireError(.invalidField, "hello \"protocol\" must be an integer; this daemon speaks 1") }
+                let v = text(bytes, m.value)
                 guard v == "1" else {
                     throw WireError(.unsupportedProtocol, "the hello asked for protocol \(v); this daemon speaks protocol 1")
                 }
             } else if equal(key, "app") {
-                hello.app = try stringValue(bytes, kind, valueRange, field: "hello app", max: 255)
+                hello.app = try stringValue(bytes, m.kind, m.value, field: "hello app", max: 255)
             } else if equal(key, "session") {
-                hello.session = try stringValue(bytes, kind, valueRange, field: "hello session", max: 128)
+                hello.session = try stringValue(bytes, m.kind, m.value, field: "hello session", max: 128)
             } else if equal(key, "acks") {
-                guard kind == .bool else { throw WireError(.invalidField, "hello \"acks\" must be true or false") }
-                hello.acks = bytes[valueRange.lowerBound] == UInt8(ascii: "t")
+                guard m.kind == .bool else { throw WireError(.invalidField, "hello \"acks\" must be true or false") }
+                hello.acks = bytes[m.value.lowerBound] == UInt8(ascii: "t")
             }
             // Other keys are ignored, so that later protocol additions do not break this daemon.
-            s.skipWhitespace()
-            guard let b = s.peek() else { throw s.syntaxError("the line ends inside the hello") }
-            s.position += 1
-            if b == UInt8(ascii: "}") { return hello }
         }
+        return hello
     }
 
     /// Decodes a string field and checks its length in bytes.

@@ -150,6 +150,47 @@ public struct JSONScanner {
         return (kind, start..<position)
     }
 
+    /// One member of an object: where its key (without quotes) and its value lie.
+    public struct Member {
+        /// The key's raw contents, without the quotes.
+        public var key: Range<Int>
+        /// The key with its quotes, as it came.
+        public var quotedKey: Range<Int>
+        public var keyHasEscapes: Bool
+        public var kind: JSONKind
+        public var value: Range<Int>
+    }
+
+    /// Scans the object that starts at the current position (after whitespace), calling `body`
+    /// for each member in order, and leaves the position after its closing brace.
+    public mutating func scanObject(depth: Int = 0, _ body: (Member) throws(WireError) -> Void) throws(WireError) {
+        skipWhitespace()
+        guard peek() == UInt8(ascii: "{") else { throw syntaxError("expected an object") }
+        position += 1
+        skipWhitespace()
+        if peek() == UInt8(ascii: "}") {
+            position += 1
+            return
+        }
+        while true {
+            skipWhitespace()
+            let keyStart = position
+            let (key, escaped) = try scanString()
+            let keyEnd = position
+            try expect(UInt8(ascii: ":"), "':' after a key")
+            let (kind, value) = try scanValue(depth: depth + 1)
+            try body(Member(key: key, quotedKey: keyStart..<keyEnd, keyHasEscapes: escaped, kind: kind, value: value))
+            skipWhitespace()
+            guard let b = peek() else { throw syntaxError("the line ends inside an object") }
+            position += 1
+            if b == UInt8(ascii: "}") { return }
+            guard b == UInt8(ascii: ",") else {
+                position -= 1
+                throw syntaxError("expected ',' or '}'")
+            }
+        }
+    }
+
     mutating func scanContainer(close: UInt8, isObject: Bool, depth: Int) throws(WireError) {
         guard depth <= JSONScanner.maxDepth else {
             throw WireError(.invalidJSON, "values nest deeper than \(JSONScanner.maxDepth) levels")

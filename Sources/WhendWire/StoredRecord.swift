@@ -29,42 +29,27 @@ public struct StoredRecord: Sendable, Equatable {
         var s = JSONScanner(line)
         s.skipWhitespace()
         guard s.peek() == UInt8(ascii: "{") else { throw WireError(.notAnObject, "the line is not a JSON object") }
-        s.position += 1
         var record = StoredRecord()
-        s.skipWhitespace()
-        if s.peek() == UInt8(ascii: "}") {
-            s.position += 1
-        } else {
-            while true {
-                s.skipWhitespace()
-                let (keyRange, _) = try s.scanString()
-                try s.expect(UInt8(ascii: ":"), "':'")
-                let (kind, valueRange) = try s.scanValue(depth: 1)
-                let key = UnsafeBufferPointer(rebasing: line[keyRange])
-                let inner = kind == .string
-                    ? UnsafeBufferPointer(rebasing: line[(valueRange.lowerBound + 1)..<(valueRange.upperBound - 1)]) : nil
-                func decoded() -> [UInt8]? {
-                    guard let inner else { return nil }
-                    return inner.contains(UInt8(ascii: "\\")) ? decodeJSONString(inner) : Array(inner)
-                }
-                if equal(key, "_seq"), kind == .number {
-                    record.seq = parseUInt(UnsafeBufferPointer(rebasing: line[valueRange]))
-                } else if equal(key, "_rt"), let inner {
-                    record.receivedMicros = parseRFC3339Micros(inner)
-                } else if equal(key, "type") {
-                    record.type = decoded().map { String(decoding: $0, as: UTF8.self) }
-                } else if equal(key, "app") {
-                    record.app = decoded()
-                } else if equal(key, "session") {
-                    record.session = decoded()
-                } else if equal(key, "id") {
-                    record.id = decoded()
-                }
-                s.skipWhitespace()
-                guard let b = s.peek() else { throw s.syntaxError("the line ends inside the object") }
-                s.position += 1
-                if b == UInt8(ascii: "}") { break }
-                guard b == UInt8(ascii: ",") else { throw s.syntaxError("expected ',' or '}'") }
+        try s.scanObject { m throws(WireError) in
+            let key = UnsafeBufferPointer(rebasing: line[m.key])
+            let inner = m.kind == .string
+                ? UnsafeBufferPointer(rebasing: line[(m.value.lowerBound + 1)..<(m.value.upperBound - 1)]) : nil
+            func decoded() -> [UInt8]? {
+                guard let inner else { return nil }
+                return inner.contains(UInt8(ascii: "\\")) ? decodeJSONString(inner) : Array(inner)
+            }
+            if equal(key, "_seq"), m.kind == .number {
+                record.seq = parseUInt(UnsafeBufferPointer(rebasing: line[m.value]))
+            } else if equal(key, "_rt"), let inner {
+                record.receivedMicros = parseRFC3339Micros(inner)
+            } else if equal(key, "type") {
+                record.type = decoded().map { String(decoding: $0, as: UTF8.self) }
+            } else if equal(key, "app") {
+                record.app = decoded()
+            } else if equal(key, "session") {
+                record.session = decoded()
+            } else if equal(key, "id") {
+                record.id = decoded()
             }
         }
         s.skipWhitespace()
