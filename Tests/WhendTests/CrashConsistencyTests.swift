@@ -117,9 +117,8 @@ final class ResendingClient: @unchecked Sendable {
         for r in records { if let id = r["id"] as? String { seen[id, default: 0] += 1 } }
         let expected = clients.flatMap { c in (0..<c.generatedCount).map { "\(c.name)-\($0)" } }
         #expect(records.count == expected.count)
-        for id in expected where seen[id] != 1 {
-            Issue.record("\(id) is stored \(seen[id] ?? 0) times")
-        }
+        let wrong = expected.filter { seen[$0] != 1 }
+        #expect(wrong.isEmpty, "\(wrong.count) events not stored exactly once, e.g. \(wrong.prefix(10).map { "\($0) ×\(seen[$0] ?? 0)" })")
         #expect(records.map { $0["_seq"] as? Int } == Array(1...records.count).map { Optional($0) })
 
         let verify = try runCommand(executable("whenctl"), ["verify", "--state-dir", daemon.stateDirectory])
