@@ -37,8 +37,14 @@ public struct JournalVerifier: Sendable {
                     : "this segment starts at _seq \(segment.firstSeq), but the one before ends at \(previousLast)"
                 report.problems.append(JournalProblem(path: segment.path, offset: 0, message: message))
             }
+            let problemsBefore = report.problems.count
             let last = verify(segment, isLast: isLast, into: &report)
             previousLast = last ?? (segment.firstSeq - 1)
+            // A damaged segment's unreadable records are its own problem, already reported:
+            // carry on from what its index says it holds, so the next one is not blamed.
+            if report.problems.count > problemsBefore, let index = SegmentIndex.read(fromFileAt: segment.path) {
+                previousLast = index.lastSeq
+            }
             progress(i + 1, segments.count)
         }
         return report

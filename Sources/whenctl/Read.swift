@@ -153,7 +153,7 @@ struct Tail: ParsableCommand {
     @OptionGroup var location: JournalLocationOptions
     @OptionGroup var filters: RecordFilterOptions
 
-    @Option(name: .short, help: "How many of the latest matching records to print first.")
+    @Option(name: [.customShort("n"), .long], help: "How many of the latest matching records to print first.")
     var lines: Int = 10
 
     @Flag(name: .shortAndLong, help: "Keep printing records as they are committed, until interrupted.")

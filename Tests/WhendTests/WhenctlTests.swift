@@ -1,0 +1,194 @@
+import Foundation
+import Testing
+import WhendJournal
+import WhendWire
+
+/// whenctl against a real daemon and its real journal.
+@Suite(.serialized) struct WhenctlTests {
+    let whenctl = executable("whenctl")
+
+    @Test func emitReportsErrorsAndExitStatus() throws {
+        let daemon = DaemonProcess("emit")
+        try daemon.start()
+        let env = ["WHEND_SOCKET": daemon.socketPath]
+        let ok = try runCommand(whenctl, ["emit", "--app", "com.x", #"{"type":"screen","name":"A"}"#], environment: env)
+        #expect(ok.status == 0)
+        #expect(ok.error.contains("1 sent, 1 stored, 0 rejected"))
+        let bad = try runCommand(whenctl, ["emit", #"{"type":"screen","name":"B"}"#, #"{"type":"lifecycle","screen":"A"}"#], environment: env)
+        #expect(bad.status == 1)
+        #expect(bad.error.contains("event 2: missing_field"))
+        daemon.stop()
+        let gone = try runCommand(whenctl, ["emit", #"{"type":"screen","name":"C"}"#], environment: env)
+        #expect(gone.status == 2)
+        #expect(gone.error.contains("is whend running?"))
+        #expect(daemon.records().map { $0["name"] as? String } == ["A", "B"])
+    }
+
+    @Test func catFiltersByAppSessionTypeSeqAndTime() throws {
+        let daemon = DaemonProcess("cat", arguments: ["--segment-max-bytes", "4096"])
+        try daemon.start()
+        var lines = [#"{"hello":{"protocol":1,"acks":true}}"#]
+        for i in 1...300 {
+            let app = i % 2 == 0 ? "even" : "odd"
+            let type = i % 3 == 0 ? #""type":"screen","name":"S\#(i)""# : #""type":"when","name":"w\#(i)""#
+            lines.append(#"{\#(type),"app":"\#(app)","session":"s\#(i % 5)","id":"\#(i)","noise":"\#(noise())"}"#)
+        }
+        // In several connections, hence several commits: segments rotate between commits.
+        for part in 0..<10 {
+            #expect(try exchange(daemon.socketPath, [lines[0]] + lines[(1 + part * 30)...(30 + part * 30)]).acks.last == 30)
+        }
+        let state = ["--state-dir", daemon.stateDirectory]
+        func ids(_ args: [String]) throws -> [Int] {
+            let r = try runCommand(whenctl, ["cat"] + state + args)
+            #expect(r.status == 0, "\(r.error)")
+            return r.output.split(separator: "\n").compactMap {
+                (try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any])?["id"] as? String
+            }.compactMap { Int($0) }
+        }
+        // Read while the daemon writes, across several segments.
+        #expect(daemon.journal.segments().count > 2)
+        #expect(try ids([]) == Array(1...300))
+        #expect(try ids(["--app", "even", "--type", "screen"]) == (1...300).filter { $0 % 6 == 0 })
+        #expect(try ids(["--session", "s3", "--from", "100", "--to", "150"]) == (100...150).filter { $0 % 5 == 3 })
+        #expect(try ids(["--since", "1h", "--to", "3"]) == [1, 2, 3])
+        #expect(try ids(["--until", "2000-01-01T00:00:00Z"]) == [])
+        let short = try runCommand(whenctl, ["cat"] + state + ["-o", "short", "--from", "3", "--to", "3"])
+        #expect(short.output.contains("#3 odd/s3 screen: S3"))
+        let badTime = try runCommand(whenctl, ["cat"] + state + ["--since", "last tuesday"])
+        #expect(badTime.status != 0 && badTime.error.contains("RFC 3339"))
+    }
+
+    @Test func tailFollowsRecordsAsTheyAreCommitted() throws {
+        let daemon = DaemonProcess("tail", arguments: ["--segment-max-bytes", "4096"])
+        try daemon.start()
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + (1...20).map { #"{"type":"when","name":"early\#($0)"}"# }).acks.last == 20)
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: whenctl)
+        p.arguments = ["tail", "-f", "-n", "3", "--state-dir", daemon.stateDirectory]
+        let out = Pipe()
+        p.standardOutput = out
+        p.standardError = FileHandle.nullDevice
+        try p.run()
+        defer { if p.isRunning { p.terminate() } }
+        usleep(300_000)
+        // Enough to rotate segments while tail follows.
+        for batch in 0..<5 {
+            // Random padding: compressible records would all fit in one segment.
+            let events = (1...40).map { #"{"type":"when","name":"late\#(batch * 40 + $0)","params":{"pad":"\#(UInt64.random(in: 0...UInt64.max))\#(UInt64.random(in: 0...UInt64.max))"}}"# }
+            #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 40)
+        }
+        var names: [String] = []
+        readLines(from: out.fileHandleForReading.fileDescriptor, until: Date().addingTimeInterval(15)) { line in
+            if let name = (try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])?["name"] as? String {
+                names.append(name)
+            }
+            return names.count < 203
+        }
+        p.terminate()
+        #expect(names == ["early18", "early19", "early20"] + (1...200).map { "late\($0)" })
+        #expect(daemon.journal.segments().count >= 2)  // it followed across a rotation
+    }
+
+    @Test func verifyNamesTheFileAndOffsetOfDamage() throws {
+        let daemon = DaemonProcess("verify", arguments: ["--segment-max-bytes", "4096"])
+        try daemon.start()
+        for part in 0..<10 {
+            let events = (1...30).map { #"{"type":"when","name":"e","params":{"n":\#(part * 30 + $0),"noise":"\#(noise())"}}"# }
+            #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 30)
+        }
+        daemon.stop()
+        let clean = try runCommand(whenctl, ["verify", "--state-dir", daemon.stateDirectory])
+        #expect(clean.status == 0)
+        #expect(clean.output.contains("OK:") && clean.output.contains("300 record(s)"))
+
+        let segments = daemon.journal.segments()
+        try #require(segments.count >= 3)
+        let victim = segments[1]
+        var bytes = try FileIO_read(victim.path)
+        let middle = bytes.count / 2
+        for i in middle..<(middle + 16) { bytes[i] ^= 0x5A }
+        try Data(bytes).write(to: URL(fileURLWithPath: victim.path))
+        let damaged = try runCommand(whenctl, ["verify", "--json", "--state-dir", daemon.stateDirectory])
+        #expect(damaged.status == 1)
+        let report = try #require(try JSONSerialization.jsonObject(with: Data(damaged.output.utf8)) as? [String: Any])
+        #expect(report["ok"] as? Bool == false)
+        let problems = try #require(report["problems"] as? [[String: Any]])
+        #expect(!problems.isEmpty)
+        #expect(problems.allSatisfy { $0["file"] as? String == victim.path })
+        #expect(problems.allSatisfy { ($0["offset"] as? Int).map { $0 >= 0 && $0 <= middle } == true })
+        // cat warns, names the place, and still prints the other segments.
+        let cat = try runCommand(whenctl, ["cat", "--state-dir", daemon.stateDirectory])
+        #expect(cat.status == 1)
+        #expect(cat.error.contains(victim.path))
+        #expect(cat.output.split(separator: "\n").count > 150)
+    }
+
+    @Test func rotationAndRetentionKeepTheJournalWithinItsSizeAndVerifiable() throws {
+        let daemon = DaemonProcess("retain", arguments: ["--segment-max-bytes", "4096", "--retention-max-bytes", "16384"])
+        try daemon.start()
+        for round in 0..<10 {
+            let events = (1...100).map { i in
+                let noise = (0..<20).map { _ in String(UInt32.random(in: 0...UInt32.max), radix: 36) }.joined()
+                return #"{"type":"when","name":"r\#(round)","params":{"i":\#(i),"noise":"\#(noise)"}}"#
+            }
+            #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 100)
+        }
+        daemon.stop()
+        let segments = daemon.journal.segments()
+        let total = segments.compactMap { try? FileManager.default.attributesOfItem(atPath: $0.path)[.size] as? Int }.reduce(0, +)
+        #expect(total <= 16384 + 8192)  // the limit, plus the segment being written when it was checked
+        #expect(segments.first!.firstSeq > 1)  // the oldest were deleted
+        let verify = try runCommand(whenctl, ["verify", "--state-dir", daemon.stateDirectory])
+        #expect(verify.status == 0, "\(verify.output)")
+        #expect(daemon.records().last?["_seq"] as? Int == 1000)
+    }
+
+    @Test func aGracefulStopAnswersEveryLineItReceived() throws {
+        let daemon = DaemonProcess("graceful")
+        try daemon.start()
+        let connection = try BlockingSocket(path: daemon.socketPath)
+        try connection.send(helloWithAcks + "\n")
+        for i in 1...200 { try connection.send(#"{"type":"when","name":"s","id":"\#(i)"}"# + "\n") }
+        usleep(200_000)  // let whend read them
+        #expect(daemon.stop() == 0)
+        var acks: [Int] = []
+        try connection.receiveLines { line in
+            if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], let a = o["ack"] as? Int { acks.append(a) }
+        }
+        #expect(acks.last == 200)
+        #expect(daemon.records().count == 200)
+        // The active segment was sealed.
+        let last = try #require(daemon.journal.segments().last)
+        #expect(SegmentIndex.read(fromFileAt: last.path) != nil)
+        #expect(daemon.log.contains("sealed"))
+    }
+}
+
+func FileIO_read(_ path: String) throws -> [UInt8] {
+    Array(try Data(contentsOf: URL(fileURLWithPath: path)))
+}
+
+/// Reads lines from a pipe as they come, until `body` returns false, the writer closes, or the
+/// deadline passes.
+func readLines(from fd: Int32, until deadline: Date, _ body: (String) -> Bool) {
+    var pending: [UInt8] = []
+    var buffer = [UInt8](repeating: 0, count: 65536)
+    while Date() < deadline {
+        var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        let ready = poll(&pfd, 1, 100)
+        if ready <= 0 { continue }
+        let n = read(fd, &buffer, buffer.count)
+        if n <= 0 { return }
+        pending += buffer[0..<n]
+        while let nl = pending.firstIndex(of: 0x0A) {
+            let line = String(decoding: pending[..<nl], as: UTF8.self)
+            pending.removeSubrange(...nl)
+            if !body(line) { return }
+        }
+    }
+}
+
+/// Random hex, so that records do not compress to nothing and segments rotate in small tests.
+func noise(_ bytes: Int = 24) -> String {
+    (0..<bytes).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined()
+}
