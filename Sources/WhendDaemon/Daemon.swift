@@ -34,7 +34,8 @@ public final class Daemon: Sendable {
         do {
             writer = try JournalWriter(configuration: configuration.journal) { log.notice("\($0)") }
         } catch {
-            throw DaemonStartError(description: "cannot open the journal in \(configuration.journal.directory.path): \(error)")
+            throw DaemonStartError(
+                description: "cannot open the journal in \(configuration.journal.directory.path): \(error)")
         }
         let threads = configuration.eventLoopThreads > 0 ? configuration.eventLoopThreads : System.coreCount
         group = MultiThreadedEventLoopGroup(numberOfThreads: threads)
@@ -54,12 +55,17 @@ public final class Daemon: Sendable {
         do {
             server = try bootstrap.bind(unixDomainSocketPath: path).wait()
         } catch {
-            throw DaemonStartError(description: "cannot listen on \(path): \(error); set WHEND_SOCKET or --socket to a path in a directory you can write")
+            throw DaemonStartError(
+                description:
+                    "cannot listen on \(path): \(error); set WHEND_SOCKET or --socket to a path in a directory you can write"
+            )
         }
         chmod(path, configuration.socketMode)
         serverChannel.withLockedValue { $0 = server }
         let stats = writer.statistics
-        logger.info("whend \(WhendVersion.current) listening on \(path); journal \(configuration.journal.directory.path) at _seq \(stats.lastSeq); durability \(configuration.journal.durability.rawValue)")
+        logger.info(
+            "whend \(WhendVersion.current) listening on \(path); journal \(configuration.journal.directory.path) at _seq \(stats.lastSeq); durability \(configuration.journal.durability.rawValue)"
+        )
         _ = sd_notify(0, "READY=1\nSTATUS=accepting events")
     }
 
@@ -71,7 +77,8 @@ public final class Daemon: Sendable {
         let credentials: EventLoopFuture<KernelPeerCredentials> = provider.unsafeGetSocketOption(
             level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED))
         return credentials.flatMapThrowing { [self] cred in
-            let comm = (try? String(contentsOfFile: "/proc/\(cred.pid)/comm", encoding: .utf8))?
+            let comm =
+                (try? String(contentsOfFile: "/proc/\(cred.pid)/comm", encoding: .utf8))?
                 .trimmingCharacters(in: .newlines) ?? ""
             let peer = PeerCredentials(pid: cred.pid, uid: cred.uid, gid: cred.gid, comm: comm)
             let id = ObjectIdentifier(channel)
@@ -83,7 +90,8 @@ public final class Daemon: Sendable {
                 channels.withLockedValue { _ = $0.removeValue(forKey: id) }
                 counters.connectionClosed()
             }
-            let handler = EventConnectionHandler(writer: writer, configuration: configuration, credentials: peer, counters: counters)
+            let handler = EventConnectionHandler(
+                writer: writer, configuration: configuration, credentials: peer, counters: counters)
             try channel.pipeline.syncOperations.addHandler(handler)
         }
     }
@@ -94,7 +102,8 @@ public final class Daemon: Sendable {
         let directory = (path as NSString).deletingLastPathComponent
         if !FileManager.default.fileExists(atPath: directory) {
             do {
-                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
+                try FileManager.default.createDirectory(
+                    atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
             } catch {
                 throw DaemonStartError(description: "cannot create \(directory) for the event socket: \(error)")
             }
@@ -102,10 +111,13 @@ public final class Daemon: Sendable {
         var st = stat()
         guard lstat(path, &st) == 0 else { return }
         guard st.st_mode & S_IFMT == S_IFSOCK else {
-            throw DaemonStartError(description: "\(path) exists and is not a socket; remove it or choose another --socket")
+            throw DaemonStartError(
+                description: "\(path) exists and is not a socket; remove it or choose another --socket")
         }
         if socketAnswers(path) {
-            throw DaemonStartError(description: "another whend is already listening on \(path); stop it first, or give this one another --socket")
+            throw DaemonStartError(
+                description:
+                    "another whend is already listening on \(path); stop it first, or give this one another --socket")
         }
         unlink(path)
     }

@@ -27,7 +27,8 @@ public struct DaemonConfiguration: Sendable {
 
     public init(environment: [String: String] = ProcessInfo.processInfo.environment) {
         // The daemon binds where clients look first after WHEND_SOCKET (§1, 2–4), unless told.
-        socketPath = environment["WHEND_SOCKET"].flatMap { $0.isEmpty ? nil : $0 }
+        socketPath =
+            environment["WHEND_SOCKET"].flatMap { $0.isEmpty ? nil : $0 }
             ?? SocketLocation.defaultRuntimeDirectory(environment: environment) + "/events.sock"
         stateDirectory = SocketLocation.defaultStateDirectory(environment: environment)
         journal = JournalConfiguration(directory: JournalDirectory(stateDirectory: stateDirectory))

@@ -45,7 +45,10 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     private var readPending = false
     private var wroteSinceFlush = false
 
-    init(writer: JournalWriter, configuration: DaemonConfiguration, credentials: PeerCredentials, counters: DaemonCounters) {
+    init(
+        writer: JournalWriter, configuration: DaemonConfiguration, credentials: PeerCredentials,
+        counters: DaemonCounters
+    ) {
         self.writer = writer
         self.configuration = configuration
         self.counters = counters
@@ -134,7 +137,12 @@ final class EventConnectionHandler: ChannelDuplexHandler {
         case .tooLarge(let length):
             sawFirstLine = true
             lineNumber += 1
-            reject(lineNumber, WireError(.tooLarge, "the line is \(length) bytes; the limit is \(configuration.maxEventBytes) (max_event_bytes); split the event or move bulk data out of it"), context: context)
+            reject(
+                lineNumber,
+                WireError(
+                    .tooLarge,
+                    "the line is \(length) bytes; the limit is \(configuration.maxEventBytes) (max_event_bytes); split the event or move bulk data out of it"
+                ), context: context)
         case .line(let bytes):
             let scanned: ScannedLine
             do {
@@ -159,12 +167,20 @@ final class EventConnectionHandler: ChannelDuplexHandler {
                 sawFirstLine = true
                 acks = hello.acks
                 encoder = encoder.with(hello: hello)
-                write(ServerMessage.welcome(server: "whend/\(WhendVersion.current)", maxEventBytes: configuration.maxEventBytes), context: context, essential: true)
+                write(
+                    ServerMessage.welcome(
+                        server: "whend/\(WhendVersion.current)", maxEventBytes: configuration.maxEventBytes),
+                    context: context, essential: true)
             case .event(let event):
                 sawFirstLine = true
                 lineNumber += 1
                 guard rate.take() else {
-                    reject(lineNumber, WireError(.rateLimited, "over this connection's limit of \(configuration.rateLimit) events/s; the event was not stored; slow down and send it again"), context: context)
+                    reject(
+                        lineNumber,
+                        WireError(
+                            .rateLimited,
+                            "over this connection's limit of \(configuration.rateLimit) events/s; the event was not stored; slow down and send it again"
+                        ), context: context)
                     return
                 }
                 let now = currentMicros()

@@ -59,7 +59,9 @@ public struct JournalReader: Sendable {
                 guard follow, onCaughtUp() else { return }
                 Thread.sleep(forTimeInterval: pollInterval)
                 segments = directory.segments()
-                position = segments.isEmpty ? nil : (segments.firstIndex { $0.firstSeq > lastSeqSeen } ?? segments.count - 1, 0)
+                position =
+                    segments.isEmpty
+                    ? nil : (segments.firstIndex { $0.firstSeq > lastSeqSeen } ?? segments.count - 1, 0)
                 continue
             }
             let segment = segments[index]
@@ -70,7 +72,9 @@ public struct JournalReader: Sendable {
                     position = segments.firstIndex { $0.firstSeq > lastSeqSeen }.map { ($0, 0) }
                     continue
                 }
-                onProblem(JournalProblem(path: segment.path, offset: 0, message: "cannot open: \(String(cString: strerror(errno)))"))
+                onProblem(
+                    JournalProblem(
+                        path: segment.path, offset: 0, message: "cannot open: \(String(cString: strerror(errno)))"))
                 position = (index + 1, 0)
                 continue
             }
@@ -92,14 +96,18 @@ public struct JournalReader: Sendable {
                                 guard case .line(let line, let frameOffset) = event else { return }
                                 let fields: StoredRecord
                                 do { fields = try StoredRecord.scan(line) } catch {
-                                    onProblem(JournalProblem(path: segment.path, offset: frameOffset, message: "a line is not a JSON object: \(error)"))
+                                    onProblem(
+                                        JournalProblem(
+                                            path: segment.path, offset: frameOffset,
+                                            message: "a line is not a JSON object: \(error)"))
                                     return
                                 }
                                 if let seq = fields.seq {
                                     lastSeqSeen = max(lastSeqSeen, seq)
                                     if let fromSeq, seq < fromSeq { return }
                                 }
-                                let record = JournalRecord(line: line, fields: fields, segment: segment.path, frameOffset: frameOffset)
+                                let record = JournalRecord(
+                                    line: line, fields: fields, segment: segment.path, frameOffset: frameOffset)
                                 if !body(record, isLast) { throw StopReading() }
                             }
                         }
@@ -135,9 +143,12 @@ public struct JournalReader: Sendable {
             if stop { return }
             let isLast = index == segments.count - 1
             if !damaged, !decoder.isBetweenFrames, !isLast {
-                onProblem(JournalProblem(
-                    path: segment.path, offset: decoder.frameStart ?? 0,
-                    message: "the segment ends inside a frame: it was torn and not recovered; start whend once to recover it"))
+                onProblem(
+                    JournalProblem(
+                        path: segment.path, offset: decoder.frameStart ?? 0,
+                        message:
+                            "the segment ends inside a frame: it was torn and not recovered; start whend once to recover it"
+                    ))
             }
             if isLast && !follow { return }
             if isLast {
@@ -146,7 +157,11 @@ public struct JournalReader: Sendable {
                 position = segments.firstIndex { $0.firstSeq > lastSeqSeen }.map { ($0, 0) } ?? (segments.count, 0)
                 continue
             }
-            if let i = segments.firstIndex(where: { $0.firstSeq > segment.firstSeq }) { position = (i, 0) } else { position = (segments.count, 0) }
+            if let i = segments.firstIndex(where: { $0.firstSeq > segment.firstSeq }) {
+                position = (i, 0)
+            } else {
+                position = (segments.count, 0)
+            }
         }
     }
 

@@ -32,7 +32,8 @@ public struct JournalVerifier: Sendable {
             let isLast = i == segments.count - 1
             report.segments += 1
             if let previousLast, segment.firstSeq != previousLast + 1 {
-                let message = segment.firstSeq > previousLast + 1
+                let message =
+                    segment.firstSeq > previousLast + 1
                     ? "_seq \(previousLast + 1)…\(segment.firstSeq - 1) are missing before this segment"
                     : "this segment starts at _seq \(segment.firstSeq), but the one before ends at \(previousLast)"
                 report.problems.append(JournalProblem(path: segment.path, offset: 0, message: message))
@@ -105,7 +106,10 @@ public struct JournalVerifier: Sendable {
         }
         if let index = SegmentIndex.read(fromFileAt: segment.path) {
             if index.firstSeq != segment.firstSeq || index.lastSeq != (lastSeq ?? segment.firstSeq - 1) {
-                problem(0, "the index says _seq \(index.firstSeq)…\(index.lastSeq), the records say \(segment.firstSeq)…\(lastSeq.map(String.init) ?? "none")")
+                problem(
+                    0,
+                    "the index says _seq \(index.firstSeq)…\(index.lastSeq), the records say \(segment.firstSeq)…\(lastSeq.map(String.init) ?? "none")"
+                )
             }
             for entry in index.entries where !frameStarts.contains(entry.offset) {
                 problem(entry.offset, "the index points to offset \(entry.offset), where no frame of records starts")
@@ -113,10 +117,13 @@ public struct JournalVerifier: Sendable {
         } else if isLast {
             report.notes.append("\(segment.path) is the active segment (not sealed yet)")
             if !decoder.isBetweenFrames, decoder.pendingLineBytes > 0 {
-                report.notes.append("\(segment.path) ends inside a record: being written, or torn (whend recovers it at start)")
+                report.notes.append(
+                    "\(segment.path) ends inside a record: being written, or torn (whend recovers it at start)")
             }
         } else {
-            problem(0, "not sealed, yet not the last segment: it was torn and never recovered; start whend once to recover it")
+            problem(
+                0,
+                "not sealed, yet not the last segment: it was torn and never recovered; start whend once to recover it")
         }
         return lastSeq
     }

@@ -120,7 +120,9 @@ public final class JournalWriter: @unchecked Sendable {
             switch result.outcome {
             case .alreadySealed: break
             case .sealed(let dropped):
-                log("recovered \(tail.path): kept records up to _seq \(result.lastSeq), cut \(dropped) bytes of torn tail, sealed")
+                log(
+                    "recovered \(tail.path): kept records up to _seq \(result.lastSeq), cut \(dropped) bytes of torn tail, sealed"
+                )
             case .removedEmpty:
                 log("removed \(tail.path): it held no complete record")
             }
@@ -139,7 +141,8 @@ public final class JournalWriter: @unchecked Sendable {
         self.dedup = dedup
         self.nextSeq = lastSeq + 1
         self.compressor = ZstdCompressor(level: configuration.compressionLevel)
-        self.stats = JournalStatistics(lastSeq: lastSeq, recordsStored: 0, duplicatesSkipped: 0, commits: 0, bytesWritten: 0)
+        self.stats = JournalStatistics(
+            lastSeq: lastSeq, recordsStored: 0, duplicatesSkipped: 0, commits: 0, bytesWritten: 0)
     }
 
     /// Starts the writer thread.
@@ -262,7 +265,8 @@ public final class JournalWriter: @unchecked Sendable {
                 let segment = try activeSegment()
                 try scratch.withUnsafeBytes { lines in
                     try segment.append(
-                        lines: lines, firstSeq: first, lastSeq: last, minReceived: minReceived, maxReceived: maxReceived,
+                        lines: lines, firstSeq: first, lastSeq: last, minReceived: minReceived,
+                        maxReceived: maxReceived,
                         flush: configuration.durability != .none)
                 }
                 if configuration.durability == .fsync { try segment.sync() }
@@ -300,9 +304,12 @@ public final class JournalWriter: @unchecked Sendable {
     private func appendRecordPrefix(_ seq: UInt64) {
         // `{"_seq":` then the decimal digits, without going through String.
         scratch.append(contentsOf: [0x7B, 0x22, 0x5F, 0x73, 0x65, 0x71, 0x22, 0x3A])
-        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
-                     UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
-            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        var digits:
+            (
+                UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
+                UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8
+            ) =
+                (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
         var n = seq
         var count = 0
         withUnsafeMutableBytes(of: &digits) { d in
@@ -392,7 +399,9 @@ public final class JournalWriter: @unchecked Sendable {
             let overAge = maxAge > 0 && age > maxAge
             guard overSize || overAge else { break }
             if unlink(oldest.path) == 0 {
-                log("retention: deleted \(oldest.path) (\(overSize ? "journal over \(maxBytes) bytes" : "older than \(Int(maxAge)) s"))")
+                log(
+                    "retention: deleted \(oldest.path) (\(overSize ? "journal over \(maxBytes) bytes" : "older than \(Int(maxAge)) s"))"
+                )
             }
             total -= sizes.removeFirst()
             segments.removeFirst()

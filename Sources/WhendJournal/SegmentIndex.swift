@@ -34,7 +34,9 @@ public struct SegmentIndex: Sendable, Equatable {
 
     func encoded() -> [UInt8] {
         var payload: [UInt8] = []
-        func put<T: FixedWidthInteger>(_ v: T) { withUnsafeBytes(of: v.littleEndian) { payload.append(contentsOf: $0) } }
+        func put<T: FixedWidthInteger>(_ v: T) {
+            withUnsafeBytes(of: v.littleEndian) { payload.append(contentsOf: $0) }
+        }
         put(Self.tag)
         put(Self.version)
         put(firstSeq)
@@ -69,7 +71,8 @@ public struct SegmentIndex: Sendable, Equatable {
         var trailer = [UInt8](repeating: 0, count: trailerSize)
         guard pread(fd, &trailer, trailerSize, off_t(fileSize - Int64(trailerSize))) == trailerSize else { return nil }
         let size = Int64(le32(trailer, 0))
-        guard le32(trailer, 4) == tag, size >= Int64(headerSize + trailerSize), size + 8 <= fileSize, size < 1 << 30 else { return nil }
+        guard le32(trailer, 4) == tag, size >= Int64(headerSize + trailerSize), size + 8 <= fileSize, size < 1 << 30
+        else { return nil }
         var frame = [UInt8](repeating: 0, count: Int(size) + 8)
         guard pread(fd, &frame, frame.count, off_t(fileSize - size - 8)) == frame.count else { return nil }
         return decode(frame)
@@ -82,13 +85,17 @@ public struct SegmentIndex: Sendable, Equatable {
         let first = le64(f, 16)
         let last = le64(f, 24)
         let count = Int(le32(f, 40))
-        guard 8 + headerSize + count * 32 + trailerSize == f.count, last &+ 1 >= first, le64(f, 32) == last &+ 1 &- first else { return nil }
+        guard 8 + headerSize + count * 32 + trailerSize == f.count, last &+ 1 >= first,
+            le64(f, 32) == last &+ 1 &- first
+        else { return nil }
         var entries: [Entry] = []
         for i in 0..<count {
             let at = 8 + headerSize + i * 32
-            entries.append(Entry(
-                offset: Int64(bitPattern: le64(f, at)), firstSeq: le64(f, at + 8),
-                minReceivedMicros: Int64(bitPattern: le64(f, at + 16)), maxReceivedMicros: Int64(bitPattern: le64(f, at + 24))))
+            entries.append(
+                Entry(
+                    offset: Int64(bitPattern: le64(f, at)), firstSeq: le64(f, at + 8),
+                    minReceivedMicros: Int64(bitPattern: le64(f, at + 16)),
+                    maxReceivedMicros: Int64(bitPattern: le64(f, at + 24))))
         }
         return SegmentIndex(firstSeq: first, lastSeq: last, entries: entries)
     }

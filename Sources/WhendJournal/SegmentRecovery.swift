@@ -57,7 +57,8 @@ public enum SegmentRecovery {
                         }
                         let rt = record.receivedMicros ?? 0
                         if frameEntry == nil {
-                            frameEntry = .init(offset: frameOffset, firstSeq: expected, minReceivedMicros: rt, maxReceivedMicros: rt)
+                            frameEntry = .init(
+                                offset: frameOffset, firstSeq: expected, minReceivedMicros: rt, maxReceivedMicros: rt)
                         } else {
                             frameEntry!.minReceivedMicros = min(frameEntry!.minReceivedMicros, rt)
                             frameEntry!.maxReceivedMicros = max(frameEntry!.maxReceivedMicros, rt)

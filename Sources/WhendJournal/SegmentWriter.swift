@@ -49,18 +49,23 @@ final class SegmentWriter {
     /// - Throws: when the write fails. The segment is then unusable: its frame is torn, and
     ///   only recovery may touch the file again.
     func append(
-        lines: UnsafeRawBufferPointer, firstSeq: UInt64, lastSeq: UInt64, minReceived: Int64, maxReceived: Int64, flush: Bool
+        lines: UnsafeRawBufferPointer, firstSeq: UInt64, lastSeq: UInt64, minReceived: Int64, maxReceived: Int64,
+        flush: Bool
     ) throws {
         if frameUncompressed == 0 {
-            entries.append(.init(offset: size, firstSeq: firstSeq, minReceivedMicros: minReceived, maxReceivedMicros: maxReceived))
+            entries.append(
+                .init(offset: size, firstSeq: firstSeq, minReceivedMicros: minReceived, maxReceivedMicros: maxReceived))
         } else {
-            entries[entries.count - 1].minReceivedMicros = min(entries[entries.count - 1].minReceivedMicros, minReceived)
-            entries[entries.count - 1].maxReceivedMicros = max(entries[entries.count - 1].maxReceivedMicros, maxReceived)
+            entries[entries.count - 1].minReceivedMicros = min(
+                entries[entries.count - 1].minReceivedMicros, minReceived)
+            entries[entries.count - 1].maxReceivedMicros = max(
+                entries[entries.count - 1].maxReceivedMicros, maxReceived)
         }
         frameUncompressed += lines.count
         let endFrame = frameUncompressed >= frameBytes
         output.removeAll(keepingCapacity: true)
-        compressor.compress(lines, directive: endFrame ? ZSTD_e_end : (flush ? ZSTD_e_flush : ZSTD_e_continue), into: &output)
+        compressor.compress(
+            lines, directive: endFrame ? ZSTD_e_end : (flush ? ZSTD_e_flush : ZSTD_e_continue), into: &output)
         if endFrame { frameUncompressed = 0 }
         self.lastSeq = lastSeq
         try writeOutput()
@@ -96,7 +101,9 @@ final class SegmentWriter {
         let path = file.path
         let fd = self.fd
         let result: JournalIOError? = output.withUnsafeBytes { bytes in
-            do { try FileIO.writeAll(fd, bytes, path: path) } catch { return error as? JournalIOError ?? JournalIOError(operation: "write", path: path, errno: EIO) }
+            do { try FileIO.writeAll(fd, bytes, path: path) } catch {
+                return error as? JournalIOError ?? JournalIOError(operation: "write", path: path, errno: EIO)
+            }
             return nil
         }
         if let result { throw result }

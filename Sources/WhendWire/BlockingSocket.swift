@@ -31,7 +31,9 @@ public final class BlockingSocket: @unchecked Sendable {
         guard result == 0 else {
             let e = errno
             close(fd)
-            let hint = e == ENOENT || e == ECONNREFUSED ? "; is whend running? start it with `make run`, or set WHEND_SOCKET" : ""
+            let hint =
+                e == ENOENT || e == ECONNREFUSED
+                ? "; is whend running? start it with `make run`, or set WHEND_SOCKET" : ""
             throw Failure(description: "cannot connect to \(path): \(String(cString: strerror(e)))\(hint)")
         }
         self.fd = fd
@@ -42,7 +44,9 @@ public final class BlockingSocket: @unchecked Sendable {
     public func send(_ bytes: [UInt8]) throws {
         var done = 0
         while done < bytes.count {
-            let n = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + done, bytes.count - done, Int32(MSG_NOSIGNAL)) }
+            let n = bytes.withUnsafeBytes {
+                Glibc.send(fd, $0.baseAddress! + done, bytes.count - done, Int32(MSG_NOSIGNAL))
+            }
             if n < 0 {
                 if errno == EINTR { continue }
                 throw Failure(description: "send: \(String(cString: strerror(errno)))")

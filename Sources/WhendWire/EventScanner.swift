@@ -42,7 +42,9 @@ enum KnownKey: Int {
             if equal(k, "params") { return .params }
             if equal(k, "action") { return .action }
             return nil
-        case 7: return equal(k, "session") ? .session : equal(k, "context") ? .context : equal(k, "message") ? .message : nil
+        case 7:
+            return equal(k, "session")
+                ? .session : equal(k, "context") ? .context : equal(k, "message") ? .message : nil
         case 25:
             return equal(k, "isBeingPresentedInitially") ? .isBeingPresentedInitially : nil
         case 26:
@@ -114,7 +116,8 @@ public enum EventScanner {
         let bytes = UnsafeBufferPointer(rebasing: line[start..<end])
 
         if let bad = firstInvalidUTF8Offset(bytes) {
-            throw WireError(.invalidUTF8, "the line is not valid UTF-8 (byte \(bad + 1)); send JSON text encoded as UTF-8")
+            throw WireError(
+                .invalidUTF8, "the line is not valid UTF-8 (byte \(bad + 1)); send JSON text encoded as UTF-8")
         }
         var s = JSONScanner(bytes)
         guard bytes[0] == UInt8(ascii: "{") else {
@@ -122,7 +125,8 @@ public enum EventScanner {
             _ = try s.scanValue()
             s.skipWhitespace()
             guard s.atEnd else { throw s.syntaxError("unexpected data after the value") }
-            throw WireError(.notAnObject, "an event must be a JSON object, like {\"type\":\"when\",\"name\":\"appStarted\"}")
+            throw WireError(
+                .notAnObject, "an event must be a JSON object, like {\"type\":\"when\",\"name\":\"appStarted\"}")
         }
 
         var members: [EventMember] = []
@@ -155,7 +159,8 @@ public enum EventScanner {
         // A hello is an object whose single key is "hello".
         if members.count == 1, equal(UnsafeBufferPointer(rebasing: bytes[members[0].keyRange]), "\"hello\"") {
             guard helloAllowed else {
-                throw WireError(.misplacedHello, "a hello is only allowed as the first line of a connection; this line was ignored")
+                throw WireError(
+                    .misplacedHello, "a hello is only allowed as the first line of a connection; this line was ignored")
             }
             do {
                 return .hello(try scanHello(bytes, members[0]))
@@ -166,7 +171,10 @@ public enum EventScanner {
             }
         }
         if let reserved {
-            throw WireError(.reservedField, "key \"\(reserved)\" begins with '_'; such fields are set by whend only; rename it or move it into \"context\"")
+            throw WireError(
+                .reservedField,
+                "key \"\(reserved)\" begins with '_'; such fields are set by whend only; rename it or move it into \"context\""
+            )
         }
         if let duplicate {
             throw WireError(.invalidField, "key \(duplicate) appears more than once; send each field once")
@@ -188,10 +196,13 @@ public enum EventScanner {
         try s.scanObject(depth: 1) { m throws(WireError) in
             let key = UnsafeBufferPointer(rebasing: bytes[m.key])
             if equal(key, "protocol") {
-                guard m.kind == .number else { throw WireError(.invalidField, "hello \"protocol\" must be an integer; this daemon speaks 1") }
+                guard m.kind == .number else {
+                    throw WireError(.invalidField, "hello \"protocol\" must be an integer; this daemon speaks 1")
+                }
                 let v = text(bytes, m.value)
                 guard v == "1" else {
-                    throw WireError(.unsupportedProtocol, "the hello asked for protocol \(v); this daemon speaks protocol 1")
+                    throw WireError(
+                        .unsupportedProtocol, "the hello asked for protocol \(v); this daemon speaks protocol 1")
                 }
             } else if equal(key, "app") {
                 hello.app = try stringValue(bytes, m.kind, m.value, field: "hello app", max: 255)
@@ -208,7 +219,8 @@ public enum EventScanner {
 
     /// Decodes a string field and checks its length in bytes.
     static func stringValue(
-        _ bytes: UnsafeBufferPointer<UInt8>, _ kind: JSONKind, _ range: Range<Int>, field: String, min: Int = 1, max: Int
+        _ bytes: UnsafeBufferPointer<UInt8>, _ kind: JSONKind, _ range: Range<Int>, field: String, min: Int = 1,
+        max: Int
     ) throws(WireError) -> [UInt8] {
         guard kind == .string else { throw WireError(.invalidField, "\"\(field)\" must be a string") }
         let raw = UnsafeBufferPointer(rebasing: bytes[(range.lowerBound + 1)..<(range.upperBound - 1)])
@@ -219,7 +231,9 @@ public enum EventScanner {
         return value
     }
 
-    static func validateEvent(_ bytes: UnsafeBufferPointer<UInt8>, _ members: [EventMember]) throws(WireError) -> ScannedEvent {
+    static func validateEvent(_ bytes: UnsafeBufferPointer<UInt8>, _ members: [EventMember]) throws(WireError)
+        -> ScannedEvent
+    {
         var index = [Int?](repeating: nil, count: 18)
         for (i, m) in members.enumerated() { if let k = m.key { index[k.rawValue] = i } }
         func member(_ k: KnownKey) -> EventMember? { index[k.rawValue].map { members[$0] } }
@@ -244,11 +258,15 @@ public enum EventScanner {
         }
 
         guard let typeMember = member(.type) else {
-            throw WireError(.missingField, "every event needs \"type\": one of lifecycle, when, navigation, screen, error")
+            throw WireError(
+                .missingField, "every event needs \"type\": one of lifecycle, when, navigation, screen, error")
         }
         let typeValue = try stringValue(bytes, typeMember.kind, typeMember.valueRange, field: "type", max: 64)
         guard let type = EventType(rawValue: String(decoding: typeValue, as: UTF8.self)) else {
-            throw WireError(.unknownType, "type \"\(String(decoding: typeValue, as: UTF8.self))\" is not one of lifecycle, when, navigation, screen, error")
+            throw WireError(
+                .unknownType,
+                "type \"\(String(decoding: typeValue, as: UTF8.self))\" is not one of lifecycle, when, navigation, screen, error"
+            )
         }
 
         // Fields every event may carry.
@@ -257,36 +275,51 @@ public enum EventScanner {
         let id = try string(.id, max: 128)
         _ = try string(.user)
         if let ts = try string(.ts, max: 64), !isRFC3339(ts) {
-            throw WireError(.invalidField, "\"ts\" must be an RFC 3339 time like 2026-11-21T13:35:00.123Z; got \"\(String(decoding: ts, as: UTF8.self))\"")
+            throw WireError(
+                .invalidField,
+                "\"ts\" must be an RFC 3339 time like 2026-11-21T13:35:00.123Z; got \"\(String(decoding: ts, as: UTF8.self))\""
+            )
         }
         try kind(.context, .object, "an object")
 
-        var event = ScannedEvent(type: type, members: members, app: app, session: session, id: id, codableWhen: nil, needsEmptyParams: false)
+        var event = ScannedEvent(
+            type: type, members: members, app: app, session: session, id: id, codableWhen: nil, needsEmptyParams: false)
         switch type {
         case .lifecycle:
             _ = try require(.screen, "lifecycle")
             let status = String(decoding: try require(.status, "lifecycle", max: 32), as: UTF8.self)
             let appearing = status == "willAppear" || status == "didAppear"
             guard appearing || status == "willDisappear" || status == "didDisappear" else {
-                throw WireError(.invalidField, "\"status\" must be willAppear, didAppear, willDisappear or didDisappear; got \"\(status)\"")
+                throw WireError(
+                    .invalidField,
+                    "\"status\" must be willAppear, didAppear, willDisappear or didDisappear; got \"\(status)\"")
             }
             try kind(.isBeingPresentedInitially, .bool, "true or false")
             try kind(.isBeingRemovedIndefinitely, .bool, "true or false")
             if isTrue(.isBeingPresentedInitially) && !appearing {
-                throw WireError(.invalidField, "\"isBeingPresentedInitially\" can be true only on willAppear or didAppear, not on \(status)")
+                throw WireError(
+                    .invalidField,
+                    "\"isBeingPresentedInitially\" can be true only on willAppear or didAppear, not on \(status)")
             }
             if isTrue(.isBeingRemovedIndefinitely) && appearing {
-                throw WireError(.invalidField, "\"isBeingRemovedIndefinitely\" can be true only on willDisappear or didDisappear, not on \(status)")
+                throw WireError(
+                    .invalidField,
+                    "\"isBeingRemovedIndefinitely\" can be true only on willDisappear or didDisappear, not on \(status)"
+                )
             }
         case .when:
             _ = try string(.screen)
             try kind(.params, .object, "an object")
             if let w = index[KnownKey.when.rawValue] {
                 guard member(.name) == nil else {
-                    throw WireError(.invalidField, "send either \"name\" (with \"params\") or \"when\" (the Codable form), not both")
+                    throw WireError(
+                        .invalidField, "send either \"name\" (with \"params\") or \"when\" (the Codable form), not both"
+                    )
                 }
                 guard member(.params) == nil else {
-                    throw WireError(.invalidField, "the Codable form carries its params inside \"when\"; drop the separate \"params\"")
+                    throw WireError(
+                        .invalidField,
+                        "the Codable form carries its params inside \"when\"; drop the separate \"params\"")
                 }
                 event.codableWhen = try scanCodableWhen(bytes, members[w], member: w)
             } else {
@@ -294,7 +327,9 @@ public enum EventScanner {
                     throw WireError(.missingField, "when event needs \"name\" (or \"when\", the Codable form)")
                 }
                 guard isCaseName(name) else {
-                    throw WireError(.invalidField, "\"name\" must match [A-Za-z_][A-Za-z0-9_]*; got \"\(String(decoding: name, as: UTF8.self))\"")
+                    throw WireError(
+                        .invalidField,
+                        "\"name\" must match [A-Za-z_][A-Za-z0-9_]*; got \"\(String(decoding: name, as: UTF8.self))\"")
                 }
                 event.needsEmptyParams = member(.params) == nil
             }
@@ -304,7 +339,8 @@ public enum EventScanner {
             case "root", "push", "present", "replace": _ = try require(.screen, "navigation \(action)")
             case "dismiss", "pop": _ = try string(.screen)
             default:
-                throw WireError(.invalidField, "\"action\" must be root, push, present, replace, dismiss or pop; got \"\(action)\"")
+                throw WireError(
+                    .invalidField, "\"action\" must be root, push, present, replace, dismiss or pop; got \"\(action)\"")
             }
             try kind(.params, .object, "an object")
         case .screen:
@@ -327,7 +363,8 @@ public enum EventScanner {
     static func scanCodableWhen(
         _ bytes: UnsafeBufferPointer<UInt8>, _ m: EventMember, member: Int
     ) throws(WireError) -> (member: Int, name: Range<Int>, params: Range<Int>) {
-        let shape = "\"when\" must be an object with exactly one key, the case name, whose value is an object, like {\"userTypesNewEmail\":{\"userEmail\":\"a@example.com\"}}"
+        let shape =
+            "\"when\" must be an object with exactly one key, the case name, whose value is an object, like {\"userTypesNewEmail\":{\"userEmail\":\"a@example.com\"}}"
         guard m.kind == .object else { throw WireError(.invalidField, shape) }
         var s = JSONScanner(bytes)
         s.position = m.valueRange.lowerBound + 1
@@ -340,12 +377,16 @@ public enum EventScanner {
         guard kind == .object, s.peek() == UInt8(ascii: "}") else { throw WireError(.invalidField, shape) }
         let name = UnsafeBufferPointer(rebasing: bytes[nameRange])
         guard !escaped, name.count <= 255, isCaseName(name) else {
-            throw WireError(.invalidField, "the case name in \"when\" must match [A-Za-z_][A-Za-z0-9_]*; got \"\(text(bytes, nameRange))\"")
+            throw WireError(
+                .invalidField,
+                "the case name in \"when\" must match [A-Za-z_][A-Za-z0-9_]*; got \"\(text(bytes, nameRange))\"")
         }
         return (member, nameRange, params)
     }
 
-    static func arrayHoldsOnlyStrings(_ bytes: UnsafeBufferPointer<UInt8>, _ range: Range<Int>) throws(WireError) -> Bool {
+    static func arrayHoldsOnlyStrings(_ bytes: UnsafeBufferPointer<UInt8>, _ range: Range<Int>) throws(WireError)
+        -> Bool
+    {
         var s = JSONScanner(bytes)
         s.position = range.lowerBound + 1
         s.skipWhitespace()

@@ -53,7 +53,9 @@ public struct RecordEncoder: Sendable {
         self.credentials = credentials
         self.hello = hello
         var suffix: [UInt8] = []
-        suffix.append(contentsOf: Array(",\"_pid\":\(credentials.pid),\"_uid\":\(credentials.uid),\"_gid\":\(credentials.gid),\"_comm\":".utf8))
+        suffix.append(
+            contentsOf: Array(
+                ",\"_pid\":\(credentials.pid),\"_uid\":\(credentials.uid),\"_gid\":\(credentials.gid),\"_comm\":".utf8))
         appendJSONString(credentials.comm.utf8, to: &suffix)
         suffix.append(UInt8(ascii: "}"))
         self.trustedSuffix = suffix
@@ -66,7 +68,8 @@ public struct RecordEncoder: Sendable {
         self.helloAppField = field("app", hello.app)
         self.helloSessionField = field("session", hello.session)
         // The process name can be empty in theory; an empty app is not an app.
-        self.commAppField = field("app", credentials.comm.isEmpty ? Array("unknown".utf8) : Array(credentials.comm.utf8))!
+        self.commAppField = field(
+            "app", credentials.comm.isEmpty ? Array("unknown".utf8) : Array(credentials.comm.utf8))!
     }
 
     /// The encoder for the rest of the connection once a hello has arrived.

@@ -4,7 +4,9 @@ import Foundation
 public enum SocketLocation {
     /// The runtime directory whend uses when none is configured: `$RUNTIME_DIRECTORY`, else
     /// `$XDG_RUNTIME_DIR/whend`, else `/tmp/whend-$UID`.
-    public static func defaultRuntimeDirectory(environment: [String: String] = ProcessInfo.processInfo.environment) -> String {
+    public static func defaultRuntimeDirectory(environment: [String: String] = ProcessInfo.processInfo.environment)
+        -> String
+    {
         if let dir = environment["RUNTIME_DIRECTORY"], !dir.isEmpty {
             // systemd may pass several, separated by ':'; the first is ours.
             return String(dir.split(separator: ":").first ?? Substring(dir))
@@ -27,7 +29,9 @@ public enum SocketLocation {
 
     /// The state directory: `$STATE_DIRECTORY`, else `$XDG_STATE_HOME/whend`, else
     /// `~/.local/state/whend`. The journal is `journal/` inside it.
-    public static func defaultStateDirectory(environment: [String: String] = ProcessInfo.processInfo.environment) -> String {
+    public static func defaultStateDirectory(environment: [String: String] = ProcessInfo.processInfo.environment)
+        -> String
+    {
         if let dir = environment["STATE_DIRECTORY"], !dir.isEmpty {
             return String(dir.split(separator: ":").first ?? Substring(dir))
         }

@@ -32,7 +32,8 @@ public struct StoredRecord: Sendable, Equatable {
         var record = StoredRecord()
         try s.scanObject { m throws(WireError) in
             let key = UnsafeBufferPointer(rebasing: line[m.key])
-            let inner = m.kind == .string
+            let inner =
+                m.kind == .string
                 ? UnsafeBufferPointer(rebasing: line[(m.value.lowerBound + 1)..<(m.value.upperBound - 1)]) : nil
             func decoded() -> [UInt8]? {
                 guard let inner else { return nil }

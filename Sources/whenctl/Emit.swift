@@ -78,7 +78,9 @@ struct Emit: ParsableCommand {
         if let failure = result.failure { printError("whenctl emit: \(failure)") }
         let rejected = result.errors.filter { $0.0 != nil }.count
         if !quiet {
-            printError("whenctl emit: \(sent) sent, \(min(result.acked, sent) - UInt64(min(UInt64(rejected), result.acked))) stored, \(rejected) rejected")
+            printError(
+                "whenctl emit: \(sent) sent, \(min(result.acked, sent) - UInt64(min(UInt64(rejected), result.acked))) stored, \(rejected) rejected"
+            )
         }
         if result.errors.contains(where: { $0.0 == nil }) || result.acked < sent { throw ExitCode(2) }
         if rejected > 0 { throw ExitCode(1) }
@@ -102,7 +104,11 @@ final class AnswerCollector: @unchecked Sendable {
         if let ack = object["ack"] as? NSNumber {
             result.acked = max(result.acked, ack.uint64Value)
         } else if let error = object["error"] as? [String: Any] {
-            result.errors.append(((error["event"] as? NSNumber)?.uint64Value, error["code"] as? String ?? "?", error["message"] as? String ?? ""))
+            result.errors.append(
+                (
+                    (error["event"] as? NSNumber)?.uint64Value, error["code"] as? String ?? "?",
+                    error["message"] as? String ?? ""
+                ))
         }
     }
 

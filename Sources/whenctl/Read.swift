@@ -81,7 +81,8 @@ func parseTime(_ text: String, option: String) throws -> Int64 {
     if let unit = text.last, let scale = units[unit], let amount = Double(text.dropLast()), amount >= 0 {
         return currentMicros() - Int64(amount * scale * 1e6)
     }
-    throw ValidationError("\(option) takes an RFC 3339 time (2026-11-21T13:35:00Z) or a duration ago (90s, 15m, 2h, 7d); got '\(text)'")
+    throw ValidationError(
+        "\(option) takes an RFC 3339 time (2026-11-21T13:35:00Z) or a duration ago (90s, 15m, 2h, 7d); got '\(text)'")
 }
 
 func currentMicros() -> Int64 {
@@ -99,15 +100,20 @@ func shortForm(_ line: UnsafeBufferPointer<UInt8>) -> String {
     let what: String
     switch s("type") {
     case "when":
-        let params = (object["params"] as? [String: Any]).flatMap { try? JSONSerialization.data(withJSONObject: $0, options: [.sortedKeys]) }
-        what = s("name") + (params.map { " " + String(decoding: $0, as: UTF8.self) }.flatMap { $0 == " {}" ? "" : $0 } ?? "")
+        let params = (object["params"] as? [String: Any]).flatMap {
+            try? JSONSerialization.data(withJSONObject: $0, options: [.sortedKeys])
+        }
+        what =
+            s("name")
+            + (params.map { " " + String(decoding: $0, as: UTF8.self) }.flatMap { $0 == " {}" ? "" : $0 } ?? "")
     case "lifecycle": what = "\(s("screen")) \(s("status"))"
     case "navigation": what = "\(s("action")) \(s("screen"))".trimmingCharacters(in: .whitespaces)
     case "screen": what = s("name")
     case "error": what = ((object["fatal"] as? Bool) == true ? "FATAL " : "") + s("message")
     default: what = ""
     }
-    return "\(s("_rt")) #\(s("_seq")) \(s("app"))\(object["session"] != nil ? "/" + s("session") : "") \(s("type")): \(what)"
+    return
+        "\(s("_rt")) #\(s("_seq")) \(s("app"))\(object["session"] != nil ? "/" + s("session") : "") \(s("type")): \(what)"
 }
 
 func emit(_ record: JournalRecord, format: RecordFilterOptions.OutputFormat, to out: Output) {
@@ -131,7 +137,8 @@ struct Cat: ParsableCommand {
         let filter = try filters.filter()
         let out = Output()
         var problems = 0
-        JournalReader(directory: directory).read(fromSeq: filter.fromSeq, sinceMicros: filter.sinceMicros) { record, _ in
+        JournalReader(directory: directory).read(fromSeq: filter.fromSeq, sinceMicros: filter.sinceMicros) {
+            record, _ in
             if filter.isPastEnd(record.fields) { return false }
             if filter.matches(record.fields) { emit(record, format: filters.output, to: out) }
             return true
@@ -167,7 +174,8 @@ struct Tail: ParsableCommand {
         let start = filter.fromSeq ?? directory.segments().last?.firstSeq
         var recent: [[UInt8]] = []
         var caughtUp = false
-        JournalReader(directory: directory).read(fromSeq: start, sinceMicros: filter.sinceMicros, follow: follow) { record, _ in
+        JournalReader(directory: directory).read(fromSeq: start, sinceMicros: filter.sinceMicros, follow: follow) {
+            record, _ in
             if filter.isPastEnd(record.fields) { return false }
             guard filter.matches(record.fields) else { return true }
             if caughtUp {
@@ -227,7 +235,9 @@ struct Verify: ParsableCommand {
                 "ok": report.isClean, "segments": report.segments, "records": report.records,
                 "first_seq": report.firstSeq.map { NSNumber(value: $0) } ?? NSNull(),
                 "last_seq": report.lastSeq.map { NSNumber(value: $0) } ?? NSNull(),
-                "problems": report.problems.map { ["file": $0.path, "offset": $0.offset, "message": $0.message] as [String: Any] },
+                "problems": report.problems.map {
+                    ["file": $0.path, "offset": $0.offset, "message": $0.message] as [String: Any]
+                },
                 "notes": report.notes,
             ]
             let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
@@ -236,7 +246,9 @@ struct Verify: ParsableCommand {
             for problem in report.problems { print("PROBLEM \(problem)") }
             for note in report.notes { print("note: \(note)") }
             let range = report.firstSeq.map { "_seq \($0)…\(report.lastSeq ?? $0)" } ?? "no records"
-            print("\(report.isClean ? "OK" : "FAILED"): \(report.segments) segment(s), \(report.records) record(s), \(range), \(report.problems.count) problem(s)")
+            print(
+                "\(report.isClean ? "OK" : "FAILED"): \(report.segments) segment(s), \(report.records) record(s), \(range), \(report.problems.count) problem(s)"
+            )
         }
         if !report.isClean { throw ExitCode(1) }
     }

@@ -30,8 +30,10 @@ struct JournalLocationOptions: ParsableArguments {
     func existingDirectory() throws -> JournalDirectory {
         let directory = self.directory
         var isDirectory: ObjCBool = false
-        guard FileManager.default.fileExists(atPath: directory.path, isDirectory: &isDirectory), isDirectory.boolValue else {
-            throw ValidationError("no journal at \(directory.path); start whend first, or point --state-dir/--journal at one")
+        guard FileManager.default.fileExists(atPath: directory.path, isDirectory: &isDirectory), isDirectory.boolValue
+        else {
+            throw ValidationError(
+                "no journal at \(directory.path); start whend first, or point --state-dir/--journal at one")
         }
         return directory
     }

@@ -40,7 +40,8 @@ struct Whend: ParsableCommand {
     @Option(name: .long, help: "Rotate a segment after this many seconds.")
     var segmentMaxAge: Double = 3600
 
-    @Option(name: .long, help: "Keep the journal under this many bytes, deleting the oldest sealed segments (0: no limit).")
+    @Option(
+        name: .long, help: "Keep the journal under this many bytes, deleting the oldest sealed segments (0: no limit).")
     var retentionMaxBytes: Int64 = 1 << 30
 
     @Option(name: .long, help: "Delete sealed segments older than this many seconds (0: no limit).")

@@ -12,7 +12,9 @@ func temporaryDirectory(_ name: String) -> String {
 }
 
 func record(_ seq: UInt64, _ note: String = "") -> [UInt8] {
-    Array(#"{"_seq":\#(seq),"type":"when","name":"step","params":{"n":\#(seq),"note":"\#(note)"},"app":"a","id":"e\#(seq)","_rt":"2026-11-21T13:35:00.000000Z","_pid":1,"_uid":0,"_gid":0,"_comm":"t"}"#.utf8)
+    Array(
+        #"{"_seq":\#(seq),"type":"when","name":"step","params":{"n":\#(seq),"note":"\#(note)"},"app":"a","id":"e\#(seq)","_rt":"2026-11-21T13:35:00.000000Z","_pid":1,"_uid":0,"_gid":0,"_comm":"t"}"#
+            .utf8)
 }
 
 func readAll(_ directory: JournalDirectory) -> (lines: [[UInt8]], problems: [JournalProblem]) {
@@ -21,7 +23,9 @@ func readAll(_ directory: JournalDirectory) -> (lines: [[UInt8]], problems: [Jou
     JournalReader(directory: directory).read { r, _ in
         lines.append(Array(r.line))
         return true
-    } onProblem: { problems.append($0) }
+    } onProblem: {
+        problems.append($0)
+    }
     return (lines, problems)
 }
 
@@ -38,9 +42,12 @@ func zstdTestPasses(_ path: String) -> Bool {
 @Suite struct SegmentRecoveryTests {
     /// Writes an unsealed segment in small commits, as the daemon does, noting the file size
     /// after each commit and the last `_seq` it made durable.
-    func writeTornSegment(in directory: JournalDirectory) throws -> (records: [[UInt8]], commits: [(size: Int64, lastSeq: UInt64)]) {
+    func writeTornSegment(in directory: JournalDirectory) throws -> (
+        records: [[UInt8]], commits: [(size: Int64, lastSeq: UInt64)]
+    ) {
         try directory.create()
-        let writer = try SegmentWriter(directory: directory, firstSeq: 1, compressor: ZstdCompressor(level: 3), frameBytes: 1500)
+        let writer = try SegmentWriter(
+            directory: directory, firstSeq: 1, compressor: ZstdCompressor(level: 3), frameBytes: 1500)
         var records: [[UInt8]] = []
         var commits: [(Int64, UInt64)] = []
         var seq: UInt64 = 1
@@ -54,7 +61,8 @@ func zstdTestPasses(_ path: String) -> Bool {
                 seq += 1
             }
             try lines.withUnsafeBytes {
-                try writer.append(lines: $0, firstSeq: first, lastSeq: seq - 1, minReceived: 0, maxReceived: 0, flush: true)
+                try writer.append(
+                    lines: $0, firstSeq: first, lastSeq: seq - 1, minReceived: 0, maxReceived: 0, flush: true)
             }
             commits.append((writer.size, seq - 1))
         }
@@ -102,10 +110,13 @@ func zstdTestPasses(_ path: String) -> Bool {
     @Test func recoveringASealedSegmentChangesNothing() throws {
         let directory = JournalDirectory(path: temporaryDirectory("sealed"))
         try directory.create()
-        let writer = try SegmentWriter(directory: directory, firstSeq: 5, compressor: ZstdCompressor(level: 3), frameBytes: 300)
+        let writer = try SegmentWriter(
+            directory: directory, firstSeq: 5, compressor: ZstdCompressor(level: 3), frameBytes: 300)
         var lines: [UInt8] = []
         for seq in UInt64(5)...20 { lines += record(seq) + [0x0A] }
-        try lines.withUnsafeBytes { try writer.append(lines: $0, firstSeq: 5, lastSeq: 20, minReceived: 10, maxReceived: 20, flush: true) }
+        try lines.withUnsafeBytes {
+            try writer.append(lines: $0, firstSeq: 5, lastSeq: 20, minReceived: 10, maxReceived: 20, flush: true)
+        }
         try writer.seal()
         let path = directory.segmentPath(firstSeq: 5)
         let before = try FileIO.readAll(path)
@@ -151,14 +162,16 @@ func zstdTestPasses(_ path: String) -> Bool {
         let directory = JournalDirectory(path: temporaryDirectory("writer"))
         var configuration = JournalConfiguration(directory: directory)
         configuration.segmentMaxBytes = 300  // rotate often
-        let body = #""type":"screen","name":"A","app":"a","_rt":"2026-11-21T13:35:00.000000Z","_pid":1,"_uid":0,"_gid":0,"_comm":"t"}"#
+        let body =
+            #""type":"screen","name":"A","app":"a","_rt":"2026-11-21T13:35:00.000000Z","_pid":1,"_uid":0,"_gid":0,"_comm":"t"}"#
         for round in 0..<3 {
             let writer = try JournalWriter(configuration: configuration)
             writer.start()
             for i in 0..<20 {
                 let id = "r\(round)-\(i)"
                 // Each event twice in one batch, and the previous round's last event again.
-                let result = submitAndWait(writer, batch([(body, id), (body, id), (body, round > 0 ? "r\(round - 1)-19" : nil)]))
+                let result = submitAndWait(
+                    writer, batch([(body, id), (body, id), (body, round > 0 ? "r\(round - 1)-19" : nil)]))
                 guard case .stored = result else { Issue.record("\(result)"); return }
             }
             writer.shutdown()
@@ -185,7 +198,8 @@ func zstdTestPasses(_ path: String) -> Bool {
         configuration.frameBytes = 2000
         let writer = try JournalWriter(configuration: configuration)
         writer.start()
-        let body = #""type":"screen","name":"A","app":"a","_rt":"2026-11-21T13:35:00.000000Z","_pid":1,"_uid":0,"_gid":0,"_comm":"t"}"#
+        let body =
+            #""type":"screen","name":"A","app":"a","_rt":"2026-11-21T13:35:00.000000Z","_pid":1,"_uid":0,"_gid":0,"_comm":"t"}"#
         for _ in 0..<50 { _ = submitAndWait(writer, batch(Array(repeating: (body, nil), count: 10))) }
         writer.shutdown()
         let index = try #require(SegmentIndex.read(fromFileAt: directory.segmentPath(firstSeq: 1)))
@@ -196,7 +210,9 @@ func zstdTestPasses(_ path: String) -> Bool {
             first = r.fields.seq
             frame = r.frameOffset
             return false
-        } onProblem: { Issue.record("\($0)") }
+        } onProblem: {
+            Issue.record("\($0)")
+        }
         #expect(first == 400)
         #expect(frame == index.offset(forSeq: 400) && frame > 0)
     }

@@ -118,7 +118,9 @@ final class ResendingClient: @unchecked Sendable {
         let expected = clients.flatMap { c in (0..<c.generatedCount).map { "\(c.name)-\($0)" } }
         #expect(records.count == expected.count)
         let wrong = expected.filter { seen[$0] != 1 }
-        #expect(wrong.isEmpty, "\(wrong.count) events not stored exactly once, e.g. \(wrong.prefix(10).map { "\($0) ×\(seen[$0] ?? 0)" })")
+        #expect(
+            wrong.isEmpty,
+            "\(wrong.count) events not stored exactly once, e.g. \(wrong.prefix(10).map { "\($0) ×\(seen[$0] ?? 0)" })")
         #expect(records.map { $0["_seq"] as? Int } == Array(1...records.count).map { Optional($0) })
 
         let verify = try runCommand(executable("whenctl"), ["verify", "--state-dir", daemon.stateDirectory])

@@ -8,12 +8,14 @@ import WhendWire
     @Test func helloGetsWelcomeAndAcksCoverEveryLine() throws {
         let daemon = DaemonProcess("hello")
         try daemon.start()
-        let answers = try exchange(daemon.socketPath, [
-            helloWithAcks,
-            #"{"type":"navigation","action":"root","screen":"Characters"}"#,
-            "",  // empty lines are not counted
-            #"{"type":"when","name":"userTapsCharacter","params":{"id":7}}"#,
-        ])
+        let answers = try exchange(
+            daemon.socketPath,
+            [
+                helloWithAcks,
+                #"{"type":"navigation","action":"root","screen":"Characters"}"#,
+                "",  // empty lines are not counted
+                #"{"type":"when","name":"userTapsCharacter","params":{"id":7}}"#,
+            ])
         let welcome = try #require(answers.first?["welcome"] as? [String: Any])
         #expect(welcome["protocol"] as? Int == 1)
         #expect((welcome["server"] as? String)?.hasPrefix("whend/") == true)
@@ -29,7 +31,9 @@ import WhendWire
     @Test func withoutHelloThereAreNoAcksAndAppIsTheSendersProcessName() throws {
         let daemon = DaemonProcess("nohello")
         try daemon.start()
-        let answers = try exchange(daemon.socketPath, [#"{"type":"screen","name":"Home"}"#, #"{"type":"screen","name":"Detail","session":"x"}"#])
+        let answers = try exchange(
+            daemon.socketPath,
+            [#"{"type":"screen","name":"Home"}"#, #"{"type":"screen","name":"Detail","session":"x"}"#])
         #expect(answers.isEmpty)
         daemon.stop()
         let records = daemon.records()
@@ -50,7 +54,11 @@ import WhendWire
         connection.finishSending()
         var acks: [Int] = []
         try connection.receiveLines { line in
-            if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], let a = o["ack"] as? Int { acks.append(a) }
+            if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
+                let a = o["ack"] as? Int
+            {
+                acks.append(a)
+            }
         }
         #expect(acks.last == 501)
         #expect(acks == acks.sorted())  // never backwards
@@ -61,14 +69,16 @@ import WhendWire
     @Test func trustedFieldsComeFromTheKernelAndCannotBeForged() throws {
         let daemon = DaemonProcess("trusted")
         try daemon.start()
-        let answers = try exchange(daemon.socketPath, [
-            helloWithAcks,
-            #"{"type":"screen","name":"A","_pid":1}"#,
-            #"{"type":"screen","name":"A","_seq":99}"#,
-            #"{"type":"screen","name":"A","\u005fcomm":"init"}"#,
-            #"{"type":"screen","name":"A","_origin":"screen-tracking"}"#,
-            #"{"type":"screen","name":"B"}"#,
-        ])
+        let answers = try exchange(
+            daemon.socketPath,
+            [
+                helloWithAcks,
+                #"{"type":"screen","name":"A","_pid":1}"#,
+                #"{"type":"screen","name":"A","_seq":99}"#,
+                #"{"type":"screen","name":"A","\u005fcomm":"init"}"#,
+                #"{"type":"screen","name":"A","_origin":"screen-tracking"}"#,
+                #"{"type":"screen","name":"B"}"#,
+            ])
         #expect(answers.errors.map(\.code) == Array(repeating: "reserved_field", count: 4))
         #expect(answers.errors.map(\.event) == [1, 2, 3, 4])
         #expect(answers.acks.last == 5)
@@ -86,16 +96,21 @@ import WhendWire
     @Test func codableWhenIsStoredAsNameAndParams() throws {
         let daemon = DaemonProcess("codable")
         try daemon.start()
-        let answers = try exchange(daemon.socketPath, [
-            helloWithAcks,
-            #"{"type":"when","when":{"userTypesNewEmail":{"userEmail":"a@example.com"}}}"#,
-            #"{"type":"when","when":{"userTapsChangeEmailButton":{}}}"#,
-            #"{"type":"when","when":{"showCharacter":{"_0":7}}}"#,
-        ])
+        let answers = try exchange(
+            daemon.socketPath,
+            [
+                helloWithAcks,
+                #"{"type":"when","when":{"userTypesNewEmail":{"userEmail":"a@example.com"}}}"#,
+                #"{"type":"when","when":{"userTapsChangeEmailButton":{}}}"#,
+                #"{"type":"when","when":{"showCharacter":{"_0":7}}}"#,
+            ])
         #expect(answers.errors.isEmpty)
         daemon.stop()
         let records = daemon.records()
-        #expect(records.map { $0["name"] as? String } == ["userTypesNewEmail", "userTapsChangeEmailButton", "showCharacter"])
+        #expect(
+            records.map { $0["name"] as? String } == [
+                "userTypesNewEmail", "userTapsChangeEmailButton", "showCharacter",
+            ])
         #expect((records[0]["params"] as? [String: String]) == ["userEmail": "a@example.com"])
         #expect((records[1]["params"] as? [String: Any])?.isEmpty == true)
         #expect((records[2]["params"] as? [String: Int]) == ["_0": 7])
@@ -112,9 +127,17 @@ import WhendWire
             ("invalid_json", Array("{not json".utf8)),
             ("invalid_utf8", Array(#"{"type":"screen","name":""#.utf8) + [0xFF, 0xFE] + Array(#""}"#.utf8)),
             ("not_an_object", Array("[1,2,3]".utf8)),
-            ("too_large", Array(#"{"type":"screen","name":""#.utf8) + Array(repeating: UInt8(ascii: "x"), count: 5000) + Array(#""}"#.utf8)),
+            (
+                "too_large",
+                Array(#"{"type":"screen","name":""#.utf8) + Array(repeating: UInt8(ascii: "x"), count: 5000)
+                    + Array(#""}"#.utf8)
+            ),
             ("missing_field", Array(#"{"type":"lifecycle","status":"didAppear"}"#.utf8)),
-            ("invalid_field", Array(#"{"type":"lifecycle","screen":"A","status":"didDisappear","isBeingPresentedInitially":true}"#.utf8)),
+            (
+                "invalid_field",
+                Array(
+                    #"{"type":"lifecycle","screen":"A","status":"didDisappear","isBeingPresentedInitially":true}"#.utf8)
+            ),
             ("unknown_type", Array(#"{"type":"tap"}"#.utf8)),
             ("reserved_field", Array(#"{"type":"screen","name":"A","_uid":0}"#.utf8)),
             ("misplaced_hello", Array(#"{"hello":{"protocol":1}}"#.utf8)),
@@ -143,7 +166,9 @@ import WhendWire
         try connection.send("\n" + #"{"type":"screen","name":"After"}"# + "\n")
         connection.finishSending()
         var lines: [[String: Any]] = []
-        try connection.receiveLines { if let o = try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] { lines.append(o) } }
+        try connection.receiveLines {
+            if let o = try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] { lines.append(o) }
+        }
         #expect(lines.errors.map(\.code) == ["too_large"])
         #expect(lines.errors.first?.event == 1)
         #expect(lines.acks.last == 2)
@@ -154,7 +179,8 @@ import WhendWire
     @Test func unsupportedProtocolIsAnErrorAboutTheConnectionWhichIsClosed() throws {
         let daemon = DaemonProcess("protocol")
         try daemon.start()
-        let answers = try exchange(daemon.socketPath, [#"{"hello":{"protocol":2,"acks":true}}"#, #"{"type":"screen","name":"A"}"#])
+        let answers = try exchange(
+            daemon.socketPath, [#"{"hello":{"protocol":2,"acks":true}}"#, #"{"type":"screen","name":"A"}"#])
         #expect(answers.errors.count == 1)
         #expect(answers.errors.first?.code == "unsupported_protocol")
         #expect(answers.errors.first?.event == nil)
@@ -185,7 +211,8 @@ import WhendWire
         #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 5)
         daemon.stop()
         try daemon.start()
-        let again = try exchange(daemon.socketPath, [helloWithAcks] + events + [#"{"type":"when","name":"tap","id":"e6"}"#])
+        let again = try exchange(
+            daemon.socketPath, [helloWithAcks] + events + [#"{"type":"when","name":"tap","id":"e6"}"#])
         #expect(again.acks.last == 6)
         #expect(again.errors.isEmpty)
         // Same id under another session is another event.
@@ -200,7 +227,8 @@ import WhendWire
     @Test func theDaemonRefusesASecondInstanceOnTheSameSocket() throws {
         let daemon = DaemonProcess("twice")
         try daemon.start()
-        let second = try runCommand(executable("whend"), ["--socket", daemon.socketPath, "--state-dir", daemon.directory + "/other"])
+        let second = try runCommand(
+            executable("whend"), ["--socket", daemon.socketPath, "--state-dir", daemon.directory + "/other"])
         #expect(second.status != 0)
         #expect(second.error.contains("already listening"))
         #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"screen","name":"A"}"#]).acks.last == 1)
@@ -213,7 +241,9 @@ import WhendWire
         defer { unmount(stateDirectory) }
         let daemon = DaemonProcess("full", stateDirectory: stateDirectory)
         try daemon.start()
-        #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"screen","name":"Before","id":"b"}"#]).acks.last == 1)
+        #expect(
+            try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"screen","name":"Before","id":"b"}"#]).acks.last
+                == 1)
         // Fill the filesystem completely.
         let filler = stateDirectory + "/filler"
         let fd = open(filler, O_WRONLY | O_CREAT, 0o600)
@@ -240,7 +270,9 @@ import WhendWire
         #expect(stored.contains("b") && stored.contains("a"))
         // Every event acked without an error is stored.
         let refused = Set(unavailable.compactMap(\.event))
-        for line in 1...50 where !refused.contains(line) { #expect(stored.contains("n\(line)"), "n\(line) was acked but is not stored") }
+        for line in 1...50 where !refused.contains(line) {
+            #expect(stored.contains("n\(line)"), "n\(line) was acked but is not stored")
+        }
         let report = JournalVerifier(directory: daemon.journal).verify()
         #expect(report.isClean, "\(report.problems)")
     }

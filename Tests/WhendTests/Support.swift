@@ -94,9 +94,13 @@ final class DaemonProcess: @unchecked Sendable {
     func records() -> [[String: Any]] {
         var result: [[String: Any]] = []
         JournalReader(directory: journal).read { r, _ in
-            if let o = try? JSONSerialization.jsonObject(with: Data(buffer: r.line)) as? [String: Any] { result.append(o) }
+            if let o = try? JSONSerialization.jsonObject(with: Data(buffer: r.line)) as? [String: Any] {
+                result.append(o)
+            }
             return true
-        } onProblem: { Issue.record("journal problem: \($0)") }
+        } onProblem: {
+            Issue.record("journal problem: \($0)")
+        }
         return result
     }
 }
@@ -127,7 +131,9 @@ extension Array where Element == [String: Any] {
 
 let helloWithAcks = #"{"hello":{"protocol":1,"app":"com.example.mail","session":"s1","acks":true}}"#
 
-func runCommand(_ path: String, _ arguments: [String], environment: [String: String] = [:]) throws -> (status: Int32, output: String, error: String) {
+func runCommand(_ path: String, _ arguments: [String], environment: [String: String] = [:]) throws -> (
+    status: Int32, output: String, error: String
+) {
     let p = Process()
     p.executableURL = URL(fileURLWithPath: path)
     p.arguments = arguments

@@ -11,10 +11,13 @@ import WhendWire
         let daemon = DaemonProcess("emit")
         try daemon.start()
         let env = ["WHEND_SOCKET": daemon.socketPath]
-        let ok = try runCommand(whenctl, ["emit", "--app", "com.x", #"{"type":"screen","name":"A"}"#], environment: env)
+        let ok = try runCommand(
+            whenctl, ["emit", "--app", "com.x", #"{"type":"screen","name":"A"}"#], environment: env)
         #expect(ok.status == 0)
         #expect(ok.error.contains("1 sent, 1 stored, 0 rejected"))
-        let bad = try runCommand(whenctl, ["emit", #"{"type":"screen","name":"B"}"#, #"{"type":"lifecycle","screen":"A"}"#], environment: env)
+        let bad = try runCommand(
+            whenctl, ["emit", #"{"type":"screen","name":"B"}"#, #"{"type":"lifecycle","screen":"A"}"#], environment: env
+        )
         #expect(bad.status == 1)
         #expect(bad.error.contains("event 2: missing_field"))
         daemon.stop()
@@ -35,7 +38,8 @@ import WhendWire
         }
         // In several connections, hence several commits: segments rotate between commits.
         for part in 0..<10 {
-            #expect(try exchange(daemon.socketPath, [lines[0]] + lines[(1 + part * 30)...(30 + part * 30)]).acks.last == 30)
+            #expect(
+                try exchange(daemon.socketPath, [lines[0]] + lines[(1 + part * 30)...(30 + part * 30)]).acks.last == 30)
         }
         let state = ["--state-dir", daemon.stateDirectory]
         func ids(_ args: [String]) throws -> [Int] {
@@ -61,7 +65,9 @@ import WhendWire
     @Test func tailFollowsRecordsAsTheyAreCommitted() throws {
         let daemon = DaemonProcess("tail", arguments: ["--segment-max-bytes", "4096"])
         try daemon.start()
-        #expect(try exchange(daemon.socketPath, [helloWithAcks] + (1...20).map { #"{"type":"when","name":"early\#($0)"}"# }).acks.last == 20)
+        #expect(
+            try exchange(daemon.socketPath, [helloWithAcks] + (1...20).map { #"{"type":"when","name":"early\#($0)"}"# })
+                .acks.last == 20)
         let p = Process()
         p.executableURL = URL(fileURLWithPath: whenctl)
         p.arguments = ["tail", "-f", "-n", "3", "--state-dir", daemon.stateDirectory]
@@ -74,12 +80,16 @@ import WhendWire
         // Enough to rotate segments while tail follows.
         for batch in 0..<5 {
             // Random padding: compressible records would all fit in one segment.
-            let events = (1...40).map { #"{"type":"when","name":"late\#(batch * 40 + $0)","params":{"pad":"\#(UInt64.random(in: 0...UInt64.max))\#(UInt64.random(in: 0...UInt64.max))"}}"# }
+            let events = (1...40).map {
+                #"{"type":"when","name":"late\#(batch * 40 + $0)","params":{"pad":"\#(UInt64.random(in: 0...UInt64.max))\#(UInt64.random(in: 0...UInt64.max))"}}"#
+            }
             #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 40)
         }
         var names: [String] = []
         readLines(from: out.fileHandleForReading.fileDescriptor, until: Date().addingTimeInterval(15)) { line in
-            if let name = (try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])?["name"] as? String {
+            if let name = (try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])?["name"]
+                as? String
+            {
                 names.append(name)
             }
             return names.count < 203
@@ -93,7 +103,9 @@ import WhendWire
         let daemon = DaemonProcess("verify", arguments: ["--segment-max-bytes", "4096"])
         try daemon.start()
         for part in 0..<10 {
-            let events = (1...30).map { #"{"type":"when","name":"e","params":{"n":\#(part * 30 + $0),"noise":"\#(noise())"}}"# }
+            let events = (1...30).map {
+                #"{"type":"when","name":"e","params":{"n":\#(part * 30 + $0),"noise":"\#(noise())"}}"#
+            }
             #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 30)
         }
         daemon.stop()
@@ -124,7 +136,8 @@ import WhendWire
     }
 
     @Test func rotationAndRetentionKeepTheJournalWithinItsSizeAndVerifiable() throws {
-        let daemon = DaemonProcess("retain", arguments: ["--segment-max-bytes", "4096", "--retention-max-bytes", "16384"])
+        let daemon = DaemonProcess(
+            "retain", arguments: ["--segment-max-bytes", "4096", "--retention-max-bytes", "16384"])
         try daemon.start()
         for round in 0..<10 {
             let events = (1...100).map { i in
@@ -135,7 +148,8 @@ import WhendWire
         }
         daemon.stop()
         let segments = daemon.journal.segments()
-        let total = segments.compactMap { try? FileManager.default.attributesOfItem(atPath: $0.path)[.size] as? Int }.reduce(0, +)
+        let total = segments.compactMap { try? FileManager.default.attributesOfItem(atPath: $0.path)[.size] as? Int }
+            .reduce(0, +)
         #expect(total <= 16384 + 8192)  // the limit, plus the segment being written when it was checked
         #expect(segments.first!.firstSeq > 1)  // the oldest were deleted
         let verify = try runCommand(whenctl, ["verify", "--state-dir", daemon.stateDirectory])
@@ -153,7 +167,11 @@ import WhendWire
         #expect(daemon.stop() == 0)
         var acks: [Int] = []
         try connection.receiveLines { line in
-            if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], let a = o["ack"] as? Int { acks.append(a) }
+            if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
+                let a = o["ack"] as? Int
+            {
+                acks.append(a)
+            }
         }
         #expect(acks.last == 200)
         #expect(daemon.records().count == 200)

@@ -43,7 +43,9 @@ func object(_ json: String) throws -> [String: Any] {
 
 @Suite struct EventScannerTests {
     @Test func acceptsEveryEventType() {
-        #expect(code(#"{"type":"lifecycle","screen":"Home","status":"willAppear","isBeingPresentedInitially":true}"#) == nil)
+        #expect(
+            code(#"{"type":"lifecycle","screen":"Home","status":"willAppear","isBeingPresentedInitially":true}"#) == nil
+        )
         #expect(code(#"{"type":"when","name":"userTapsChangeEmailButton"}"#) == nil)
         #expect(code(#"{"type":"when","when":{"userTypesNewEmail":{"userEmail":"a@example.com"}}}"#) == nil)
         #expect(code(#"{"type":"navigation","action":"push","screen":"Detail","params":{"id":1}}"#) == nil)
@@ -71,7 +73,9 @@ func object(_ json: String) throws -> [String: Any] {
     }
 
     @Test func deepNestingIsAnErrorNotACrash() {
-        let deep = #"{"type":"when","name":"x","context":"# + String(repeating: "[", count: 20_000) + String(repeating: "]", count: 20_000) + "}"
+        let deep =
+            #"{"type":"when","name":"x","context":"# + String(repeating: "[", count: 20_000)
+            + String(repeating: "]", count: 20_000) + "}"
         #expect(code(deep) == .invalidJSON)
     }
 
@@ -81,9 +85,14 @@ func object(_ json: String) throws -> [String: Any] {
         #expect(code(#"{"type":"click"}"#) == .unknownType)
         #expect(code(#"{"type":"lifecycle","status":"didAppear"}"#) == .missingField)
         #expect(code(#"{"type":"lifecycle","screen":"A","status":"gone"}"#) == .invalidField)
-        #expect(code(#"{"type":"lifecycle","screen":"A","status":"didDisappear","isBeingPresentedInitially":true}"#) == .invalidField)
-        #expect(code(#"{"type":"lifecycle","screen":"A","status":"willAppear","isBeingRemovedIndefinitely":true}"#) == .invalidField)
-        #expect(code(#"{"type":"lifecycle","screen":"A","status":"willAppear","isBeingRemovedIndefinitely":false}"#) == nil)
+        #expect(
+            code(#"{"type":"lifecycle","screen":"A","status":"didDisappear","isBeingPresentedInitially":true}"#)
+                == .invalidField)
+        #expect(
+            code(#"{"type":"lifecycle","screen":"A","status":"willAppear","isBeingRemovedIndefinitely":true}"#)
+                == .invalidField)
+        #expect(
+            code(#"{"type":"lifecycle","screen":"A","status":"willAppear","isBeingRemovedIndefinitely":false}"#) == nil)
         #expect(code(#"{"type":"lifecycle","screen":"","status":"willAppear"}"#) == .invalidField)
         #expect(code(#"{"type":"when"}"#) == .missingField)
         #expect(code(#"{"type":"when","name":"9lives"}"#) == .invalidField)
@@ -98,7 +107,8 @@ func object(_ json: String) throws -> [String: Any] {
         #expect(code(#"{"type":"error","message":"m","stack":[1]}"#) == .invalidField)
         #expect(code(#"{"type":"error","message":"m","fatal":"yes"}"#) == .invalidField)
         #expect(code(#"{"type":"screen","name":"A","app":""}"#) == .invalidField)
-        #expect(code(#"{"type":"screen","name":"A","session":"\#(String(repeating: "s", count: 129))"}"#) == .invalidField)
+        #expect(
+            code(#"{"type":"screen","name":"A","session":"\#(String(repeating: "s", count: 129))"}"#) == .invalidField)
         #expect(code(#"{"type":"screen","name":"A","id":"\#(String(repeating: "i", count: 128))"}"#) == nil)
         #expect(code(#"{"type":"screen","name":"A","ts":"yesterday"}"#) == .invalidField)
         #expect(code(#"{"type":"screen","name":"A","ts":"2026-11-21T13:35:00.5+01:00"}"#) == nil)
@@ -116,7 +126,10 @@ func object(_ json: String) throws -> [String: Any] {
     }
 
     @Test func hello() throws {
-        guard case .hello(let hello) = try scanned(Array(#"{"hello":{"protocol":1,"app":"com.x","session":"s","acks":true}}"#.utf8), first: true) else {
+        guard
+            case .hello(let hello) = try scanned(
+                Array(#"{"hello":{"protocol":1,"app":"com.x","session":"s","acks":true}}"#.utf8), first: true)
+        else {
             Issue.record("not a hello")
             return
         }
