@@ -3,7 +3,7 @@ SWIFT ?= swift
 # C libraries and tools whend builds and tests with, from Debian.
 DEBIAN_PACKAGES := libzstd-dev libsystemd-dev zstd pkg-config
 
-.PHONY: deps build release run test lint clean
+.PHONY: deps build release run test lint bench clean
 
 # Installs what is missing, and nothing when all is there (so `make run` needs no root twice).
 deps:
@@ -28,8 +28,18 @@ test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
 
+# The ingest benchmark: release builds of whend and of Benchmarks/, rsyslog unpacked beside them,
+# one corpus of BENCH_EVENTS events sent to each. Prints the table and the bars.
+BENCH_EVENTS ?= 1000000
+bench: deps
+	$(SWIFT) build -c release
+	Benchmarks/fetch-peer.sh
+	$(SWIFT) build -c release --package-path Benchmarks
+	Benchmarks/.build/release/whend-bench --whend .build/release/whend --whenctl .build/release/whenctl \
+		--rsyslog-root Benchmarks/.peer/root --events $(BENCH_EVENTS)
+
 lint:
-	$(SWIFT) format lint --strict --recursive Sources Tests Package.swift
+	$(SWIFT) format lint --strict --recursive Sources Tests Package.swift Benchmarks/Sources Benchmarks/Package.swift
 
 clean:
 	rm -rf .build

@@ -1,0 +1,276 @@
+import Foundation
+
+// whend-bench: the ingest benchmark of whend against rsyslog (imptcp on a Unix socket → omfile
+// with zstd level 3), on one generated corpus, in one run. Every bar is a ratio to a figure
+// measured in the same run. Usage:
+//   whend-bench --whend PATH --whenctl PATH --rsyslog-root DIR [--events N] [--work DIR]
+
+var options: [String: String] = [:]
+var argumentIterator = CommandLine.arguments.dropFirst().makeIterator()
+while let key = argumentIterator.next() {
+    guard key.hasPrefix("--"), let value = argumentIterator.next() else {
+        FileHandle.standardError.write(
+            Data("usage: whend-bench --whend PATH --whenctl PATH --rsyslog-root DIR [--events N] [--work DIR]\n".utf8))
+        exit(2)
+    }
+    options[String(key.dropFirst(2))] = value
+}
+func absolute(_ path: String?) -> String? {
+    guard let path else { return nil }
+    return path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path
+}
+guard let whend = absolute(options["whend"]), let whenctl = absolute(options["whenctl"]),
+    let rsyslogRoot = absolute(options["rsyslog-root"])
+else {
+    FileHandle.standardError.write(Data("whend-bench: --whend, --whenctl and --rsyslog-root are required\n".utf8))
+    exit(2)
+}
+let eventCount = Int(options["events"] ?? "") ?? 1_000_000
+let work = options["work"] ?? "/tmp/whend-bench-\(getpid())"
+try? FileManager.default.removeItem(atPath: work)
+try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+
+func say(_ s: String) {
+    FileHandle.standardError.write(Data((s + "\n").utf8))
+}
+
+// MARK: The corpus
+
+say("generating a corpus of \(eventCount) events…")
+var generator = CorpusGenerator()
+let sessions = generator.sessions(count: eventCount)
+var allLines: [[UInt8]] = []
+allLines.reserveCapacity(eventCount + 100)
+for s in sessions { for l in s.lines { allLines.append(Array(l.utf8)) } }
+let corpusEvents = allLines.count
+let corpusPath = work + "/corpus.ndjson"
+var corpusBytes: [UInt8] = []
+for l in allLines {
+    corpusBytes += l
+    corpusBytes.append(0x0A)
+}
+try Data(corpusBytes).write(to: URL(fileURLWithPath: corpusPath))
+var typeCounts: [String: Int] = [:]
+for s in sessions {
+    for l in s.lines {
+        let t = l.dropFirst(9).prefix { $0 != "\"" }
+        typeCounts[String(t), default: 0] += 1
+    }
+}
+
+/// The corpus split over `k` connections, each session on one connection, in order.
+func parts(_ k: Int) -> [[UInt8]] {
+    var result = Array(repeating: [UInt8](), count: k)
+    for (i, s) in sessions.enumerated() {
+        for l in s.lines {
+            result[i % k] += Array(l.utf8)
+            result[i % k].append(0x0A)
+        }
+    }
+    return result
+}
+
+say("zstd -3 over the whole corpus (the compression reference)…")
+try shell("zstd -q -3 -f -o \(work)/corpus.zst \(corpusPath)")
+let zstdBytesPerEvent = Double(fileSize(work + "/corpus.zst")) / Double(corpusEvents)
+
+// MARK: Runs
+
+struct Run {
+    var name: String
+    var connections: Int
+    var eventsPerSecond: Double
+    var cpuMicrosPerEvent: Double
+    var peakRSSMiB: Double
+    var bytesOnDiskPerEvent: Double
+    var stored: Int
+}
+
+var runs: [Run] = []
+let rsyslogLibraries = rsyslogRoot + "/usr/lib/x86_64-linux-gnu"
+
+func runRsyslog(connections: Int) throws -> Run {
+    let dir = "\(work)/rsyslog-\(connections)"
+    try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+    let sock = dir + "/in.sock"
+    let out = dir + "/out.log.zst"
+    let config = """
+        global(workDirectory="\(dir)" maxMessageSize="64k")
+        main_queue(queue.size="200000" queue.dequeueBatchSize="1024" queue.timeoutShutdown="120000")
+        module(load="builtin:omfile" compression.driver="zstd")
+        module(load="imptcp" threads="2")
+        input(type="imptcp" path="\(sock)" unlink="on" ruleset="bench")
+        template(name="raw" type="string" string="%rawmsg%\\n")
+        ruleset(name="bench") {
+          action(type="omfile" file="\(out)" template="raw" zipLevel="3" ioBufferSize="1m" flushOnTXEnd="off")
+        }
+        """
+    try config.write(toFile: dir + "/rsyslog.conf", atomically: true, encoding: .utf8)
+    let daemon = try SpawnedProcess(
+        rsyslogRoot + "/usr/sbin/rsyslogd",
+        ["-n", "-f", dir + "/rsyslog.conf", "-i", dir + "/pid", "-M", rsyslogLibraries + "/rsyslog"],
+        log: dir + "/log", environment: ["LD_LIBRARY_PATH": rsyslogLibraries])
+    try waitForSocket(sock)
+    let start = monotonicSeconds()
+    _ = try blast(socket: sock, parts: parts(connections), hello: nil)
+    let peakKiB = daemon.peakRSSKiB
+    let usage = daemon.stop()
+    let seconds = monotonicSeconds() - start
+    let stored = Int(try shell("zstd -dc \(out) | wc -l").trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0
+    // A peer that did not compress or lost events would make every ratio meaningless.
+    guard stored == corpusEvents,
+        !((try? String(contentsOfFile: dir + "/log", encoding: .utf8)) ?? "").contains("without compression")
+    else {
+        throw BenchError("rsyslog stored \(stored) of \(corpusEvents) events, or did not compress; see \(dir)/log")
+    }
+    return Run(
+        name: "rsyslog", connections: connections, eventsPerSecond: Double(stored) / seconds,
+        cpuMicrosPerEvent: usage.cpuSeconds * 1e6 / Double(corpusEvents), peakRSSMiB: Double(peakKiB) / 1024,
+        bytesOnDiskPerEvent: Double(fileSize(out)) / Double(corpusEvents), stored: stored)
+}
+
+func startWhend(_ dir: String, _ extra: [String] = []) throws -> (SpawnedProcess, String) {
+    try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+    let sock = dir + "/events.sock"
+    let daemon = try SpawnedProcess(
+        whend, ["--socket", sock, "--state-dir", dir + "/state", "--log-level", "warning"] + extra, log: dir + "/log")
+    try waitForSocket(sock)
+    return (daemon, sock)
+}
+
+func journalSize(_ dir: String) -> Int {
+    let journal = dir + "/state/journal"
+    return ((try? FileManager.default.contentsOfDirectory(atPath: journal)) ?? []).map { fileSize(journal + "/" + $0) }
+        .reduce(0, +)
+}
+
+func storedRecords(_ dir: String) throws -> Int {
+    let report = try shell("\(whenctl) verify --json --journal \(dir)/state/journal")
+    let object = try JSONSerialization.jsonObject(with: Data(report.utf8)) as? [String: Any]
+    guard object?["ok"] as? Bool == true else { throw BenchError("whenctl verify failed on \(dir): \(report)") }
+    return (object?["records"] as? Int) ?? 0
+}
+
+func runWhend(connections: Int, acks: Bool, durability: String) throws -> Run {
+    let dir = "\(work)/whend-\(connections)-\(acks ? "acks" : "noacks")-\(durability)"
+    let (daemon, sock) = try startWhend(dir, ["--durability", durability])
+    let hello = acks ? #"{"hello":{"protocol":1,"acks":true}}"# : nil
+    let start = monotonicSeconds()
+    let result = try blast(socket: sock, parts: parts(connections), hello: hello)
+    let peakKiB = daemon.peakRSSKiB
+    let usage = daemon.stop()
+    let seconds = monotonicSeconds() - start
+    if result.errors > 0 { throw BenchError("whend answered \(result.errors) errors; see \(dir)/log") }
+    let stored = try storedRecords(dir)
+    if acks {
+        let expected = parts(connections).map { UInt64($0.reduce(0) { $0 + ($1 == 0x0A ? 1 : 0) }) }
+        if result.lastAcks != expected { throw BenchError("final acks \(result.lastAcks), expected \(expected)") }
+    }
+    return Run(
+        name: "whend \(acks ? "acks" : "no acks"), \(durability)", connections: connections,
+        eventsPerSecond: Double(stored) / seconds, cpuMicrosPerEvent: usage.cpuSeconds * 1e6 / Double(corpusEvents),
+        peakRSSMiB: Double(peakKiB) / 1024, bytesOnDiskPerEvent: Double(journalSize(dir)) / Double(corpusEvents),
+        stored: stored)
+}
+
+for connections in [1, 4] {
+    say("rsyslog, \(connections) connection(s)…")
+    runs.append(try runRsyslog(connections: connections))
+    say("whend, no acks, \(connections) connection(s)…")
+    runs.append(try runWhend(connections: connections, acks: false, durability: "fsync"))
+    say("whend, acks and fsync, \(connections) connection(s)…")
+    runs.append(try runWhend(connections: connections, acks: true, durability: "fsync"))
+}
+
+// MARK: Ack latency at a steady rate
+
+say("ack latency at a steady 50k events/s…")
+let latencyDir = work + "/whend-latency"
+let (latencyDaemon, latencySocket) = try startWhend(latencyDir)
+let latencyLines = Array(allLines.prefix(250_000))
+let (latencies, latencySeconds) = try pacedLatency(socket: latencySocket, lines: latencyLines, rate: 50_000)
+_ = latencyDaemon.stop()
+let sortedLatencies = latencies.sorted()
+
+// MARK: whenctl cat
+
+say("whenctl cat to /dev/null…")
+let catJournal = "\(work)/whend-4-noacks-fsync/state/journal"
+let catStart = monotonicSeconds()
+try shell("\(whenctl) cat --journal \(catJournal) > /dev/null")
+let catSeconds = monotonicSeconds() - catStart
+
+// MARK: Idle connections
+
+say("1000 idle connections…")
+let (idleDaemon, idleSocket) = try startWhend(work + "/whend-idle")
+usleep(200_000)
+let rssBefore = idleDaemon.rssKiB
+var idle: [Int32] = []
+for _ in 0..<1000 {
+    let fd = try connectUnix(idleSocket)
+    Array(#"{"hello":{"protocol":1,"acks":true}}"#.utf8 + [0x0A]).withUnsafeBytes { sendAll(fd, $0) }
+    idle.append(fd)
+}
+usleep(1_000_000)
+let rssWithIdle = idleDaemon.rssKiB
+for fd in idle { close(fd) }
+_ = idleDaemon.stop()
+
+// MARK: Report
+
+func fmt(_ v: Double, _ digits: Int = 0) -> String { String(format: "%.\(digits)f", v) }
+func pad(_ s: String, _ n: Int) -> String { s.count >= n ? s : s + String(repeating: " ", count: n - s.count) }
+func lpad(_ s: String, _ n: Int) -> String { s.count >= n ? s : String(repeating: " ", count: n - s.count) + s }
+
+let averageBytes = Double(corpusBytes.count) / Double(corpusEvents)
+print(
+    "whend ingest benchmark — \(corpusEvents) events, \(fmt(averageBytes)) bytes each on average, \(sessions.count) sessions"
+)
+print("types: " + typeCounts.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))
+print("machine: \(ProcessInfo.processInfo.activeProcessorCount) cores; every ratio below is to rsyslog in the same run")
+print("")
+print(
+    pad("run", 26) + lpad("conns", 6) + lpad("events/s", 12) + lpad("× rsyslog", 11) + lpad("CPU µs/ev", 11)
+        + lpad("peak RSS MiB", 14) + lpad("disk B/ev", 11) + lpad("stored", 10))
+for run in runs {
+    let peer = runs.first { $0.name == "rsyslog" && $0.connections == run.connections }!
+    print(
+        pad(run.name, 26) + lpad("\(run.connections)", 6) + lpad(fmt(run.eventsPerSecond), 12)
+            + lpad(fmt(run.eventsPerSecond / peer.eventsPerSecond, 2), 11) + lpad(fmt(run.cpuMicrosPerEvent, 2), 11)
+            + lpad(fmt(run.peakRSSMiB, 1), 14) + lpad(fmt(run.bytesOnDiskPerEvent, 1), 11) + lpad("\(run.stored)", 10))
+}
+print("")
+print("zstd -3 over the whole corpus: \(fmt(zstdBytesPerEvent, 1)) bytes/event")
+print(
+    "ack latency, 1 connection, steady \(fmt(Double(latencyLines.count) / latencySeconds)) events/s, fsync: p50 \(fmt(percentile(sortedLatencies, 0.5))) µs, p99 \(fmt(percentile(sortedLatencies, 0.99))) µs, p999 \(fmt(percentile(sortedLatencies, 0.999))) µs"
+)
+print("whenctl cat to /dev/null: \(fmt(Double(corpusEvents) / catSeconds)) records/s")
+print(
+    "1000 idle connections: RSS \(rssBefore / 1024) MiB → \(rssWithIdle / 1024) MiB (\(fmt(Double(rssWithIdle - rssBefore) / 1000, 1)) KiB per connection)"
+)
+print("")
+
+func bar(_ name: String, _ value: Double, _ target: String, _ ok: Bool) {
+    print(pad(name, 48) + lpad(fmt(value, 2), 10) + "  " + pad(target, 14) + (ok ? "reached" : "NOT reached"))
+}
+let r4 = runs.first { $0.name == "rsyslog" && $0.connections == 4 }!
+let w4 = runs.first { $0.name == "whend no acks, fsync" && $0.connections == 4 }!
+let a4 = runs.first { $0.name == "whend acks, fsync" && $0.connections == 4 }!
+let worstCPU = runs.filter { $0.name.hasPrefix("whend") }.map(\.cpuMicrosPerEvent).max() ?? 0
+let diskRatio = w4.bytesOnDiskPerEvent / zstdBytesPerEvent
+print("bars:")
+bar(
+    "whend no acks, 4 connections, × rsyslog", w4.eventsPerSecond / r4.eventsPerSecond, "≥ 1.5",
+    w4.eventsPerSecond / r4.eventsPerSecond >= 1.5)
+bar(
+    "whend acks + fsync, 4 connections, × rsyslog", a4.eventsPerSecond / r4.eventsPerSecond, "≥ 1.0",
+    a4.eventsPerSecond / r4.eventsPerSecond >= 1.0)
+bar("whend CPU µs per event (worst run)", worstCPU, "≤ 1.0", worstCPU <= 1.0)
+bar("whend bytes on disk × zstd -3 of the corpus", diskRatio, "≤ 1.10", diskRatio <= 1.10)
+bar(
+    "ack p99 at 50k events/s (ms)", percentile(sortedLatencies, 0.99) / 1000, "≤ 2.0",
+    percentile(sortedLatencies, 0.99) <= 2000)
+bar(
+    "whenctl cat (M records/s)", Double(corpusEvents) / catSeconds / 1e6, "≥ 2.0",
+    Double(corpusEvents) / catSeconds >= 2e6)
