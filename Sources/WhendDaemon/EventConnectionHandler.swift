@@ -63,6 +63,10 @@ final class EventConnectionHandler: ChannelDuplexHandler {
         let buffer = unwrapInboundIn(data)
         guard !closing else { return }
         counters.add(bytesIn: buffer.readableBytes)
+        // One `_rt` for everything in this read: it all arrived at the same moment.
+        let received = encoder.stampReceived()
+        batch.minReceivedMicros = min(batch.minReceivedMicros, received)
+        batch.maxReceivedMicros = max(batch.maxReceivedMicros, received)
         buffer.withUnsafeReadableBytes { raw in
             framer.feed(raw.assumingMemoryBound(to: UInt8.self)) { piece in handle(piece, context: context) }
         }
@@ -183,10 +187,7 @@ final class EventConnectionHandler: ChannelDuplexHandler {
                         ), context: context)
                     return
                 }
-                let now = currentMicros()
-                batch.minReceivedMicros = min(batch.minReceivedMicros, now)
                 let key = encoder.appendBody(of: event, line: bytes, to: &batch.bodies)
-                batch.maxReceivedMicros = max(batch.maxReceivedMicros, currentMicros())
                 batch.ends.append(batch.bodies.count)
                 if let key { batch.keys.append((batch.ends.count - 1, key)) }
                 batchLines.append(lineNumber)
@@ -285,10 +286,4 @@ final class EventConnectionHandler: ChannelDuplexHandler {
             context.flush()
         }
     }
-}
-
-@inline(__always) func currentMicros() -> Int64 {
-    var ts = timespec()
-    clock_gettime(CLOCK_REALTIME, &ts)
-    return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
 }

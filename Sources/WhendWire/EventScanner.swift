@@ -1,6 +1,20 @@
+import Foundation
+
 /// The event types of PROTOCOL.md §6.
 public enum EventType: String, Sendable, CaseIterable {
     case lifecycle, when, navigation, screen, error
+
+    /// The type named by raw (unescaped) bytes, without building a String.
+    static func match(_ b: UnsafeBufferPointer<UInt8>) -> EventType? {
+        switch b.count {
+        case 4: return equal(b, "when") ? .when : nil
+        case 5: return equal(b, "error") ? .error : nil
+        case 6: return equal(b, "screen") ? .screen : nil
+        case 9: return equal(b, "lifecycle") ? .lifecycle : nil
+        case 10: return equal(b, "navigation") ? .navigation : nil
+        default: return nil
+        }
+    }
 }
 
 /// The connection settings a hello line carries (PROTOCOL.md §3).
@@ -23,6 +37,30 @@ enum KnownKey: Int {
     case type, app, session, id, ts, user, context
     case screen, status, isBeingPresentedInitially, isBeingRemovedIndefinitely
     case name, params, when, action, message, fatal, stack
+
+    /// The key as it appears on the wire (for messages; no reflection on the hot path).
+    var name: String {
+        switch self {
+        case .type: "type"
+        case .app: "app"
+        case .session: "session"
+        case .id: "id"
+        case .ts: "ts"
+        case .user: "user"
+        case .context: "context"
+        case .screen: "screen"
+        case .status: "status"
+        case .isBeingPresentedInitially: "isBeingPresentedInitially"
+        case .isBeingRemovedIndefinitely: "isBeingRemovedIndefinitely"
+        case .name: "name"
+        case .params: "params"
+        case .when: "when"
+        case .action: "action"
+        case .message: "message"
+        case .fatal: "fatal"
+        case .stack: "stack"
+        }
+    }
 
     static func match(_ k: UnsafeBufferPointer<UInt8>) -> KnownKey? {
         // Dispatch on length first: most keys are rejected by one comparison.
@@ -79,7 +117,11 @@ public struct EventMember: Sendable {
 public struct ScannedEvent: Sendable {
     public var type: EventType
     public var members: [EventMember]
-    /// Decoded values of the fields that identify the event for de-duplication.
+    /// Whether the event carries its own `app` and `session` (else the connection's apply).
+    public var hasApp: Bool
+    public var hasSession: Bool
+    /// Decoded values of the fields that identify the event for de-duplication: set only when
+    /// the event has an `id`.
     public var app: [UInt8]?
     public var session: [UInt8]?
     public var id: [UInt8]?
@@ -222,13 +264,25 @@ public enum EventScanner {
         _ bytes: UnsafeBufferPointer<UInt8>, _ kind: JSONKind, _ range: Range<Int>, field: String, min: Int = 1,
         max: Int
     ) throws(WireError) -> [UInt8] {
+        let raw = try checkString(bytes, kind, range, field: field, min: min, max: max)
+        return raw.escaped ? decodeJSONString(raw.contents) : Array(raw.contents)
+    }
+
+    /// Checks a string field's type and length in bytes without copying it.
+    /// - Returns: its raw contents (between the quotes) and whether they hold escapes.
+    @inline(__always)
+    static func checkString(
+        _ bytes: UnsafeBufferPointer<UInt8>, _ kind: JSONKind, _ range: Range<Int>, field: String, min: Int = 1,
+        max: Int
+    ) throws(WireError) -> (contents: UnsafeBufferPointer<UInt8>, escaped: Bool) {
         guard kind == .string else { throw WireError(.invalidField, "\"\(field)\" must be a string") }
         let raw = UnsafeBufferPointer(rebasing: bytes[(range.lowerBound + 1)..<(range.upperBound - 1)])
-        let value = raw.contains(UInt8(ascii: "\\")) ? decodeJSONString(raw) : Array(raw)
-        guard value.count >= min && value.count <= max else {
-            throw WireError(.invalidField, "\"\(field)\" must be \(min)–\(max) bytes long; it is \(value.count)")
+        let escaped = raw.count > 0 && memchr(raw.baseAddress!, 0x5C, raw.count) != nil
+        let length = escaped ? decodeJSONString(raw).count : raw.count
+        guard length >= min && length <= max else {
+            throw WireError(.invalidField, "\"\(field)\" must be \(min)–\(max) bytes long; it is \(length)")
         }
-        return value
+        return (raw, escaped)
     }
 
     static func validateEvent(_ bytes: UnsafeBufferPointer<UInt8>, _ members: [EventMember]) throws(WireError)
@@ -239,17 +293,30 @@ public enum EventScanner {
         func member(_ k: KnownKey) -> EventMember? { index[k.rawValue].map { members[$0] } }
         func string(_ k: KnownKey, max: Int = 255) throws(WireError) -> [UInt8]? {
             guard let m = member(k) else { return nil }
-            return try stringValue(bytes, m.kind, m.valueRange, field: "\(k)", max: max)
+            return try stringValue(bytes, m.kind, m.valueRange, field: k.name, max: max)
         }
-        func require(_ k: KnownKey, _ type: String, max: Int = 255) throws(WireError) -> [UInt8] {
-            guard let v = try string(k, max: max) else {
-                throw WireError(.missingField, "\(type) event needs \"\(k)\"")
+        /// Checks a string field without copying it; true if present.
+        func check(_ k: KnownKey, max: Int = 255) throws(WireError) -> Bool {
+            guard let m = member(k) else { return false }
+            _ = try checkString(bytes, m.kind, m.valueRange, field: k.name, max: max)
+            return true
+        }
+        /// A required string field, checked without copying it.
+        func requirePresent(_ k: KnownKey, _ type: String, max: Int = 255) throws(WireError) {
+            guard try check(k, max: max) else { throw WireError(.missingField, "\(type) event needs \"\(k.name)\"") }
+        }
+        func require(_ k: KnownKey, _ type: String, max: Int = 255) throws(WireError) -> String {
+            guard let m = member(k) else {
+                throw WireError(.missingField, "\(type) event needs \"\(k.name)\"")
             }
-            return v
+            let raw = try checkString(bytes, m.kind, m.valueRange, field: k.name, max: max)
+            return raw.escaped
+                ? String(decoding: decodeJSONString(raw.contents), as: UTF8.self)
+                : String(decoding: raw.contents, as: UTF8.self)
         }
         func kind(_ k: KnownKey, _ expected: JSONKind, _ description: String) throws(WireError) {
             if let m = member(k), m.kind != expected {
-                throw WireError(.invalidField, "\"\(k)\" must be \(description)")
+                throw WireError(.invalidField, "\"\(k.name)\" must be \(description)")
             }
         }
         func isTrue(_ k: KnownKey) -> Bool {
@@ -261,33 +328,44 @@ public enum EventScanner {
             throw WireError(
                 .missingField, "every event needs \"type\": one of lifecycle, when, navigation, screen, error")
         }
-        let typeValue = try stringValue(bytes, typeMember.kind, typeMember.valueRange, field: "type", max: 64)
-        guard let type = EventType(rawValue: String(decoding: typeValue, as: UTF8.self)) else {
+        let typeRaw = try checkString(bytes, typeMember.kind, typeMember.valueRange, field: "type", max: 64)
+        guard
+            let type = typeRaw.escaped
+                ? EventType(rawValue: String(decoding: decodeJSONString(typeRaw.contents), as: UTF8.self))
+                : EventType.match(typeRaw.contents)
+        else {
             throw WireError(
                 .unknownType,
-                "type \"\(String(decoding: typeValue, as: UTF8.self))\" is not one of lifecycle, when, navigation, screen, error"
+                "type \"\(String(decoding: typeRaw.contents, as: UTF8.self))\" is not one of lifecycle, when, navigation, screen, error"
             )
         }
 
-        // Fields every event may carry.
-        let app = try string(.app)
-        let session = try string(.session, max: 128)
+        // Fields every event may carry. Their values are copied only for de-duplication.
+        let hasApp = try check(.app)
+        let hasSession = try check(.session, max: 128)
         let id = try string(.id, max: 128)
-        _ = try string(.user)
-        if let ts = try string(.ts, max: 64), !isRFC3339(ts) {
-            throw WireError(
-                .invalidField,
-                "\"ts\" must be an RFC 3339 time like 2026-11-21T13:35:00.123Z; got \"\(String(decoding: ts, as: UTF8.self))\""
-            )
+        let app = id != nil && hasApp ? try string(.app) : nil
+        let session = id != nil && hasSession ? try string(.session, max: 128) : nil
+        _ = try check(.user)
+        if let m = member(.ts) {
+            let raw = try checkString(bytes, m.kind, m.valueRange, field: "ts", max: 64)
+            let value = raw.escaped ? decodeJSONString(raw.contents) : Array(raw.contents)
+            guard isRFC3339(value) else {
+                throw WireError(
+                    .invalidField,
+                    "\"ts\" must be an RFC 3339 time like 2026-11-21T13:35:00.123Z; got \"\(String(decoding: value, as: UTF8.self))\""
+                )
+            }
         }
         try kind(.context, .object, "an object")
 
         var event = ScannedEvent(
-            type: type, members: members, app: app, session: session, id: id, codableWhen: nil, needsEmptyParams: false)
+            type: type, members: members, hasApp: hasApp, hasSession: hasSession, app: app, session: session, id: id,
+            codableWhen: nil, needsEmptyParams: false)
         switch type {
         case .lifecycle:
-            _ = try require(.screen, "lifecycle")
-            let status = String(decoding: try require(.status, "lifecycle", max: 32), as: UTF8.self)
+            try requirePresent(.screen, "lifecycle")
+            let status = try require(.status, "lifecycle", max: 32)
             let appearing = status == "willAppear" || status == "didAppear"
             guard appearing || status == "willDisappear" || status == "didDisappear" else {
                 throw WireError(
@@ -308,7 +386,7 @@ public enum EventScanner {
                 )
             }
         case .when:
-            _ = try string(.screen)
+            _ = try check(.screen)
             try kind(.params, .object, "an object")
             if let w = index[KnownKey.when.rawValue] {
                 guard member(.name) == nil else {
@@ -334,23 +412,23 @@ public enum EventScanner {
                 event.needsEmptyParams = member(.params) == nil
             }
         case .navigation:
-            let action = String(decoding: try require(.action, "navigation", max: 32), as: UTF8.self)
+            let action = try require(.action, "navigation", max: 32)
             switch action {
-            case "root", "push", "present", "replace": _ = try require(.screen, "navigation \(action)")
-            case "dismiss", "pop": _ = try string(.screen)
+            case "root", "push", "present", "replace": try requirePresent(.screen, "navigation \(action)")
+            case "dismiss", "pop": _ = try check(.screen)
             default:
                 throw WireError(
                     .invalidField, "\"action\" must be root, push, present, replace, dismiss or pop; got \"\(action)\"")
             }
             try kind(.params, .object, "an object")
         case .screen:
-            _ = try require(.name, "screen")
+            try requirePresent(.name, "screen")
         case .error:
             guard let m = member(.message) else { throw WireError(.missingField, "error event needs \"message\"") }
             guard m.kind == .string else { throw WireError(.invalidField, "\"message\" must be a string") }
             try kind(.fatal, .bool, "true or false")
-            _ = try string(.name)
-            _ = try string(.screen)
+            _ = try check(.name)
+            _ = try check(.screen)
             if let stack = member(.stack) {
                 guard stack.kind == .array, try arrayHoldsOnlyStrings(bytes, stack.valueRange) else {
                     throw WireError(.invalidField, "\"stack\" must be an array of strings, innermost frame first")

@@ -21,6 +21,11 @@ public struct PeerCredentials: Sendable, Equatable {
 public struct DedupKey: Hashable, Sendable {
     public var bytes: [UInt8]
 
+    // One bulk call instead of the synthesized byte-by-byte combine.
+    public func hash(into hasher: inout Hasher) {
+        bytes.withUnsafeBytes { hasher.combine(bytes: $0) }
+    }
+
     public init(app: [UInt8], session: [UInt8]?, id: [UInt8]) {
         var b: [UInt8] = []
         b.reserveCapacity(app.count + (session?.count ?? 0) + id.count + 12)
@@ -48,6 +53,8 @@ public struct RecordEncoder: Sendable {
     let helloSessionField: [UInt8]?
     let commAppField: [UInt8]
     var clock = RFC3339Clock()
+    /// `,"_rt":"…"`: the time of the read being encoded, set by `stampReceived()`.
+    var receivedField: [UInt8] = []
 
     public init(credentials: PeerCredentials, hello: Hello = Hello()) {
         self.credentials = credentials
@@ -82,34 +89,52 @@ public struct RecordEncoder: Sendable {
         hello.app ?? (credentials.comm.isEmpty ? Array("unknown".utf8) : Array(credentials.comm.utf8))
     }
 
+    /// Takes the current time as `_rt` for the records encoded next: the daemon stamps once per
+    /// read, since everything in one read arrived at the same moment.
+    /// - Returns: that time in microseconds since 1970.
+    @discardableResult
+    public mutating func stampReceived() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        receivedField.removeAll(keepingCapacity: true)
+        receivedField.append(contentsOf: Self.receivedKey)
+        clock.append(seconds: Int(ts.tv_sec), micros: Int(ts.tv_nsec) / 1000, to: &receivedField)
+        receivedField.append(UInt8(ascii: "\""))
+        return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
+    }
+
+    static let receivedKey: [UInt8] = Array(",\"_rt\":\"".utf8)
+    static let nameKey: [UInt8] = Array("\"name\":\"".utf8)
+    static let paramsKey: [UInt8] = Array("\",\"params\":".utf8)
+    static let emptyParams: [UInt8] = Array(",\"params\":{}".utf8)
+
     /// Appends the record body for `event` (scanned from `line`) to `out`, stamped with the
-    /// current time as `_rt`.
+    /// time of the last `stampReceived()`.
     ///
     /// - Returns: the de-duplication key when the event carries an `id`.
     public mutating func appendBody(
         of event: ScannedEvent, line: UnsafeBufferPointer<UInt8>, to out: inout [UInt8]
     ) -> DedupKey? {
+        if receivedField.isEmpty { stampReceived() }
         var first = true
         for (i, m) in event.members.enumerated() {
             if !first { out.append(UInt8(ascii: ",")) }
             first = false
             if let w = event.codableWhen, w.member == i {
-                out.append(contentsOf: Array("\"name\":\"".utf8))
+                out.append(contentsOf: Self.nameKey)
                 out.append(contentsOf: UnsafeBufferPointer(rebasing: line[w.name]))
-                out.append(contentsOf: Array("\",\"params\":".utf8))
+                out.append(contentsOf: Self.paramsKey)
                 out.append(contentsOf: UnsafeBufferPointer(rebasing: line[w.params]))
             } else {
-                out.append(contentsOf: UnsafeBufferPointer(rebasing: line[m.keyRange]))
-                out.append(UInt8(ascii: ":"))
-                out.append(contentsOf: UnsafeBufferPointer(rebasing: line[m.valueRange]))
+                // Key and value as they came, and everything between them: valid JSON.
+                out.append(
+                    contentsOf: UnsafeBufferPointer(rebasing: line[m.keyRange.lowerBound..<m.valueRange.upperBound]))
             }
         }
-        if event.needsEmptyParams { out.append(contentsOf: Array(",\"params\":{}".utf8)) }
-        if event.app == nil { out.append(contentsOf: helloAppField ?? commAppField) }
-        if event.session == nil, let s = helloSessionField { out.append(contentsOf: s) }
-        out.append(contentsOf: Array(",\"_rt\":\"".utf8))
-        clock.appendNow(to: &out)
-        out.append(UInt8(ascii: "\""))
+        if event.needsEmptyParams { out.append(contentsOf: Self.emptyParams) }
+        if !event.hasApp { out.append(contentsOf: helloAppField ?? commAppField) }
+        if !event.hasSession, let s = helloSessionField { out.append(contentsOf: s) }
+        out.append(contentsOf: receivedField)
         out.append(contentsOf: trustedSuffix)
         guard let id = event.id else { return nil }
         return DedupKey(app: event.app ?? defaultApp, session: event.session ?? hello.session, id: id)
