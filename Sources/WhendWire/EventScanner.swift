@@ -349,8 +349,9 @@ public enum EventScanner {
         _ = try check(.user)
         if let m = member(.ts) {
             let raw = try checkString(bytes, m.kind, m.valueRange, field: "ts", max: 64)
-            let value = raw.escaped ? decodeJSONString(raw.contents) : Array(raw.contents)
-            guard isRFC3339(value) else {
+            let valid = raw.escaped ? isRFC3339(decodeJSONString(raw.contents)) : isRFC3339(raw.contents)
+            guard valid else {
+                let value = raw.escaped ? decodeJSONString(raw.contents) : Array(raw.contents)
                 throw WireError(
                     .invalidField,
                     "\"ts\" must be an RFC 3339 time like 2026-11-21T13:35:00.123Z; got \"\(String(decoding: value, as: UTF8.self))\""
@@ -489,7 +490,7 @@ func isCaseName<C: Collection<UInt8>>(_ name: C) -> Bool {
 }
 
 /// RFC 3339 `date-time`: `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`, `t`/`z` in either case.
-public func isRFC3339(_ v: [UInt8]) -> Bool {
+public func isRFC3339<C: RandomAccessCollection<UInt8>>(_ v: C) -> Bool where C.Index == Int {
     func digits(_ at: Int, _ n: Int) -> Int? {
         guard at + n <= v.count else { return nil }
         var x = 0

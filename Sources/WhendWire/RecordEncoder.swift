@@ -19,22 +19,34 @@ public struct PeerCredentials: Sendable, Equatable {
 /// The identity of an event for de-duplication: (`app`, `session`, `id`), length-prefixed so
 /// that no choice of strings makes two different triples equal.
 public struct DedupKey: Hashable, Sendable {
-    public var bytes: [UInt8]
-
-    // One bulk call instead of the synthesized byte-by-byte combine.
-    public func hash(into hasher: inout Hasher) {
-        bytes.withUnsafeBytes { hasher.combine(bytes: $0) }
-    }
+    public let bytes: [UInt8]
+    /// Computed once, where the key is made (on an event loop), so that the journal writer's
+    /// lookups neither hash the bytes again nor compare them unless the hashes match.
+    let hash: Int
 
     public init(app: [UInt8], session: [UInt8]?, id: [UInt8]) {
         var b: [UInt8] = []
-        b.reserveCapacity(app.count + (session?.count ?? 0) + id.count + 12)
+        b.reserveCapacity(app.count + (session?.count ?? 0) + id.count + 13)
         for part in [app, session ?? [], id] {
             withUnsafeBytes(of: UInt32(part.count).littleEndian) { b.append(contentsOf: $0) }
             b.append(contentsOf: part)
         }
         b.append(session == nil ? 0 : 1)
         self.bytes = b
+        var hasher = Hasher()
+        b.withUnsafeBytes { hasher.combine(bytes: $0) }
+        self.hash = hasher.finalize()
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(hash)
+    }
+
+    public static func == (a: DedupKey, b: DedupKey) -> Bool {
+        guard a.hash == b.hash, a.bytes.count == b.bytes.count else { return false }
+        return a.bytes.withUnsafeBytes { x in
+            b.bytes.withUnsafeBytes { y in memcmp(x.baseAddress!, y.baseAddress!, x.count) == 0 }
+        }
     }
 }
 

@@ -225,3 +225,29 @@ func object(_ json: String) throws -> [String: Any] {
         #expect(pieces(["a\nlast"]) == ["a", "final:last"])
     }
 }
+
+@Suite struct JSONScannerTests {
+    /// The scanner skips eight bytes at a time; a quote, a backslash or a control character at
+    /// any position of any window must still be seen.
+    @Test func specialBytesAreFoundAtEveryPosition() {
+        for length in 0..<40 {
+            for position in 0..<max(1, length) {
+                for special: [UInt8] in [[0x5C, 0x22], [0x5C, 0x6E], [0x01], [0x1F], [0xC3, 0xA9]] {
+                    var inner = [UInt8](repeating: UInt8(ascii: "a"), count: length)
+                    if length > 0 { inner.replaceSubrange(position..<position + 1, with: special) }
+                    let line = Array(#"{"type":"screen","name":""#.utf8) + inner + Array(#""}"#.utf8)
+                    let accepted = line.withUnsafeBufferPointer {
+                        (try? EventScanner.scan($0, helloAllowed: false)) != nil
+                    }
+                    let isControl = special.count == 1
+                    // An empty name is refused for its length; a raw control byte as invalid JSON.
+                    #expect(
+                        accepted == (length > 0 && !isControl), "length \(length), position \(position), \(special)")
+                }
+            }
+        }
+        // An unescaped quote ends the string early: what follows is not JSON.
+        let early = Array(#"{"type":"screen","name":"abcdefghij"klmnop"}"#.utf8)
+        #expect(early.withUnsafeBufferPointer { (try? EventScanner.scan($0, helloAllowed: false)) == nil })
+    }
+}
