@@ -31,6 +31,7 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     private var encoder: RecordEncoder
     private var rate: TokenBucket
 
+    private var members: [EventMember] = []
     private var sawFirstLine = false
     private var acks = false
     private var lineNumber: UInt64 = 0
@@ -150,7 +151,7 @@ final class EventConnectionHandler: ChannelDuplexHandler {
         case .line(let bytes):
             let scanned: ScannedLine
             do {
-                scanned = try EventScanner.scan(bytes, helloAllowed: !sawFirstLine)
+                scanned = try EventScanner.scan(bytes, helloAllowed: !sawFirstLine, reusing: &members)
             } catch {
                 if error.isAboutConnection {
                     // A hello we cannot honour: say why and close, rather than guess its settings.

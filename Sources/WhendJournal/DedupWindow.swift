@@ -18,12 +18,24 @@ struct DedupWindow {
 
     var count: Int { seqOfKey.count }
 
-    func contains(_ key: DedupKey) -> Bool { seqOfKey[key] != nil }
 
     mutating func insert(_ key: DedupKey, seq: UInt64) {
         guard window > 0 else { return }
         seqOfKey[key] = seq
         order.append((seq, key))
+    }
+
+    /// Records `key` as stored at `seq` unless it is already there.
+    /// - Returns: false when the key is in the window already (a resend).
+    mutating func insertIfAbsent(_ key: DedupKey, seq: UInt64) -> Bool {
+        guard window > 0 else { return true }
+        // One hash lookup for the common case, a new key; a resend pays a second to restore.
+        if let original = seqOfKey.updateValue(seq, forKey: key) {
+            seqOfKey[key] = original
+            return false
+        }
+        order.append((seq, key))
+        return true
     }
 
     mutating func remove(_ key: DedupKey) {

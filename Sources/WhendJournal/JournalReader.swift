@@ -15,9 +15,31 @@ public struct JournalProblem: Sendable, CustomStringConvertible, Equatable {
 public struct JournalRecord {
     /// The stored line, without `\n`. Valid only during the callback.
     public var line: UnsafeBufferPointer<UInt8>
-    public var fields: StoredRecord
+    /// Its `_seq`, read from the line's start where the writer puts it.
+    public var seq: UInt64?
     public var segment: String
     public var frameOffset: Int64
+
+    /// Scans (and so validates) the whole line for the fields filters and indexes use. Readers
+    /// that need only the line and `_seq` skip this cost.
+    public func fields() throws(WireError) -> StoredRecord {
+        try StoredRecord.scan(line)
+    }
+}
+
+/// The `_seq` of a stored line, from its `{"_seq":N,` prefix; nil when the line starts otherwise.
+@inline(__always)
+func seqPrefix(_ line: UnsafeBufferPointer<UInt8>) -> UInt64? {
+    let prefix: StaticString = "{\"_seq\":"
+    let n = prefix.utf8CodeUnitCount
+    guard line.count > n, memcmp(line.baseAddress!, prefix.utf8Start, n) == 0 else { return nil }
+    var v: UInt64 = 0
+    var i = n
+    while i < line.count, line[i] >= 0x30 && line[i] <= 0x39, i - n < 19 {
+        v = v * 10 + UInt64(line[i] - 0x30)
+        i += 1
+    }
+    return i > n && i < line.count && (line[i] == 0x2C || line[i] == 0x7D) ? v : nil
 }
 
 /// Reads the journal in `_seq` order, while the daemon writes it if need be.
@@ -94,20 +116,23 @@ public struct JournalReader: Sendable {
                         try chunk.withUnsafeBytes { raw in
                             try decoder.feed(UnsafeRawBufferPointer(rebasing: raw[0..<n])) { event in
                                 guard case .line(let line, let frameOffset) = event else { return }
-                                let fields: StoredRecord
-                                do { fields = try StoredRecord.scan(line) } catch {
-                                    onProblem(
-                                        JournalProblem(
-                                            path: segment.path, offset: frameOffset,
-                                            message: "a line is not a JSON object: \(error)"))
-                                    return
+                                var seq = seqPrefix(line)
+                                if seq == nil {
+                                    // Not as the writer lays records out: scan the whole line.
+                                    do { seq = try StoredRecord.scan(line).seq } catch {
+                                        onProblem(
+                                            JournalProblem(
+                                                path: segment.path, offset: frameOffset,
+                                                message: "a line is not a JSON object: \(error)"))
+                                        return
+                                    }
                                 }
-                                if let seq = fields.seq {
+                                if let seq {
                                     lastSeqSeen = max(lastSeqSeen, seq)
                                     if let fromSeq, seq < fromSeq { return }
                                 }
                                 let record = JournalRecord(
-                                    line: line, fields: fields, segment: segment.path, frameOffset: frameOffset)
+                                    line: line, seq: seq, segment: segment.path, frameOffset: frameOffset)
                                 if !body(record, isLast) { throw StopReading() }
                             }
                         }

@@ -132,7 +132,9 @@ public final class JournalWriter: @unchecked Sendable {
         if window > 0, lastSeq > 0 {
             let from = lastSeq > window ? lastSeq - window + 1 : 1
             JournalReader(directory: directory).read(fromSeq: from) { record, _ in
-                if let key = record.fields.dedupKey, let seq = record.fields.seq { dedup.insert(key, seq: seq) }
+                if let fields = try? record.fields(), let key = fields.dedupKey, let seq = fields.seq {
+                    dedup.insert(key, seq: seq)
+                }
                 return true
             } onProblem: { problem in
                 log("while rebuilding the de-duplication window: \(problem)")
@@ -245,11 +247,10 @@ public final class JournalWriter: @unchecked Sendable {
                     if nextKey < batch.keys.count, batch.keys[nextKey].index == i {
                         let key = batch.keys[nextKey].key
                         nextKey += 1
-                        if dedup.contains(key) {
+                        guard dedup.insertIfAbsent(key, seq: seq) else {
                             duplicates += 1
                             continue
                         }
-                        dedup.insert(key, seq: seq)
                         inserted.append(key)
                     }
                     appendRecordPrefix(seq)

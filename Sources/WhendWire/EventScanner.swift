@@ -150,6 +150,15 @@ public enum EventScanner {
     ///   the validated event.
     /// - Throws: a `WireError` with the §5 code for the first rule the line breaks.
     public static func scan(_ line: UnsafeBufferPointer<UInt8>, helloAllowed: Bool) throws(WireError) -> ScannedLine {
+        var members: [EventMember] = []
+        return try scan(line, helloAllowed: helloAllowed, reusing: &members)
+    }
+
+    /// The same, reusing `members` as scratch space so that a connection allocates nothing per
+    /// event once its buffer has grown.
+    public static func scan(
+        _ line: UnsafeBufferPointer<UInt8>, helloAllowed: Bool, reusing members: inout [EventMember]
+    ) throws(WireError) -> ScannedLine {
         var end = line.count
         while end > 0, line[end - 1] == 0x0D || line[end - 1] == 0x20 || line[end - 1] == 0x09 { end -= 1 }
         var start = 0
@@ -171,8 +180,7 @@ public enum EventScanner {
                 .notAnObject, "an event must be a JSON object, like {\"type\":\"when\",\"name\":\"appStarted\"}")
         }
 
-        var members: [EventMember] = []
-        members.reserveCapacity(12)
+        members.removeAll(keepingCapacity: true)
         var seen: UInt32 = 0
         var reserved: String?
         var duplicate: String?
@@ -288,9 +296,13 @@ public enum EventScanner {
     static func validateEvent(_ bytes: UnsafeBufferPointer<UInt8>, _ members: [EventMember]) throws(WireError)
         -> ScannedEvent
     {
-        var index = [Int?](repeating: nil, count: 18)
-        for (i, m) in members.enumerated() { if let k = m.key { index[k.rawValue] = i } }
-        func member(_ k: KnownKey) -> EventMember? { index[k.rawValue].map { members[$0] } }
+        // Where each known key is among the members; on the stack, not the heap.
+        var index = InlineArray<18, Int32>(repeating: -1)
+        for (i, m) in members.enumerated() { if let k = m.key { index[k.rawValue] = Int32(i) } }
+        func member(_ k: KnownKey) -> EventMember? {
+            let i = index[k.rawValue]
+            return i < 0 ? nil : members[Int(i)]
+        }
         func string(_ k: KnownKey, max: Int = 255) throws(WireError) -> [UInt8]? {
             guard let m = member(k) else { return nil }
             return try stringValue(bytes, m.kind, m.valueRange, field: k.name, max: max)
@@ -389,7 +401,8 @@ public enum EventScanner {
         case .when:
             _ = try check(.screen)
             try kind(.params, .object, "an object")
-            if let w = index[KnownKey.when.rawValue] {
+            if index[KnownKey.when.rawValue] >= 0 {
+                let w = Int(index[KnownKey.when.rawValue])
                 guard member(.name) == nil else {
                     throw WireError(
                         .invalidField, "send either \"name\" (with \"params\") or \"when\" (the Codable form), not both"

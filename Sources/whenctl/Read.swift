@@ -58,6 +58,19 @@ struct RecordFilter {
     var sinceMicros: Int64?
     var untilMicros: Int64?
 
+    /// True when deciding needs more than `_seq`: the line must then be scanned.
+    var needsFields: Bool {
+        app != nil || session != nil || !types.isEmpty || sinceMicros != nil || untilMicros != nil
+    }
+
+    /// Whether `record` is wanted, scanning it only when a filter needs more than `_seq`.
+    func matches(_ record: JournalRecord) -> Bool {
+        if let fromSeq, (record.seq ?? 0) < fromSeq { return false }
+        guard needsFields else { return true }
+        guard let fields = try? record.fields() else { return false }
+        return matches(fields)
+    }
+
     func matches(_ r: StoredRecord) -> Bool {
         if let app, r.app != app { return false }
         if let session, r.session != session { return false }
@@ -69,7 +82,7 @@ struct RecordFilter {
     }
 
     /// True once no later record can match (`_seq` past `--to`).
-    func isPastEnd(_ r: StoredRecord) -> Bool {
+    func isPastEnd(_ r: JournalRecord) -> Bool {
         if let toSeq, let seq = r.seq, seq > toSeq { return true }
         return false
     }
@@ -139,8 +152,8 @@ struct Cat: ParsableCommand {
         var problems = 0
         JournalReader(directory: directory).read(fromSeq: filter.fromSeq, sinceMicros: filter.sinceMicros) {
             record, _ in
-            if filter.isPastEnd(record.fields) { return false }
-            if filter.matches(record.fields) { emit(record, format: filters.output, to: out) }
+            if filter.isPastEnd(record) { return false }
+            if filter.matches(record) { emit(record, format: filters.output, to: out) }
             return true
         } onProblem: { problem in
             problems += 1
@@ -176,8 +189,8 @@ struct Tail: ParsableCommand {
         var caughtUp = false
         JournalReader(directory: directory).read(fromSeq: start, sinceMicros: filter.sinceMicros, follow: follow) {
             record, _ in
-            if filter.isPastEnd(record.fields) { return false }
-            guard filter.matches(record.fields) else { return true }
+            if filter.isPastEnd(record) { return false }
+            guard filter.matches(record) else { return true }
             if caughtUp {
                 emit(record, format: filters.output, to: out)
             } else {

@@ -207,7 +207,7 @@ func zstdTestPasses(_ path: String) -> Bool {
         var first: UInt64?
         var frame: Int64 = -1
         JournalReader(directory: directory).read(fromSeq: 400) { r, _ in
-            first = r.fields.seq
+            first = r.seq
             frame = r.frameOffset
             return false
         } onProblem: {
