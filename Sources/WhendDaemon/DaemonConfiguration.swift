@@ -20,6 +20,9 @@ public struct DaemonConfiguration: Sendable {
     /// Bytes of records one connection may have waiting for the journal before the daemon stops
     /// reading from it: bounds memory whatever clients send.
     public var maxPendingBytesPerConnection: Int = 4 << 20
+    /// Bytes of records all connections together may have waiting for the journal before the
+    /// daemon stops reading from any: the bound on memory that does not grow with connections.
+    public var maxPendingBytes: Int = 64 << 20
     /// How long a graceful stop waits for connections to drain (seconds).
     public var shutdownTimeout: TimeInterval = 10
     /// Event-loop threads (0: one per core).

@@ -125,7 +125,26 @@ final class EventConnectionHandler: ChannelDuplexHandler {
         guard !inputClosed, !closing else { return false }
         if pendingBytes >= configuration.maxPendingBytesPerConnection { return false }
         if acks && !context.channel.isWritable { return false }
+        if writer.pendingBytes >= configuration.maxPendingBytes {
+            // Paused by all connections together: nothing of ours may be in flight to wake us,
+            // so look again shortly.
+            scheduleRecheck(context: context)
+            return false
+        }
         return true
+    }
+
+    private var recheckScheduled = false
+
+    private func scheduleRecheck(context: ChannelHandlerContext) {
+        guard !recheckScheduled else { return }
+        recheckScheduled = true
+        let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
+        let loopContext = NIOLoopBound(context, eventLoop: context.eventLoop)
+        context.eventLoop.scheduleTask(in: .milliseconds(2)) {
+            handler.value.recheckScheduled = false
+            handler.value.resumeReadingIfAllowed(context: loopContext.value)
+        }
     }
 
     private func resumeReadingIfAllowed(context: ChannelHandlerContext) {

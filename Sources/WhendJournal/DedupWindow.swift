@@ -18,7 +18,6 @@ struct DedupWindow {
 
     var count: Int { seqOfKey.count }
 
-
     mutating func insert(_ key: DedupKey, seq: UInt64) {
         guard window > 0 else { return }
         seqOfKey[key] = seq

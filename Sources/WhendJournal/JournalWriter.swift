@@ -77,7 +77,7 @@ public struct JournalStatistics: Sendable {
 /// It runs on a thread of its own so that `fdatasync` never blocks an event loop. Submitters
 /// never wait on it; they hear back through each batch's completion, called on the writer thread.
 ///
-/// Thread safety: `queue`, `stopping` and `statistics` are guarded by `condition`; every other
+/// Thread safety: `queue`, `pendingBytesStorage`, `stopping` and `stats` are guarded by `condition`; every other
 /// stored property is touched only by the writer thread once `start()` has been called.
 public final class JournalWriter: @unchecked Sendable {
     public let configuration: JournalConfiguration
@@ -85,6 +85,8 @@ public final class JournalWriter: @unchecked Sendable {
 
     private let condition = NSCondition()
     private var queue: [(JournalBatch, Completion)] = []
+    /// Bytes of record bodies submitted and not yet committed (queued or in the commit).
+    private var pendingBytesStorage = 0
     private var stopping = false
     private var stats: JournalStatistics
     private let finished = DispatchSemaphore(value: 0)
@@ -164,8 +166,16 @@ public final class JournalWriter: @unchecked Sendable {
             return
         }
         queue.append((batch, completion))
+        pendingBytesStorage += batch.bodies.count
         condition.signal()
         condition.unlock()
+    }
+
+    /// Bytes of records submitted and not yet committed: what the daemon bounds its memory by.
+    public var pendingBytes: Int {
+        condition.lock()
+        defer { condition.unlock() }
+        return pendingBytesStorage
     }
 
     public var statistics: JournalStatistics {
@@ -299,6 +309,10 @@ public final class JournalWriter: @unchecked Sendable {
     }
 
     private func finish(_ batches: [(JournalBatch, Completion)], _ result: JournalCommit) {
+        let bytes = batches.reduce(0) { $0 + $1.0.bodies.count }
+        condition.lock()
+        pendingBytesStorage -= bytes
+        condition.unlock()
         for (_, completion) in batches { completion(result) }
     }
 

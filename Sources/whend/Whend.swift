@@ -56,6 +56,11 @@ struct Whend: ParsableCommand {
     @Option(name: .long, help: "Events one connection may send at once above the rate limit.")
     var rateBurst: Double = 1000
 
+    @Option(
+        name: .long, help: "Bytes all connections together may have waiting for the journal before whend stops reading."
+    )
+    var maxPendingBytes: Int = 64 << 20
+
     @Option(name: .long, help: "Seconds a graceful stop waits for connections to drain.")
     var shutdownTimeout: Double = 10
 
@@ -74,6 +79,7 @@ struct Whend: ParsableCommand {
         }
         guard segmentMaxBytes >= 4096 else { throw ValidationError("--segment-max-bytes must be at least 4096") }
         guard dedupWindow >= 0 else { throw ValidationError("--dedup-window must be 0 or more") }
+        guard maxPendingBytes >= 4096 else { throw ValidationError("--max-pending-bytes must be at least 4096") }
         guard Logger.Level(rawValue: logLevel) != nil else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
         }
@@ -102,6 +108,7 @@ struct Whend: ParsableCommand {
         configuration.rateLimit = rateLimit
         configuration.rateBurst = rateBurst
         configuration.shutdownTimeout = shutdownTimeout
+        configuration.maxPendingBytes = maxPendingBytes
 
         do {
             let daemon = try Daemon(configuration: configuration, logger: logger)

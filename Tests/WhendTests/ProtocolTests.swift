@@ -224,6 +224,26 @@ import WhendWire
         #expect(records.map { $0["_seq"] as? Int } == Array(1...7))
     }
 
+    @Test func underATightMemoryBoundManyConnectionsAllGetStoredWithoutStalling() throws {
+        let daemon = DaemonProcess("bound", arguments: ["--max-pending-bytes", "4096"])
+        try daemon.start()
+        let group = DispatchGroup()
+        let acks = LockedAcks()
+        for c in 0..<8 {
+            group.enter()
+            Thread {
+                defer { group.leave() }
+                let hello = #"{"hello":{"protocol":1,"app":"bound","session":"c\#(c)","acks":true}}"#
+                let lines = (1...2000).map { #"{"type":"when","name":"n","params":{"i":\#($0)}}"# }
+                if let answers = try? exchange(daemon.socketPath, [hello] + lines) { acks.add(answers.acks.last ?? 0) }
+            }.start()
+        }
+        #expect(group.wait(timeout: .now() + 60) == .success)
+        #expect(acks.values == Array(repeating: 2000, count: 8))
+        daemon.stop()
+        #expect(daemon.records().count == 16000)
+    }
+
     @Test func theDaemonRefusesASecondInstanceOnTheSameSocket() throws {
         let daemon = DaemonProcess("twice")
         try daemon.start()
@@ -294,4 +314,12 @@ func mount(_ path: String, size: String) -> Bool {
 
 func unmount(_ path: String) {
     _ = try? runCommand("/bin/umount", [path])
+}
+
+final class LockedAcks: @unchecked Sendable {
+    // Unchecked: every access holds `lock`.
+    private let lock = NSLock()
+    private var all: [Int] = []
+    func add(_ v: Int) { lock.withLock { all.append(v) } }
+    var values: [Int] { lock.withLock { all } }
 }
