@@ -120,16 +120,22 @@ public struct ScannedEvent: Sendable {
     /// Whether the event carries its own `app` and `session` (else the connection's apply).
     public var hasApp: Bool
     public var hasSession: Bool
-    /// Decoded values of the fields that identify the event for de-duplication: set only when
-    /// the event has an `id`.
-    public var app: [UInt8]?
-    public var session: [UInt8]?
-    public var id: [UInt8]?
+    /// Where the fields that identify the event for de-duplication lie in the line: set only
+    /// when the event has an `id`.
+    public var app: StringValue?
+    public var session: StringValue?
+    public var id: StringValue?
     /// For a `when` in the Codable form: the member index of `when`, and the ranges of the case
     /// name (raw string contents) and its params object.
     var codableWhen: (member: Int, name: Range<Int>, params: Range<Int>)?
     /// True for a plain-form `when` without `params`: the stored record gains `"params":{}`.
     var needsEmptyParams: Bool
+}
+
+/// A string value in a line: its contents between the quotes, and whether they hold escapes.
+public struct StringValue: Sendable {
+    public var contents: Range<Int>
+    public var escaped: Bool
 }
 
 /// What one non-empty line turned out to be.
@@ -164,14 +170,17 @@ public enum EventScanner {
         var start = 0
         while start < end, line[start] == 0x20 || line[start] == 0x09 { start += 1 }
         if start == end { return .empty }
-        let bytes = UnsafeBufferPointer(rebasing: line[start..<end])
+        // Positions stay relative to `line` itself (the encoder copies from it), so only the
+        // end is cut; the scanner starts after the leading blanks.
+        let bytes = UnsafeBufferPointer(rebasing: line[0..<end])
 
         if let bad = firstInvalidUTF8Offset(bytes) {
             throw WireError(
                 .invalidUTF8, "the line is not valid UTF-8 (byte \(bad + 1)); send JSON text encoded as UTF-8")
         }
         var s = JSONScanner(bytes)
-        guard bytes[0] == UInt8(ascii: "{") else {
+        s.position = start
+        guard bytes[start] == UInt8(ascii: "{") else {
             // Tell "valid JSON but not an object" apart from "not JSON".
             _ = try s.scanValue()
             s.skipWhitespace()
@@ -353,11 +362,17 @@ public enum EventScanner {
         }
 
         // Fields every event may carry. Their values are copied only for de-duplication.
-        let hasApp = try check(.app)
-        let hasSession = try check(.session, max: 128)
-        let id = try string(.id, max: 128)
-        let app = id != nil && hasApp ? try string(.app) : nil
-        let session = id != nil && hasSession ? try string(.session, max: 128) : nil
+        func located(_ k: KnownKey, max: Int) throws(WireError) -> StringValue? {
+            guard let m = member(k) else { return nil }
+            let raw = try checkString(bytes, m.kind, m.valueRange, field: k.name, max: max)
+            return StringValue(
+                contents: (m.valueRange.lowerBound + 1)..<(m.valueRange.upperBound - 1), escaped: raw.escaped)
+        }
+        let app = try located(.app, max: 255)
+        let session = try located(.session, max: 128)
+        let id = try located(.id, max: 128)
+        let hasApp = app != nil
+        let hasSession = session != nil
         _ = try check(.user)
         if let m = member(.ts) {
             let raw = try checkString(bytes, m.kind, m.valueRange, field: "ts", max: 64)
@@ -373,7 +388,8 @@ public enum EventScanner {
         try kind(.context, .object, "an object")
 
         var event = ScannedEvent(
-            type: type, members: members, hasApp: hasApp, hasSession: hasSession, app: app, session: session, id: id,
+            type: type, members: members, hasApp: hasApp, hasSession: hasSession, app: id == nil ? nil : app,
+            session: id == nil ? nil : session, id: id,
             codableWhen: nil, needsEmptyParams: false)
         switch type {
         case .lifecycle:

@@ -27,15 +27,25 @@ public struct DedupKey: Hashable, Sendable {
     public init(app: [UInt8], session: [UInt8]?, id: [UInt8]) {
         var b: [UInt8] = []
         b.reserveCapacity(app.count + (session?.count ?? 0) + id.count + 13)
-        for part in [app, session ?? [], id] {
-            withUnsafeBytes(of: UInt32(part.count).littleEndian) { b.append(contentsOf: $0) }
-            b.append(contentsOf: part)
-        }
+        Self.appendPart(app, to: &b)
+        Self.appendPart(session ?? [], to: &b)
+        Self.appendPart(id, to: &b)
         b.append(session == nil ? 0 : 1)
-        self.bytes = b
+        self.init(encoded: b)
+    }
+
+    /// A key from bytes laid out as `init(app:session:id:)` lays them out.
+    init(encoded: [UInt8]) {
+        self.bytes = encoded
         var hasher = Hasher()
-        b.withUnsafeBytes { hasher.combine(bytes: $0) }
+        encoded.withUnsafeBytes { hasher.combine(bytes: $0) }
         self.hash = hasher.finalize()
+    }
+
+    @inline(__always)
+    static func appendPart<C: Collection<UInt8>>(_ part: C, to b: inout [UInt8]) {
+        withUnsafeBytes(of: UInt32(part.count).littleEndian) { b.append(contentsOf: $0) }
+        b.append(contentsOf: part)
     }
 
     public func hash(into hasher: inout Hasher) {
@@ -64,6 +74,8 @@ public struct RecordEncoder: Sendable {
     let helloAppField: [UInt8]?
     let helloSessionField: [UInt8]?
     let commAppField: [UInt8]
+    /// The `app` an event without its own gets, as bytes (computed once).
+    let defaultAppBytes: [UInt8]
     var clock = RFC3339Clock()
     /// `,"_rt":"…"`: the time of the read being encoded, set by `stampReceived()`.
     var receivedField: [UInt8] = []
@@ -89,6 +101,8 @@ public struct RecordEncoder: Sendable {
         // The process name can be empty in theory; an empty app is not an app.
         self.commAppField = field(
             "app", credentials.comm.isEmpty ? Array("unknown".utf8) : Array(credentials.comm.utf8))!
+        self.defaultAppBytes =
+            hello.app ?? (credentials.comm.isEmpty ? Array("unknown".utf8) : Array(credentials.comm.utf8))
     }
 
     /// The encoder for the rest of the connection once a hello has arrived.
@@ -97,9 +111,7 @@ public struct RecordEncoder: Sendable {
     }
 
     /// The `app` an event without its own gets: the hello's, else the sender's process name.
-    public var defaultApp: [UInt8] {
-        hello.app ?? (credentials.comm.isEmpty ? Array("unknown".utf8) : Array(credentials.comm.utf8))
-    }
+    public var defaultApp: [UInt8] { defaultAppBytes }
 
     /// Takes the current time as `_rt` for the records encoded next: the daemon stamps once per
     /// read, since everything in one read arrived at the same moment.
@@ -149,7 +161,26 @@ public struct RecordEncoder: Sendable {
         out.append(contentsOf: receivedField)
         out.append(contentsOf: trustedSuffix)
         guard let id = event.id else { return nil }
-        return DedupKey(app: event.app ?? defaultApp, session: event.session ?? hello.session, id: id)
+        // The key in one buffer, straight from the line where the values are not escaped.
+        var b: [UInt8] = []
+        b.reserveCapacity(96)
+        func append(_ value: StringValue) {
+            let raw = UnsafeBufferPointer(rebasing: line[value.contents])
+            if value.escaped {
+                DedupKey.appendPart(decodeJSONString(raw), to: &b)
+            } else {
+                DedupKey.appendPart(raw, to: &b)
+            }
+        }
+        if let app = event.app { append(app) } else { DedupKey.appendPart(defaultAppBytes, to: &b) }
+        if let session = event.session {
+            append(session)
+        } else {
+            DedupKey.appendPart(hello.session ?? [], to: &b)
+        }
+        append(id)
+        b.append(event.session == nil && hello.session == nil ? 0 : 1)
+        return DedupKey(encoded: b)
     }
 }
 

@@ -251,3 +251,16 @@ func object(_ json: String) throws -> [String: Any] {
         #expect(early.withUnsafeBufferPointer { (try? EventScanner.scan($0, helloAllowed: false)) == nil })
     }
 }
+
+@Suite struct LeadingBlankTests {
+    /// Blanks before the object are allowed; the stored record must still be the event's own
+    /// fields, byte for byte.
+    @Test func leadingBlanksDoNotShiftWhatIsStored() throws {
+        let (stored, key) = try body("  \t {\"type\":\"screen\",\"name\":\"Home\",\"id\":\"e\\u0031\",\"app\":\"a\"}\r")
+        let record = try object(stored)
+        #expect(record["type"] as? String == "screen")
+        #expect(record["name"] as? String == "Home")
+        #expect(record["id"] as? String == "e1")
+        #expect(key == DedupKey(app: Array("a".utf8), session: nil, id: Array("e1".utf8)))
+    }
+}
