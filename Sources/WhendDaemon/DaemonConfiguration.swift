@@ -22,7 +22,7 @@ public struct DaemonConfiguration: Sendable {
     public var maxPendingBytesPerConnection: Int = 4 << 20
     /// Bytes of records all connections together may have waiting for the journal before the
     /// daemon stops reading from any: the bound on memory that does not grow with connections.
-    public var maxPendingBytes: Int = 64 << 20
+    public var maxPendingBytes: Int = 16 << 20
     /// How long a graceful stop waits for connections to drain (seconds).
     public var shutdownTimeout: TimeInterval = 10
     /// Event-loop threads (0: one per core).

@@ -16,46 +16,58 @@ public struct PeerCredentials: Sendable, Equatable {
     }
 }
 
-/// The identity of an event for de-duplication: (`app`, `session`, `id`), length-prefixed so
-/// that no choice of strings makes two different triples equal.
+/// The identity of an event for de-duplication: (`app`, `session`, `id`), kept as a 128-bit
+/// digest rather than the strings themselves.
+///
+/// The digest is two SipHash-1-3 hashes (Swift's `Hasher`, seeded at random per process) over
+/// the length-prefixed parts under different domain prefixes. For distinct keys an accidental
+/// collision within a window of 100,000 has a probability near 1e-29, and the random seed keeps
+/// clients from aiming for one. Sixteen bytes a key keep the window small (PROTOCOL.md §4), and
+/// hashing straight from the line allocates nothing per event.
 public struct DedupKey: Hashable, Sendable {
-    public let bytes: [UInt8]
-    /// Computed once, where the key is made (on an event loop), so that the journal writer's
-    /// lookups neither hash the bytes again nor compare them unless the hashes match.
-    let hash: Int
+    let low: UInt64
+    let high: UInt64
 
     public init(app: [UInt8], session: [UInt8]?, id: [UInt8]) {
-        var b: [UInt8] = []
-        b.reserveCapacity(app.count + (session?.count ?? 0) + id.count + 13)
-        Self.appendPart(app, to: &b)
-        Self.appendPart(session ?? [], to: &b)
-        Self.appendPart(id, to: &b)
-        b.append(session == nil ? 0 : 1)
-        self.init(encoded: b)
+        var builder = Builder()
+        app.withUnsafeBufferPointer { builder.add($0) }
+        (session ?? []).withUnsafeBufferPointer { builder.add($0) }
+        id.withUnsafeBufferPointer { builder.add($0) }
+        self = builder.finish(hasSession: session != nil)
     }
 
-    /// A key from bytes laid out as `init(app:session:id:)` lays them out.
-    init(encoded: [UInt8]) {
-        self.bytes = encoded
-        var hasher = Hasher()
-        encoded.withUnsafeBytes { hasher.combine(bytes: $0) }
-        self.hash = hasher.finalize()
-    }
-
-    @inline(__always)
-    static func appendPart<C: Collection<UInt8>>(_ part: C, to b: inout [UInt8]) {
-        withUnsafeBytes(of: UInt32(part.count).littleEndian) { b.append(contentsOf: $0) }
-        b.append(contentsOf: part)
+    init(low: UInt64, high: UInt64) {
+        self.low = low
+        self.high = high
     }
 
     public func hash(into hasher: inout Hasher) {
-        hasher.combine(hash)
+        hasher.combine(low)
     }
 
-    public static func == (a: DedupKey, b: DedupKey) -> Bool {
-        guard a.hash == b.hash, a.bytes.count == b.bytes.count else { return false }
-        return a.bytes.withUnsafeBytes { x in
-            b.bytes.withUnsafeBytes { y in memcmp(x.baseAddress!, y.baseAddress!, x.count) == 0 }
+    /// Feeds the parts in order; the same parts give the same key however they are stored.
+    struct Builder {
+        var first = Hasher()
+        var second = Hasher()
+
+        init() {
+            first.combine(UInt8(1))
+            second.combine(UInt8(2))
+        }
+
+        mutating func add(_ part: UnsafeBufferPointer<UInt8>) {
+            first.combine(UInt32(part.count))
+            second.combine(UInt32(part.count))
+            first.combine(bytes: UnsafeRawBufferPointer(part))
+            second.combine(bytes: UnsafeRawBufferPointer(part))
+        }
+
+        func finish(hasSession: Bool) -> DedupKey {
+            var a = first
+            var b = second
+            a.combine(hasSession)
+            b.combine(hasSession)
+            return DedupKey(low: UInt64(bitPattern: Int64(a.finalize())), high: UInt64(bitPattern: Int64(b.finalize())))
         }
     }
 }
@@ -161,26 +173,24 @@ public struct RecordEncoder: Sendable {
         out.append(contentsOf: receivedField)
         out.append(contentsOf: trustedSuffix)
         guard let id = event.id else { return nil }
-        // The key in one buffer, straight from the line where the values are not escaped.
-        var b: [UInt8] = []
-        b.reserveCapacity(96)
-        func append(_ value: StringValue) {
+        // The key is hashed straight from the line where the values are not escaped.
+        var builder = DedupKey.Builder()
+        func add(_ value: StringValue) {
             let raw = UnsafeBufferPointer(rebasing: line[value.contents])
             if value.escaped {
-                DedupKey.appendPart(decodeJSONString(raw), to: &b)
+                decodeJSONString(raw).withUnsafeBufferPointer { builder.add($0) }
             } else {
-                DedupKey.appendPart(raw, to: &b)
+                builder.add(raw)
             }
         }
-        if let app = event.app { append(app) } else { DedupKey.appendPart(defaultAppBytes, to: &b) }
+        if let app = event.app { add(app) } else { defaultAppBytes.withUnsafeBufferPointer { builder.add($0) } }
         if let session = event.session {
-            append(session)
+            add(session)
         } else {
-            DedupKey.appendPart(hello.session ?? [], to: &b)
+            (hello.session ?? []).withUnsafeBufferPointer { builder.add($0) }
         }
-        append(id)
-        b.append(event.session == nil && hello.session == nil ? 0 : 1)
-        return DedupKey(encoded: b)
+        add(id)
+        return builder.finish(hasSession: event.session != nil || hello.session != nil)
     }
 }
 

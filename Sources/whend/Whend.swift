@@ -59,7 +59,7 @@ struct Whend: ParsableCommand {
     @Option(
         name: .long, help: "Bytes all connections together may have waiting for the journal before whend stops reading."
     )
-    var maxPendingBytes: Int = 64 << 20
+    var maxPendingBytes: Int = 16 << 20
 
     @Option(name: .long, help: "Seconds a graceful stop waits for connections to drain.")
     var shutdownTimeout: Double = 10
