@@ -31,12 +31,13 @@ test: deps
 # The ingest benchmark: release builds of whend and of Benchmarks/, rsyslog unpacked beside them,
 # one corpus of BENCH_EVENTS events sent to each. Prints the table and the bars.
 BENCH_EVENTS ?= 1000000
+BENCH_ROUNDS ?= 3
 bench: deps
 	$(SWIFT) build -c release
 	Benchmarks/fetch-peer.sh
 	$(SWIFT) build -c release --package-path Benchmarks
 	Benchmarks/.build/release/whend-bench --whend .build/release/whend --whenctl .build/release/whenctl \
-		--rsyslog-root Benchmarks/.peer/root --events $(BENCH_EVENTS)
+		--rsyslog-root Benchmarks/.peer/root --events $(BENCH_EVENTS) --rounds $(BENCH_ROUNDS)
 
 lint:
 	$(SWIFT) format lint --strict --recursive Sources Tests Package.swift Benchmarks/Sources Benchmarks/Package.swift

@@ -26,6 +26,9 @@ else {
     exit(2)
 }
 let eventCount = Int(options["events"] ?? "") ?? 1_000_000
+// Each run is repeated, interleaved with its peer, and the median reported: these machines are
+// shared, and one run can be off by a third.
+let rounds = max(1, Int(options["rounds"] ?? "") ?? 3)
 let work = options["work"] ?? "/tmp/whend-bench-\(getpid())"
 try? FileManager.default.removeItem(atPath: work)
 try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
@@ -91,6 +94,7 @@ let rsyslogLibraries = rsyslogRoot + "/usr/lib/x86_64-linux-gnu"
 
 func runRsyslog(connections: Int) throws -> Run {
     let dir = "\(work)/rsyslog-\(connections)"
+    try? FileManager.default.removeItem(atPath: dir)
     try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
     let sock = dir + "/in.sock"
     let out = dir + "/out.log.zst"
@@ -130,6 +134,7 @@ func runRsyslog(connections: Int) throws -> Run {
 }
 
 func startWhend(_ dir: String, _ extra: [String] = []) throws -> (SpawnedProcess, String) {
+    try? FileManager.default.removeItem(atPath: dir)
     try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
     let sock = dir + "/events.sock"
     let daemon = try SpawnedProcess(
@@ -173,13 +178,47 @@ func runWhend(connections: Int, acks: Bool, durability: String) throws -> Run {
         stored: stored)
 }
 
+func median(_ values: [Run]) -> Run {
+    let sorted = values.sorted { $0.eventsPerSecond < $1.eventsPerSecond }
+    var m = sorted[sorted.count / 2]
+    m.cpuMicrosPerEvent = values.map(\.cpuMicrosPerEvent).sorted()[values.count / 2]
+    m.peakRSSMiB = values.map(\.peakRSSMiB).max() ?? m.peakRSSMiB
+    return m
+}
+
+var allRounds: [String: [Run]] = [:]
+for round in 1...rounds {
+    for connections in [1, 4] {
+        say("round \(round)/\(rounds): rsyslog, \(connections) connection(s)…")
+        allRounds["rsyslog-\(connections)", default: []].append(try runRsyslog(connections: connections))
+        say("round \(round)/\(rounds): whend, no acks, \(connections) connection(s)…")
+        allRounds["noacks-\(connections)", default: []].append(
+            try runWhend(connections: connections, acks: false, durability: "fsync"))
+        say("round \(round)/\(rounds): whend, acks and fsync, \(connections) connection(s)…")
+        allRounds["acks-\(connections)", default: []].append(
+            try runWhend(connections: connections, acks: true, durability: "fsync"))
+    }
+}
 for connections in [1, 4] {
-    say("rsyslog, \(connections) connection(s)…")
-    runs.append(try runRsyslog(connections: connections))
-    say("whend, no acks, \(connections) connection(s)…")
-    runs.append(try runWhend(connections: connections, acks: false, durability: "fsync"))
-    say("whend, acks and fsync, \(connections) connection(s)…")
-    runs.append(try runWhend(connections: connections, acks: true, durability: "fsync"))
+    for kind in ["rsyslog", "noacks", "acks"] { runs.append(median(allRounds["\(kind)-\(connections)"]!)) }
+}
+
+// MARK: fdatasync on this filesystem: the floor under any durable ack
+
+say("fdatasync latency of this filesystem…")
+var syncLatencies: [Double] = []
+do {
+    let path = work + "/fdatasync-probe"
+    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+    let block = [UInt8](repeating: 0x61, count: 4096)
+    for _ in 0..<2000 {
+        _ = block.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        let t = monotonicSeconds()
+        fdatasync(fd)
+        syncLatencies.append((monotonicSeconds() - t) * 1e6)
+    }
+    close(fd)
+    syncLatencies.sort()
 }
 
 // MARK: Ack latency at a steady rate
@@ -229,6 +268,7 @@ print(
 )
 print("types: " + typeCounts.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))
 print("machine: \(ProcessInfo.processInfo.activeProcessorCount) cores; every ratio below is to rsyslog in the same run")
+print("each row: the median of \(rounds) interleaved rounds (peak RSS: the highest)")
 print("")
 print(
     pad("run", 26) + lpad("conns", 6) + lpad("events/s", 12) + lpad("× rsyslog", 11) + lpad("CPU µs/ev", 11)
