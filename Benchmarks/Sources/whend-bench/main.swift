@@ -283,6 +283,9 @@ for run in runs {
 print("")
 print("zstd -3 over the whole corpus: \(fmt(zstdBytesPerEvent, 1)) bytes/event")
 print(
+    "fdatasync of a 4 KiB append on this filesystem: p50 \(fmt(percentile(syncLatencies, 0.5))) µs, p99 \(fmt(percentile(syncLatencies, 0.99))) µs, p999 \(fmt(percentile(syncLatencies, 0.999))) µs"
+)
+print(
     "ack latency, 1 connection, steady \(fmt(Double(latencyLines.count) / latencySeconds)) events/s, fsync: p50 \(fmt(percentile(sortedLatencies, 0.5))) µs, p99 \(fmt(percentile(sortedLatencies, 0.99))) µs, p999 \(fmt(percentile(sortedLatencies, 0.999))) µs"
 )
 print("whenctl cat to /dev/null: \(fmt(Double(corpusEvents) / catSeconds)) records/s")
