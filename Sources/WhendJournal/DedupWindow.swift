@@ -4,24 +4,30 @@ import WhendWire
 /// journal, so that a resent event is stored once (PROTOCOL.md §4).
 ///
 /// The window is counted in records (`_seq`s), not in time, so that its memory is bounded by
-/// configuration (at most `window` keys of 16 bytes, about 60 bytes each with the tables) and rebuilding it at
-/// start-up reads at most `window` records, whatever the journal's size.
+/// configuration (at most `window` keys of 16 bytes, about 60 bytes each with the tables) and
+/// rebuilding it at start-up reads at most `window` records, whatever the journal's size.
+///
+/// Both tables are sized for the whole window up front and never grow or compact afterwards:
+/// a rehash or a large copy on the journal writer's thread would stall every ack behind it.
 struct DedupWindow {
     let window: UInt64
-    private var seqOfKey: [DedupKey: UInt64] = [:]
-    private var order: [(seq: UInt64, key: DedupKey)] = []
+    private var seqOfKey: [DedupKey: UInt64]
+    /// The keys in the order they were stored: a ring of `window` slots, `count` of them live
+    /// from `head` on.
+    private var ring: [(seq: UInt64, key: DedupKey)?]
     private var head = 0
+    private var count = 0
 
     init(window: Int) {
         self.window = UInt64(max(0, window))
+        seqOfKey = [:]
+        seqOfKey.reserveCapacity(max(0, window))
+        ring = Array(repeating: nil, count: max(0, window))
     }
-
-    var count: Int { seqOfKey.count }
 
     mutating func insert(_ key: DedupKey, seq: UInt64) {
         guard window > 0 else { return }
-        seqOfKey[key] = seq
-        order.append((seq, key))
+        if seqOfKey.updateValue(seq, forKey: key) == nil { append(key, seq) }
     }
 
     /// Records `key` as stored at `seq` unless it is already there.
@@ -33,26 +39,39 @@ struct DedupWindow {
             seqOfKey[key] = original
             return false
         }
-        order.append((seq, key))
+        append(key, seq)
         return true
     }
 
-    mutating func remove(_ key: DedupKey) {
-        seqOfKey[key] = nil
+    func contains(_ key: DedupKey) -> Bool { seqOfKey[key] != nil }
+
+    /// Forgets the `n` keys stored last: their commit failed, and their `_seq`s will be reused.
+    mutating func dropNewest(_ n: Int) {
+        for _ in 0..<min(n, count) {
+            let tail = (head + count - 1) % ring.count
+            if let (seq, key) = ring[tail], seqOfKey[key] == seq { seqOfKey[key] = nil }
+            ring[tail] = nil
+            count -= 1
+        }
+    }
+
+    private mutating func append(_ key: DedupKey, _ seq: UInt64) {
+        if count == ring.count { dropOldest() }
+        ring[(head + count) % ring.count] = (seq, key)
+        count += 1
+    }
+
+    private mutating func dropOldest() {
+        if let (seq, key) = ring[head], seqOfKey[key] == seq { seqOfKey[key] = nil }
+        ring[head] = nil
+        head = (head + 1) % ring.count
+        count -= 1
     }
 
     /// Forgets the keys of records that fell out of the window once `lastSeq` is stored.
     mutating func evict(lastSeq: UInt64) {
         guard lastSeq > window else { return }
         let oldest = lastSeq - window + 1
-        while head < order.count, order[head].seq < oldest {
-            let (seq, key) = order[head]
-            if seqOfKey[key] == seq { seqOfKey[key] = nil }
-            head += 1
-        }
-        if head > 4096, head * 2 > order.count {
-            order.removeFirst(head)
-            head = 0
-        }
+        while count > 0, let entry = ring[head], entry.seq < oldest { dropOldest() }
     }
 }

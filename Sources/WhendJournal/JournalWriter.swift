@@ -285,7 +285,7 @@ public final class JournalWriter: @unchecked Sendable {
                 dedup.evict(lastSeq: last)
             }
         } catch {
-            for key in inserted { dedup.remove(key) }
+            dedup.dropNewest(inserted.count)
             broken = active?.file
             active = nil
             let message = "the journal cannot store right now (\(error)); nothing of this was stored; retry later"

@@ -217,3 +217,37 @@ func zstdTestPasses(_ path: String) -> Bool {
         #expect(frame == index.offset(forSeq: 400) && frame > 0)
     }
 }
+
+@Suite struct DedupWindowTests {
+    func key(_ i: Int) -> DedupKey { DedupKey(app: Array("a".utf8), session: nil, id: Array("\(i)".utf8)) }
+
+    @Test func remembersExactlyTheLastWindowOfRecords() {
+        var window = DedupWindow(window: 100)
+        for seq in 1...1000 {
+            let stored = window.insertIfAbsent(key(seq), seq: UInt64(seq))
+            #expect(stored)
+            window.evict(lastSeq: UInt64(seq))
+            // A resend of something in the window is recognised, and changes nothing…
+            let resent = window.insertIfAbsent(key(seq), seq: UInt64(seq + 1))
+            #expect(!resent)
+            if seq > 99 { #expect(window.contains(key(seq - 99))) }
+            // …and what fell out of it is forgotten.
+            if seq > 100 { #expect(!window.contains(key(seq - 100))) }
+        }
+    }
+
+    @Test func aFailedCommitIsRolledBackWithoutShrinkingTheWindow() {
+        var window = DedupWindow(window: 10)
+        for seq in 1...10 { _ = window.insertIfAbsent(key(seq), seq: UInt64(seq)) }
+        // Seqs 11…13 fail and are reused by other keys.
+        for seq in 11...13 { _ = window.insertIfAbsent(key(seq), seq: UInt64(seq)) }
+        window.dropNewest(3)
+        #expect(!window.contains(key(11)))
+        for seq in 11...13 { _ = window.insertIfAbsent(key(100 + seq), seq: UInt64(seq)) }
+        window.evict(lastSeq: 13)
+        // The window holds exactly _seq 4…13.
+        #expect(!window.contains(key(3)))
+        for seq in 4...10 { #expect(window.contains(key(seq))) }
+        for seq in 11...13 { #expect(window.contains(key(100 + seq))) }
+    }
+}
