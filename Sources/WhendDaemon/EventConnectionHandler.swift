@@ -64,6 +64,14 @@ final class EventConnectionHandler: ChannelDuplexHandler {
         let buffer = unwrapInboundIn(data)
         guard !closing else { return }
         counters.add(bytesIn: buffer.readableBytes)
+        // A fresh batch grows to about the size of what was read plus the trusted fields:
+        // reserve that once instead of doubling its way there.
+        if batch.isEmpty && batch.bodies.capacity == 0 {
+            let expected = buffer.readableBytes + buffer.readableBytes / 2
+            batch.bodies.reserveCapacity(expected)
+            batch.ends.reserveCapacity(expected / 128)
+            batchLines.reserveCapacity(expected / 128)
+        }
         // One `_rt` for everything in this read: it all arrived at the same moment.
         let received = encoder.stampReceived()
         batch.minReceivedMicros = min(batch.minReceivedMicros, received)
