@@ -11,7 +11,7 @@ import WhendWire
 /// a rehash or a large copy on the journal writer's thread would stall every ack behind it.
 struct DedupWindow {
     let window: UInt64
-    private var seqOfKey: [DedupKey: UInt64]
+    private var table: DedupTable
     /// The keys in the order they were stored: a ring of `window` slots, `count` of them live
     /// from `head` on.
     private var ring: [(seq: UInt64, key: DedupKey)?]
@@ -20,36 +20,31 @@ struct DedupWindow {
 
     init(window: Int) {
         self.window = UInt64(max(0, window))
-        seqOfKey = [:]
-        seqOfKey.reserveCapacity(max(0, window))
+        table = DedupTable(capacity: max(1, window))
         ring = Array(repeating: nil, count: max(0, window))
     }
 
     mutating func insert(_ key: DedupKey, seq: UInt64) {
         guard window > 0 else { return }
-        if seqOfKey.updateValue(seq, forKey: key) == nil { append(key, seq) }
+        if table.insertIfAbsent(key, seq: seq) == nil { append(key, seq) }
     }
 
     /// Records `key` as stored at `seq` unless it is already there.
     /// - Returns: false when the key is in the window already (a resend).
     mutating func insertIfAbsent(_ key: DedupKey, seq: UInt64) -> Bool {
         guard window > 0 else { return true }
-        // One hash lookup for the common case, a new key; a resend pays a second to restore.
-        if let original = seqOfKey.updateValue(seq, forKey: key) {
-            seqOfKey[key] = original
-            return false
-        }
+        if table.insertIfAbsent(key, seq: seq) != nil { return false }
         append(key, seq)
         return true
     }
 
-    func contains(_ key: DedupKey) -> Bool { seqOfKey[key] != nil }
+    func contains(_ key: DedupKey) -> Bool { table.seq(of: key) != nil }
 
     /// Forgets the `n` keys stored last: their commit failed, and their `_seq`s will be reused.
     mutating func dropNewest(_ n: Int) {
         for _ in 0..<min(n, count) {
             let tail = (head + count - 1) % ring.count
-            if let (seq, key) = ring[tail], seqOfKey[key] == seq { seqOfKey[key] = nil }
+            if let (seq, key) = ring[tail] { table.remove(key, ifSeq: seq) }
             ring[tail] = nil
             count -= 1
         }
@@ -62,7 +57,7 @@ struct DedupWindow {
     }
 
     private mutating func dropOldest() {
-        if let (seq, key) = ring[head], seqOfKey[key] == seq { seqOfKey[key] = nil }
+        if let (seq, key) = ring[head] { table.remove(key, ifSeq: seq) }
         ring[head] = nil
         head = (head + 1) % ring.count
         count -= 1

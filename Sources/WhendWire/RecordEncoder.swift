@@ -25,8 +25,8 @@ public struct PeerCredentials: Sendable, Equatable {
 /// clients from aiming for one. Sixteen bytes a key keep the window small (PROTOCOL.md §4), and
 /// hashing straight from the line allocates nothing per event.
 public struct DedupKey: Hashable, Sendable {
-    let low: UInt64
-    let high: UInt64
+    public let low: UInt64
+    public let high: UInt64
 
     public init(app: [UInt8], session: [UInt8]?, id: [UInt8]) {
         var builder = Builder()

@@ -251,3 +251,29 @@ func zstdTestPasses(_ path: String) -> Bool {
         for seq in 11...13 { #expect(window.contains(key(100 + seq))) }
     }
 }
+
+@Suite struct DedupTableTests {
+    /// Random inserts and removals in a table of 16 slots, so that probe runs collide and wrap
+    /// around, against a dictionary as the model.
+    @Test func agreesWithADictionaryUnderHeavyCollisions() {
+        var table = DedupTable(capacity: 8)
+        var model: [DedupKey: UInt64] = [:]
+        var rng = SystemRandomNumberGenerator()
+        let keys = (0..<40).map { DedupKey(app: Array("a".utf8), session: nil, id: Array("k\($0)".utf8)) }
+        for step in 1...20_000 {
+            let key = keys[Int.random(in: 0..<keys.count, using: &rng)]
+            if model.count < 12 && Bool.random(using: &rng) {
+                let existing = table.insertIfAbsent(key, seq: UInt64(step))
+                #expect(existing == model[key])
+                if model[key] == nil { model[key] = UInt64(step) }
+            } else {
+                table.remove(key)
+                model[key] = nil
+            }
+            #expect(table.count == model.count)
+            if step % 97 == 0 {
+                for k in keys { #expect(table.seq(of: k) == model[k]) }
+            }
+        }
+    }
+}
