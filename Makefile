@@ -3,7 +3,7 @@ SWIFT ?= swift
 # C libraries and tools whend builds and tests with, from Debian.
 DEBIAN_PACKAGES := libzstd-dev libsystemd-dev zstd pkg-config
 
-.PHONY: deps build release run test lint bench clean
+.PHONY: deps build release run test lint bench fuzz clean
 
 # Installs what is missing, and nothing when all is there (so `make run` needs no root twice).
 deps:
@@ -39,8 +39,26 @@ bench: deps
 	Benchmarks/.build/release/whend-bench --whend .build/release/whend --whenctl .build/release/whenctl \
 		--rsyslog-root Benchmarks/.peer/root --events $(BENCH_EVENTS) --rounds $(BENCH_ROUNDS)
 
+# libFuzzer over each input format, FUZZ_SECONDS per target. Findings are written to
+# Fuzz/findings/ (crash-*); the growing corpus lives in Fuzz/.corpus/ beside the seeds.
+FUZZ_SECONDS ?= 300
+FUZZ_TARGETS := FuzzEventLine:event-line:8192 FuzzSegment:segment:65536
+fuzz: deps
+	$(SWIFT) build --package-path Fuzz --sanitize=fuzzer -c release
+	@mkdir -p Fuzz/findings
+	@set -e; for spec in $(FUZZ_TARGETS); do \
+		target=$${spec%%:*}; rest=$${spec#*:}; corpus=$${rest%%:*}; maxlen=$${rest#*:}; \
+		mkdir -p Fuzz/.corpus/$$corpus; \
+		echo "fuzzing $$target for $(FUZZ_SECONDS) s…"; \
+		SWIFT_BACKTRACE=enable=no Fuzz/.build/release/$$target Fuzz/.corpus/$$corpus Fuzz/corpus/$$corpus \
+			-max_total_time=$(FUZZ_SECONDS) -max_len=$$maxlen -rss_limit_mb=2048 -timeout=10 \
+			-artifact_prefix=Fuzz/findings/$$target- -print_final_stats=1 2>&1 | grep -E "^(Done|stat::number_of_executed_units|SUMMARY)|crash-|timeout-|oom-" ; \
+	done; \
+	if ls Fuzz/findings/* >/dev/null 2>&1; then echo "findings in Fuzz/findings/: make each a regression test"; exit 1; fi
+
 lint:
-	$(SWIFT) format lint --strict --recursive Sources Tests Package.swift Benchmarks/Sources Benchmarks/Package.swift
+	$(SWIFT) format lint --strict --recursive Sources Tests Package.swift Benchmarks/Sources Benchmarks/Package.swift \
+		Fuzz/Sources Fuzz/Package.swift
 
 clean:
 	rm -rf .build

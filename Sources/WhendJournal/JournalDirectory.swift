@@ -5,6 +5,11 @@ public struct SegmentFile: Sendable, Comparable {
     public var firstSeq: UInt64
     public var path: String
 
+    public init(firstSeq: UInt64, path: String) {
+        self.firstSeq = firstSeq
+        self.path = path
+    }
+
     public static func < (a: SegmentFile, b: SegmentFile) -> Bool { a.firstSeq < b.firstSeq }
 
     /// `00000000000000000001.jsonl.zst`: zero-padded so that names sort in `_seq` order.

@@ -1,0 +1,27 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+// libFuzzer targets for whend's input formats. A package of its own, built with
+// `swift build --sanitize=fuzzer`; `make fuzz` runs each target for a bounded time.
+// Each target holds only `LLVMFuzzerTestOneInput`: libFuzzer provides `main`.
+let fuzzTarget: [SwiftSetting] = [.unsafeFlags(["-parse-as-library"])]
+
+let package = Package(
+    name: "whend-fuzz",
+    dependencies: [.package(path: "..")],
+    targets: [
+        .executableTarget(
+            name: "FuzzEventLine",
+            dependencies: [.product(name: "WhendWire", package: "main")],
+            swiftSettings: fuzzTarget
+        ),
+        .executableTarget(
+            name: "FuzzSegment",
+            dependencies: [
+                .product(name: "WhendWire", package: "main"), .product(name: "WhendJournal", package: "main"),
+            ],
+            swiftSettings: fuzzTarget
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)
