@@ -43,6 +43,7 @@ public final class Daemon: Sendable {
 
     /// Starts the journal writer and listens on the event socket.
     public func start() throws {
+        raiseOpenFileLimit()
         writer.start()
         let path = configuration.socketPath
         try prepareSocketPath(path)
@@ -93,6 +94,17 @@ public final class Daemon: Sendable {
             let handler = EventConnectionHandler(
                 writer: writer, configuration: configuration, credentials: peer, counters: counters)
             try channel.pipeline.syncOperations.addHandler(handler)
+        }
+    }
+
+    /// Each connection is a descriptor: take the hard limit (what systemd's LimitNOFILE or the
+    /// administrator allows) rather than the soft default of 1024.
+    private func raiseOpenFileLimit() {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < limit.rlim_max else { return }
+        limit.rlim_cur = limit.rlim_max
+        if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) != 0 {
+            logger.warning("could not raise the open-file limit to \(limit.rlim_max)")
         }
     }
 
