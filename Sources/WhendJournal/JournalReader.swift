@@ -106,6 +106,7 @@ public struct JournalReader: Sendable {
             var chunk = [UInt8](repeating: 0, count: 1 << 18)
             var stop = false
             var damaged = false
+            var resumeAt: Int64?
             var nextSegmentSeen = false
             reading: while true {
                 let n = chunk.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, offset) }
@@ -140,8 +141,17 @@ public struct JournalReader: Sendable {
                         stop = true
                         break reading
                     } catch let failure as SegmentDecoder.Failure {
-                        onProblem(JournalProblem(path: segment.path, offset: failure.offset, message: failure.message))
                         damaged = true
+                        // In a sealed segment the index says where the next frame starts: skip
+                        // only the damaged frame.
+                        let next = SegmentIndex.read(fromFileAt: segment.path)?.entries
+                            .first { $0.offset > failure.offset }
+                        resumeAt = next?.offset
+                        let skip =
+                            next.map { "; skipped to the next frame at offset \($0.offset)" }
+                            ?? "; skipped the rest of the segment"
+                        onProblem(
+                            JournalProblem(path: segment.path, offset: failure.offset, message: failure.message + skip))
                         break reading
                     } catch {
                         damaged = true
@@ -166,6 +176,10 @@ public struct JournalReader: Sendable {
                 }
             }
             if stop { return }
+            if let resumeAt {
+                position = (index, resumeAt)
+                continue
+            }
             let isLast = index == segments.count - 1
             if !damaged, !decoder.isBetweenFrames, !isLast {
                 onProblem(

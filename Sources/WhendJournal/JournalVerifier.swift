@@ -65,46 +65,63 @@ public struct JournalVerifier: Sendable {
         var lastSeq: UInt64?
         var frameStarts = Set<Int64>()
         var lineInFrame = 0
-        let decoder = SegmentDecoder()
-        do {
-            try data.withUnsafeBytes { raw in
-                try decoder.feed(raw) { event in
-                    switch event {
-                    case .frameEnd:
-                        lineInFrame = 0
-                    case .line(let line, let frameOffset):
-                        frameStarts.insert(frameOffset)
-                        lineInFrame += 1
-                        let fields: StoredRecord
-                        do { fields = try StoredRecord.scan(line) } catch {
-                            problem(frameOffset, "line \(lineInFrame) of the frame is not a JSON object (\(error))")
-                            expected += 1
-                            return
+        let sealedIndex = SegmentIndex.read(fromFileAt: segment.path)
+        var start: Int64 = 0
+        var decoder = SegmentDecoder()
+        // Decode from `start`; after a damaged frame, go on from the next frame the index lists.
+        while true {
+            decoder = SegmentDecoder(startingAt: start)
+            do {
+                try data.withUnsafeBytes { raw in
+                    try decoder.feed(UnsafeRawBufferPointer(rebasing: raw[Int(start)...])) { event in
+                        switch event {
+                        case .frameEnd:
+                            lineInFrame = 0
+                        case .line(let line, let frameOffset):
+                            frameStarts.insert(frameOffset)
+                            lineInFrame += 1
+                            let fields: StoredRecord
+                            do { fields = try StoredRecord.scan(line) } catch {
+                                problem(frameOffset, "line \(lineInFrame) of the frame is not a JSON object (\(error))")
+                                expected += 1
+                                return
+                            }
+                            guard let seq = fields.seq else {
+                                problem(frameOffset, "line \(lineInFrame) of the frame has no _seq")
+                                expected += 1
+                                return
+                            }
+                            if seq != expected {
+                                problem(frameOffset, "expected _seq \(expected), found \(seq)")
+                            }
+                            expected = seq + 1
+                            lastSeq = seq
+                            report.records += 1
+                            if report.firstSeq == nil { report.firstSeq = seq }
+                            report.lastSeq = seq
                         }
-                        guard let seq = fields.seq else {
-                            problem(frameOffset, "line \(lineInFrame) of the frame has no _seq")
-                            expected += 1
-                            return
-                        }
-                        if seq != expected {
-                            problem(frameOffset, "expected _seq \(expected), found \(seq)")
-                        }
-                        expected = seq + 1
-                        lastSeq = seq
-                        report.records += 1
-                        if report.firstSeq == nil { report.firstSeq = seq }
-                        report.lastSeq = seq
                     }
                 }
+                break
+            } catch let failure as SegmentDecoder.Failure {
+                lineInFrame = 0
+                frameStarts.insert(failure.offset)  // reported here, not again by the index check
+                guard let next = sealedIndex?.entries.first(where: { $0.offset > failure.offset }) else {
+                    problem(failure.offset, "\(failure.message); the rest of the segment cannot be read")
+                    return sealedIndex?.lastSeq ?? lastSeq
+                }
+                problem(
+                    failure.offset,
+                    "\(failure.message); records from _seq \(expected) to \(next.firstSeq - 1) of this frame are unreadable"
+                )
+                start = next.offset
+                expected = next.firstSeq
+            } catch {
+                problem(0, "\(error)")
+                return lastSeq
             }
-        } catch let failure as SegmentDecoder.Failure {
-            problem(failure.offset, "\(failure.message); the rest of the segment cannot be read")
-            return lastSeq
-        } catch {
-            problem(0, "\(error)")
-            return lastSeq
         }
-        if let index = SegmentIndex.read(fromFileAt: segment.path) {
+        if let index = sealedIndex {
             if index.firstSeq != segment.firstSeq || index.lastSeq != (lastSeq ?? segment.firstSeq - 1) {
                 problem(
                     0,

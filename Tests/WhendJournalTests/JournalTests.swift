@@ -277,3 +277,58 @@ func zstdTestPasses(_ path: String) -> Bool {
         }
     }
 }
+
+@Suite struct DamagedSegmentTests {
+    @Test func aDamagedFrameIsSkippedAndNamedTheRestIsRead() throws {
+        let directory = JournalDirectory(path: temporaryDirectory("damaged"))
+        try directory.create()
+        let writer = try SegmentWriter(
+            directory: directory, firstSeq: 1, compressor: ZstdCompressor(level: 3), frameBytes: 2000)
+        for commit in 0..<30 {
+            var lines: [UInt8] = []
+            let first = UInt64(commit * 10 + 1)
+            for seq in first..<(first + 10) {
+                lines += record(seq, String(repeating: "n", count: Int(seq % 7))) + [0x0A]
+            }
+            try lines.withUnsafeBytes {
+                try writer.append(
+                    lines: $0, firstSeq: first, lastSeq: first + 9, minReceived: 0, maxReceived: 0, flush: true)
+            }
+        }
+        try writer.seal()
+        let path = directory.segmentPath(firstSeq: 1)
+        let index = try #require(SegmentIndex.read(fromFileAt: path))
+        try #require(index.entries.count >= 5)
+        // Corrupt the middle of one frame in the middle of the segment.
+        let victim = index.entries.count / 2
+        let start = index.entries[victim].offset
+        let end = index.entries[victim + 1].offset
+        var bytes = try FileIO.readAll(path)
+        for i in Int(start + (end - start) / 2)..<Int(start + (end - start) / 2 + 8) { bytes[i] ^= 0xA5 }
+        try Data(bytes).write(to: URL(fileURLWithPath: path))
+        let lost = index.entries[victim + 1].firstSeq - index.entries[victim].firstSeq
+
+        let report = JournalVerifier(directory: directory).verify()
+        #expect(report.problems.count == 1, "\(report.problems)")
+        #expect(report.problems.first?.offset == start)
+        #expect(report.problems.first?.message.contains("unreadable") == true)
+
+        var seqs: [UInt64] = []
+        var problems: [JournalProblem] = []
+        JournalReader(directory: directory).read { r, _ in
+            if let seq = r.seq { seqs.append(seq) }
+            return true
+        } onProblem: {
+            problems.append($0)
+        }
+        #expect(problems.count == 1)
+        #expect(problems.first?.message.contains("skipped to the next frame") == true)
+        // Every record outside the damaged frame, in order (a damaged frame may yield a few of
+        // its own first records before the damage shows).
+        let expectedAfter = Array(index.entries[victim + 1].firstSeq...300)
+        let expectedBefore = Array(1..<index.entries[victim].firstSeq)
+        #expect(Array(seqs.prefix(expectedBefore.count)) == expectedBefore)
+        #expect(Array(seqs.suffix(expectedAfter.count)) == expectedAfter)
+        #expect(UInt64(seqs.count) <= 300 && UInt64(seqs.count) >= 300 - lost)
+    }
+}
