@@ -3,7 +3,7 @@ SWIFT ?= swift
 # C libraries and tools whend builds and tests with, from Debian.
 DEBIAN_PACKAGES := libzstd-dev libsystemd-dev zstd pkg-config
 
-.PHONY: deps build release run test lint bench fuzz clean
+.PHONY: deps build release run test soak lint bench fuzz clean
 
 # Installs what is missing, and nothing when all is there (so `make run` needs no root twice).
 deps:
@@ -27,6 +27,12 @@ run: build
 test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
+
+# Longer variants of the reliability tests: SOAK_ROUNDS SIGKILL rounds instead of 20.
+SOAK_ROUNDS ?= 300
+soak: deps
+	$(SWIFT) build --build-tests
+	WHEND_SOAK_ROUNDS=$(SOAK_ROUNDS) $(SWIFT) test --skip-build --filter "CrashConsistencyTests|HostileClientTests|FaultTests"
 
 # The ingest benchmark: release builds of whend and of Benchmarks/, rsyslog unpacked beside them,
 # one corpus of BENCH_EVENTS events sent to each. Prints the table and the bars.

@@ -332,3 +332,25 @@ func zstdTestPasses(_ path: String) -> Bool {
         #expect(UInt64(seqs.count) <= 300 && UInt64(seqs.count) >= 300 - lost)
     }
 }
+
+@Suite struct FuzzRegressionTests {
+    /// Found by FuzzSegment: a sealed segment whose index is intact but whose frame is damaged.
+    /// Recovery must leave it alone (it is sealed), keep `_seq` going from its index, and
+    /// `verify` must report it.
+    @Test func aSealedButDamagedSegmentIsLeftAloneAndReported() throws {
+        let seed = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().appendingPathComponent("Fuzz/corpus/segment/sealed-but-corrupt.jsonl.zst")
+        let directory = JournalDirectory(path: temporaryDirectory("fuzz-regression"))
+        try directory.create()
+        let path = directory.segmentPath(firstSeq: 1)
+        try Data(contentsOf: seed).write(to: URL(fileURLWithPath: path))
+        let before = try FileIO.readAll(path)
+        let result = try SegmentRecovery.recover(SegmentFile(firstSeq: 1, path: path))
+        #expect(result.outcome == .alreadySealed)
+        #expect(result.lastSeq == 3)
+        #expect(try FileIO.readAll(path) == before)
+        let report = JournalVerifier(directory: directory).verify()
+        #expect(!report.isClean)
+        #expect(report.problems.allSatisfy { $0.path == path })
+    }
+}
