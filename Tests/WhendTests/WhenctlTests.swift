@@ -158,6 +158,33 @@ import WhendWire
         #expect(daemon.records().last?["_seq"] as? Int == 1000)
     }
 
+    @Test(arguments: ["write", "none"])
+    func everyDurabilityStoresEverythingItAcked(durability: String) throws {
+        let daemon = DaemonProcess("dur-\(durability)", arguments: ["--durability", durability])
+        try daemon.start()
+        let events = (1...2000).map { #"{"type":"when","name":"d","id":"\#($0)"}"# }
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 2000)
+        // Readable while whend runs (for `none`, once the writer went idle and flushed).
+        usleep(300_000)
+        #expect(daemon.records().count == 2000)
+        #expect(daemon.stop() == 0)
+        #expect(daemon.records().count == 2000)
+        let verify = try runCommand(executable("whenctl"), ["verify", "--state-dir", daemon.stateDirectory])
+        #expect(verify.status == 0, "\(verify.output)")
+    }
+
+    @Test func segmentsRotateByAge() throws {
+        let daemon = DaemonProcess("age", arguments: ["--segment-max-age", "1"])
+        try daemon.start()
+        #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"screen","name":"A"}"#]).acks.last == 1)
+        usleep(2_500_000)  // the writer looks once a second
+        #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"screen","name":"B"}"#]).acks.last == 1)
+        let segments = daemon.journal.segments()
+        #expect(segments.map(\.firstSeq) == [1, 2])
+        #expect(SegmentIndex.read(fromFileAt: segments[0].path) != nil)  // the old one sealed
+        daemon.stop()
+    }
+
     @Test func aGracefulStopAnswersEveryLineItReceived() throws {
         let daemon = DaemonProcess("graceful")
         try daemon.start()
