@@ -26,6 +26,8 @@ public final class Daemon: Sendable {
     let group: MultiThreadedEventLoopGroup
     let channels = NIOLockedValueBox<[ObjectIdentifier: Channel]>([:])
     let serverChannel = NIOLockedValueBox<Channel?>(nil)
+    let notifier = ServiceNotifier()
+    private let lastStatus = NIOLockedValueBox<(at: Date, stored: UInt64)>((Date(), 0))
 
     public init(configuration: DaemonConfiguration, logger: Logger) throws {
         self.configuration = configuration
@@ -44,7 +46,12 @@ public final class Daemon: Sendable {
     /// Starts the journal writer and listens on the event socket.
     public func start() throws {
         raiseOpenFileLimit()
-        writer.start()
+        // The watchdog is fed from the journal writer's loop: if that loop hangs, pings stop.
+        let notifier = self.notifier
+        writer.start(heartbeatInterval: notifier.watchdogInterval ?? 1) { [weak self] in
+            notifier.watchdog()
+            self?.publishStatusIfDue()
+        }
         let path = configuration.socketPath
         try prepareSocketPath(path)
         let bootstrap = ServerBootstrap(group: group)
@@ -67,7 +74,7 @@ public final class Daemon: Sendable {
         logger.info(
             "whend \(WhendVersion.current) listening on \(path); journal \(configuration.journal.directory.path) at _seq \(stats.lastSeq); durability \(configuration.journal.durability.rawValue)"
         )
-        _ = sd_notify(0, "READY=1\nSTATUS=accepting events")
+        notifier.ready(status: statusLine())
     }
 
     private func initialize(_ channel: Channel) -> EventLoopFuture<Void> {
@@ -95,6 +102,26 @@ public final class Daemon: Sendable {
                 writer: writer, configuration: configuration, credentials: peer, counters: counters)
             try channel.pipeline.syncOperations.addHandler(handler)
         }
+    }
+
+    /// The live figures for `STATUS=`: connections, events stored per second, last `_seq`.
+    private func statusLine() -> String {
+        let stats = writer.statistics
+        let (at, stored) = lastStatus.withLockedValue { $0 }
+        let seconds = max(0.001, Date().timeIntervalSince(at))
+        let rate = Double(stats.recordsStored &- stored) / seconds
+        let failing = stats.failing.map { "; journal failing: \($0)" } ?? ""
+        return "\(counters.connections) clients, \(Int(rate)) events/s, last _seq \(stats.lastSeq)\(failing)"
+    }
+
+    /// Updates STATUS= every five seconds, from the writer's heartbeat.
+    private func publishStatusIfDue() {
+        let due = lastStatus.withLockedValue { Date().timeIntervalSince($0.at) >= 5 }
+        guard due else { return }
+        let line = statusLine()
+        let stored = writer.statistics.recordsStored
+        lastStatus.withLockedValue { $0 = (Date(), stored) }
+        notifier.status(line)
     }
 
     /// Each connection is a descriptor: take the hard limit (what systemd's LimitNOFILE or the
@@ -168,7 +195,7 @@ public final class Daemon: Sendable {
 
     /// Stops accepting, drains every connection (bounded by `shutdownTimeout`), commits, seals.
     public func shutdown() {
-        _ = sd_notify(0, "STOPPING=1")
+        notifier.stopping()
         logger.info("stopping: draining \(counters.connections) connection(s)")
         if let server = serverChannel.withLockedValue({ $0 }) {
             try? server.close().wait()

@@ -100,6 +100,11 @@ public final class JournalWriter: @unchecked Sendable {
     private var scratch: [UInt8] = []
     private var lastRetention = Date.distantPast
     private let log: @Sendable (String) -> Void
+    /// Called from the writer's loop at least every `heartbeatInterval` while it is healthy: the
+    /// service manager's watchdog is fed from here, so that a writer stuck in a write or a sync
+    /// stops the pings.
+    private var heartbeat: (@Sendable () -> Void)?
+    private var heartbeatInterval: TimeInterval = 1
 
     /// Opens the journal: recovers the unsealed tail, if any, and rebuilds the de-duplication
     /// window from the latest records. Its cost is bounded by one segment and the window, not by
@@ -150,7 +155,16 @@ public final class JournalWriter: @unchecked Sendable {
     }
 
     /// Starts the writer thread.
-    public func start() {
+    /// - Parameters:
+    ///   - heartbeatInterval: the longest time between two calls of `heartbeat`.
+    ///   - heartbeat: called from the writer thread between commits, never during one.
+    public func start(heartbeatInterval: TimeInterval = 1, heartbeat: (@Sendable () -> Void)? = nil) {
+        self.heartbeat = heartbeat
+        self.heartbeatInterval = max(0.01, min(1, heartbeatInterval))
+        startThread()
+    }
+
+    private func startThread() {
         let thread = Thread { [self] in run() }
         thread.name = "whend-journal"
         thread.start()
@@ -199,13 +213,14 @@ public final class JournalWriter: @unchecked Sendable {
         while true {
             condition.lock()
             if queue.isEmpty && !stopping {
-                _ = condition.wait(until: Date().addingTimeInterval(1))
+                _ = condition.wait(until: Date().addingTimeInterval(heartbeatInterval))
             }
             let batches = queue
             queue.removeAll(keepingCapacity: true)
             let stop = stopping
             condition.unlock()
 
+            heartbeat?()
             if !batches.isEmpty {
                 commit(batches)
                 if configuration.durability == .none, queueIsEmpty() { flushQuietly() }

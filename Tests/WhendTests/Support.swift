@@ -29,6 +29,8 @@ final class DaemonProcess: @unchecked Sendable {
     let socketPath: String
     let stateDirectory: String
     let extraArguments: [String]
+    /// Extra environment for the daemon (NOTIFY_SOCKET, WATCHDOG_USEC, …).
+    var environment: [String: String] = [:]
     private(set) var process: Process?
     let logPath: String
 
@@ -47,6 +49,11 @@ final class DaemonProcess: @unchecked Sendable {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: executable("whend"))
         p.arguments = ["--socket", socketPath, "--state-dir", stateDirectory, "--log-level", "notice"] + extraArguments
+        if !environment.isEmpty {
+            var env = ProcessInfo.processInfo.environment
+            for (k, v) in environment { env[k] = v }
+            p.environment = env
+        }
         _ = FileManager.default.createFile(atPath: logPath, contents: nil)
         let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
         log.seekToEndOfFile()
