@@ -27,6 +27,7 @@ public final class Daemon: Sendable {
     let channels = NIOLockedValueBox<[ObjectIdentifier: Channel]>([:])
     let serverChannel = NIOLockedValueBox<Channel?>(nil)
     let notifier = ServiceNotifier()
+    let activation = SocketActivation.fromEnvironment()
     private let lastStatus = NIOLockedValueBox<(at: Date, stored: UInt64)>((Date(), 0))
 
     public init(configuration: DaemonConfiguration, logger: Logger) throws {
@@ -53,26 +54,38 @@ public final class Daemon: Sendable {
             self?.publishStatusIfDue()
         }
         let path = configuration.socketPath
-        try prepareSocketPath(path)
+        if activation.events == nil { try prepareSocketPath(path) }
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(ChannelOptions.backlog, value: 1024)
             .childChannelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
             .childChannelOption(ChannelOptions.maxMessagesPerRead, value: 16)
             .childChannelInitializer { [self] channel in initialize(channel) }
         let server: Channel
-        do {
-            server = try bootstrap.bind(unixDomainSocketPath: path).wait()
-        } catch {
-            throw DaemonStartError(
-                description:
-                    "cannot listen on \(path): \(error); set WHEND_SOCKET or --socket to a path in a directory you can write"
-            )
+        let listening: String
+        if let fd = activation.events {
+            do {
+                server = try bootstrap.withBoundSocket(fd).wait()
+            } catch {
+                throw DaemonStartError(
+                    description: "cannot use the event socket the service manager passed (fd \(fd)): \(error)")
+            }
+            listening = "the event socket from the service manager (fd \(fd))"
+        } else {
+            do {
+                server = try bootstrap.bind(unixDomainSocketPath: path).wait()
+            } catch {
+                throw DaemonStartError(
+                    description:
+                        "cannot listen on \(path): \(error); set WHEND_SOCKET or --socket to a path in a directory you can write"
+                )
+            }
+            chmod(path, configuration.socketMode)
+            listening = path
         }
-        chmod(path, configuration.socketMode)
         serverChannel.withLockedValue { $0 = server }
         let stats = writer.statistics
         logger.info(
-            "whend \(WhendVersion.current) listening on \(path); journal \(configuration.journal.directory.path) at _seq \(stats.lastSeq); durability \(configuration.journal.durability.rawValue)"
+            "whend \(WhendVersion.current) listening on \(listening); journal \(configuration.journal.directory.path) at _seq \(stats.lastSeq); durability \(configuration.journal.durability.rawValue)"
         )
         notifier.ready(status: statusLine())
     }
@@ -199,7 +212,8 @@ public final class Daemon: Sendable {
         logger.info("stopping: draining \(counters.connections) connection(s)")
         if let server = serverChannel.withLockedValue({ $0 }) {
             try? server.close().wait()
-            unlink(configuration.socketPath)
+            // An activated socket is the service manager's: it stays, and so does its path.
+            if activation.events == nil { unlink(configuration.socketPath) }
         }
         let open = channels.withLockedValue { Array($0.values) }
         for channel in open {

@@ -67,3 +67,91 @@ final class NotifySocket {
         #expect(daemon.stop() == 0)
     }
 }
+
+/// Starts whend as a service manager does under socket activation: the listening socket at
+/// descriptor 3, LISTEN_FDS/LISTEN_FDNAMES set, and LISTEN_PID naming whend itself.
+func spawnActivated(listeningFD: Int32, socketPath: String, stateDirectory: String, log: String) throws -> pid_t {
+    let whend = executable("whend")
+    let script = #"LISTEN_PID=$$ exec "$0" "$@""#
+    let args = ["/bin/sh", "-c", script, whend, "--socket", socketPath, "--state-dir", stateDirectory]
+    var env = ProcessInfo.processInfo.environment
+    env["LISTEN_FDS"] = "1"
+    env["LISTEN_FDNAMES"] = "events"
+    env["LISTEN_PID"] = nil
+    let argv = args.map { strdup($0) } + [nil]
+    let envp = env.map { strdup("\($0.key)=\($0.value)") } + [nil]
+    defer {
+        argv.forEach { free($0) }
+        envp.forEach { free($0) }
+    }
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_adddup2(&actions, listeningFD, 3)
+    posix_spawn_file_actions_addopen(&actions, 2, log, O_WRONLY | O_CREAT | O_APPEND, 0o644)
+    var pid: pid_t = 0
+    let rc = posix_spawn(&pid, "/bin/sh", &actions, nil, argv, envp)
+    guard rc == 0 else { throw TestFailure(description: "posix_spawn: \(String(cString: strerror(rc)))") }
+    return pid
+}
+
+func waitForExit(_ pid: pid_t) -> Int32 {
+    var status: Int32 = 0
+    while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+    return status
+}
+
+@Suite(.serialized) struct SocketActivationTests {
+    @Test func theEventSocketFromTheServiceManagerKeepsConnectionsAcrossARestart() throws {
+        let directory = scratchDirectory("activate")
+        let path = directory + "/events.sock"
+        let state = directory + "/state"
+        // What the .socket unit does: bind and listen, and keep the socket for the whole time.
+        let listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
+        _ = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
+        #expect(listen(listener, 128) == 0)
+        defer { close(listener) }
+
+        var pid = try spawnActivated(
+            listeningFD: listener, socketPath: path, stateDirectory: state, log: directory + "/log")
+        var answers: [[String: Any]] = []
+        for _ in 0..<100 where answers.isEmpty {
+            answers = (try? exchange(path, [helloWithAcks, #"{"type":"screen","name":"First"}"#])) ?? []
+            if answers.isEmpty { usleep(50_000) }
+        }
+        #expect(answers.acks.last == 1)
+        kill(pid, SIGTERM)
+        #expect(waitForExit(pid) == 0)
+        // whend is down; the socket is not. A client connects and sends now…
+        let early = try BlockingSocket(path: path)
+        try early.send(helloWithAcks + "\n" + #"{"type":"screen","name":"WhileDown"}"# + "\n")
+        early.finishSending()
+        // …and is answered by the next whend.
+        pid = try spawnActivated(
+            listeningFD: listener, socketPath: path, stateDirectory: state, log: directory + "/log")
+        var acks: [Int] = []
+        try early.receiveLines { line in
+            if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
+                let a = o["ack"] as? Int
+            {
+                acks.append(a)
+            }
+        }
+        #expect(acks.last == 1)
+        kill(pid, SIGTERM)
+        #expect(waitForExit(pid) == 0)
+        // The path is the service manager's: whend left it in place.
+        #expect(FileManager.default.fileExists(atPath: path))
+        let log = (try? String(contentsOfFile: directory + "/log", encoding: .utf8)) ?? ""
+        #expect(log.contains("from the service manager"))
+        let cat = try runCommand(executable("whenctl"), ["cat", "-o", "short", "--state-dir", state])
+        #expect(cat.output.contains("screen: First") && cat.output.contains("screen: WhileDown"))
+    }
+}
