@@ -99,6 +99,7 @@ public final class JournalWriter: @unchecked Sendable {
     private let compressor: ZstdCompressor
     private var scratch: [UInt8] = []
     private var lastRetention = Date.distantPast
+    private var lastMaintenance = Date.distantPast
     private let log: @Sendable (String) -> Void
     /// Called from the writer's loop at least every `heartbeatInterval` while it is healthy: the
     /// service manager's watchdog is fed from here, so that a writer stuck in a write or a sync
@@ -226,9 +227,9 @@ public final class JournalWriter: @unchecked Sendable {
                 if configuration.durability == .none, queueIsEmpty() { flushQuietly() }
             } else if stop {
                 break
-            } else {
-                maintain()
             }
+            // Rotation by age and retention run whatever the load, at most once a second.
+            if Date().timeIntervalSince(lastMaintenance) >= 1 { maintain() }
         }
         if let active {
             do {
@@ -401,6 +402,7 @@ public final class JournalWriter: @unchecked Sendable {
     }
 
     private func maintain() {
+        lastMaintenance = Date()
         if let segment = active, segment.recordCount > 0,
             Date().timeIntervalSince(segment.openedAt) >= configuration.segmentMaxAge
         {

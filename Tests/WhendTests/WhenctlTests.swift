@@ -238,3 +238,25 @@ func readLines(from fd: Int32, until deadline: Date, _ body: (String) -> Bool) {
 func noise(_ bytes: Int = 24) -> String {
     (0..<bytes).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined()
 }
+
+@Suite(.serialized) struct SustainedLoadTests {
+    /// Rotation by age must not wait for an idle moment: under a steady stream it still happens.
+    @Test func segmentsRotateByAgeUnderSteadyLoad() throws {
+        let daemon = DaemonProcess("busy-age", arguments: ["--segment-max-age", "1"])
+        try daemon.start()
+        let connection = try BlockingSocket(path: daemon.socketPath)
+        try connection.send(#"{"hello":{"protocol":1}}"# + "\n")
+        let end = Date().addingTimeInterval(3.5)
+        var i = 0
+        while Date() < end {
+            try connection.send(#"{"type":"when","name":"busy","params":{"i":\#(i)}}"# + "\n")
+            i += 1
+            usleep(1000)
+        }
+        connection.finishSending()
+        try connection.receiveLines { _ in }
+        #expect(daemon.journal.segments().count >= 3, "\(daemon.journal.segments().map(\.firstSeq))")
+        daemon.stop()
+        #expect(daemon.records().count == i)
+    }
+}
