@@ -106,7 +106,9 @@ public struct JournalVerifier: Sendable {
             } catch let failure as SegmentDecoder.Failure {
                 lineInFrame = 0
                 frameStarts.insert(failure.offset)  // reported here, not again by the index check
-                guard let next = sealedIndex?.entries.first(where: { $0.offset > failure.offset }) else {
+                guard let next = sealedIndex?.entries.first(where: { $0.offset > failure.offset }),
+                    next.offset < Int64(data.count)
+                else {
                     problem(failure.offset, "\(failure.message); the rest of the segment cannot be read")
                     return sealedIndex?.lastSeq ?? lastSeq
                 }

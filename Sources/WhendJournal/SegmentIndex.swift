@@ -75,7 +75,24 @@ public struct SegmentIndex: Sendable, Equatable {
         else { return nil }
         var frame = [UInt8](repeating: 0, count: Int(size) + 8)
         guard pread(fd, &frame, frame.count, off_t(fileSize - size - 8)) == frame.count else { return nil }
-        return decode(frame)
+        guard let index = decode(frame), index.isConsistent(framesEndAt: fileSize - size - 8) else { return nil }
+        return index
+    }
+
+    /// An index whose trailer survived but whose entries contradict the file is no index: its
+    /// frames must lie before the index frame in increasing order, their `_seq`s within the
+    /// segment's and increasing.
+    func isConsistent(framesEndAt end: Int64) -> Bool {
+        var previousOffset: Int64 = -1
+        var previousSeq = firstSeq
+        for e in entries {
+            guard e.offset > previousOffset, e.offset < end, e.firstSeq >= previousSeq, e.firstSeq <= lastSeq else {
+                return false
+            }
+            previousOffset = e.offset
+            previousSeq = e.firstSeq
+        }
+        return entries.first.map { $0.offset == 0 && $0.firstSeq == firstSeq } ?? (lastSeq &+ 1 == firstSeq)
     }
 
     static func decode(_ f: [UInt8]) -> SegmentIndex? {

@@ -354,3 +354,29 @@ func zstdTestPasses(_ path: String) -> Bool {
         #expect(report.problems.allSatisfy { $0.path == path })
     }
 }
+
+@Suite struct FuzzRegressionGarbageIndexTests {
+    /// Found by FuzzSegment: a segment whose index trailer is intact but whose entries point far
+    /// past the end of the file. verify crashed slicing there; such an index is no index.
+    @Test func anIndexThatContradictsItsFileIsIgnored() throws {
+        let seed = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().appendingPathComponent("Fuzz/corpus/segment/garbage-index.jsonl.zst")
+        let directory = JournalDirectory(path: temporaryDirectory("garbage-index"))
+        try directory.create()
+        let path = directory.segmentPath(firstSeq: 1)
+        try Data(contentsOf: seed).write(to: URL(fileURLWithPath: path))
+        #expect(SegmentIndex.read(fromFileAt: path) == nil)
+        let report = JournalVerifier(directory: directory).verify()
+        #expect(!report.isClean)
+        var problems = 0
+        JournalReader(directory: directory).read { _, _ in
+            true
+        } onProblem: { _ in
+            problems += 1
+        }
+        #expect(problems >= 1)
+        // Recovery treats it as the unsealed tail it now looks like: what it rewrites verifies.
+        let result = try SegmentRecovery.recover(SegmentFile(firstSeq: 1, path: path))
+        if case .sealed = result.outcome { #expect(JournalVerifier(directory: directory).verify().isClean) }
+    }
+}
