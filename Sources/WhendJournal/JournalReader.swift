@@ -223,6 +223,6 @@ public struct JournalReader: Sendable {
             }
             return (i, offset)
         }
-        return (segments.count - 1, SegmentIndex.read(fromFileAt: segments[segments.count - 1].path) == nil ? 0 : 0)
+        return (segments.count - 1, 0)
     }
 }

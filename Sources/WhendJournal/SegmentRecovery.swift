@@ -42,7 +42,6 @@ public enum SegmentRecovery {
         var cut: Int64 = 0  // end of the last frame kept whole
         var frameLines: [[UInt8]] = []  // lines of the frame being decoded
         var frameEntry: SegmentIndex.Entry?
-        var damaged = false
 
         struct Stop: Error {}
         let decoder = SegmentDecoder()
@@ -52,8 +51,7 @@ public enum SegmentRecovery {
                     switch event {
                     case .line(let line, let frameOffset):
                         guard let record = try? StoredRecord.scan(line), record.seq == expected else {
-                            damaged = true
-                            throw Stop()
+                            throw Stop()  // the first line that is not the next record ends what is kept
                         }
                         let rt = record.receivedMicros ?? 0
                         if frameEntry == nil {
@@ -75,9 +73,8 @@ public enum SegmentRecovery {
                 }
             }
         } catch {
-            damaged = true
+            // A torn or damaged tail: everything decoded before it is kept, the rest is cut.
         }
-        _ = damaged
         let lastSeq = expected - 1
         if lastSeq < segment.firstSeq {
             guard unlink(segment.path) == 0 || errno == ENOENT else {
