@@ -28,6 +28,8 @@ public final class Daemon: Sendable {
     let serverChannel = NIOLockedValueBox<Channel?>(nil)
     let notifier = ServiceNotifier()
     let activation = SocketActivation.fromEnvironment()
+    private let stopRequested = DispatchSemaphore(value: 0)
+    private let signalWatch = NIOLockedValueBox<SignalWatch?>(nil)
     private let lastStatus = NIOLockedValueBox<(at: Date, stored: UInt64)>((Date(), 0))
 
     public init(configuration: DaemonConfiguration, logger: Logger) throws {
@@ -46,6 +48,9 @@ public final class Daemon: Sendable {
 
     /// Starts the journal writer and listens on the event socket.
     public func start() throws {
+        // Watch for SIGTERM and SIGINT before anything can connect: a stop requested the
+        // moment the socket listens must not be lost.
+        watchStopSignals()
         raiseOpenFileLimit()
         // The watchdog is fed from the journal writer's loop: if that loop hangs, pings stop.
         let notifier = self.notifier
@@ -137,6 +142,20 @@ public final class Daemon: Sendable {
         notifier.status(line)
     }
 
+    private func watchStopSignals() {
+        let stop = stopRequested
+        var sources: [DispatchSourceSignal] = []
+        for sig in [SIGTERM, SIGINT] {
+            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
+            source.setEventHandler { stop.signal() }
+            source.resume()
+            // Only now stop the default action: a signal that comes first still ends whend.
+            signal(sig, SIG_IGN)
+            sources.append(source)
+        }
+        signalWatch.withLockedValue { $0 = SignalWatch(sources: sources) }
+    }
+
     /// Each connection is a descriptor: take the hard limit (what systemd's LimitNOFILE or the
     /// administrator allows) rather than the soft default of 1024.
     private func raiseOpenFileLimit() {
@@ -190,20 +209,10 @@ public final class Daemon: Sendable {
         }
     }
 
-    /// Blocks until SIGTERM or SIGINT, then stops gracefully.
+    /// Blocks until SIGTERM or SIGINT (watched from `start()` on), then stops gracefully.
     public func run() {
-        let stop = DispatchSemaphore(value: 0)
-        var sources: [DispatchSourceSignal] = []
-        for sig in [SIGTERM, SIGINT] {
-            signal(sig, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
-            source.setEventHandler { stop.signal() }
-            source.resume()
-            sources.append(source)
-        }
-        stop.wait()
+        stopRequested.wait()
         shutdown()
-        _ = sources
     }
 
     /// Stops accepting, drains every connection (bounded by `shutdownTimeout`), commits, seals.
@@ -241,4 +250,15 @@ struct KernelPeerCredentials: Sendable {
     var pid: Int32 = 0
     var uid: UInt32 = 0
     var gid: UInt32 = 0
+}
+
+/// Keeps the signal sources alive for as long as the daemon runs.
+final class SignalWatch: @unchecked Sendable {
+    // Unchecked: `sources` is set once in init and never touched again; it is held only so
+    // that the sources are not released.
+    let sources: [DispatchSourceSignal]
+
+    init(sources: [DispatchSourceSignal]) {
+        self.sources = sources
+    }
 }

@@ -25,6 +25,8 @@ public struct DaemonConfiguration: Sendable {
     public var maxPendingBytes: Int = 16 << 20
     /// How long a graceful stop waits for connections to drain (seconds).
     public var shutdownTimeout: TimeInterval = 10
+    /// trace, debug, info, notice, warning, error or critical.
+    public var logLevel: String = "info"
     /// Event-loop threads (0: one per core).
     public var eventLoopThreads: Int = 0
 

@@ -15,101 +15,129 @@ struct Whend: ParsableCommand {
             $WHEND_SOCKET, else $RUNTIME_DIRECTORY/events.sock, $XDG_RUNTIME_DIR/whend/events.sock \
             or /tmp/whend-$UID/events.sock; the journal in journal/ under $STATE_DIRECTORY, else \
             $XDG_STATE_HOME/whend or ~/.local/state/whend.
+            Every setting can also come from the configuration file (--config, else $WHEND_CONFIG, \
+            else /etc/whend/whend.conf if it exists) as `key = value`, and from the environment as \
+            WHEND_<KEY>. The flags win over the environment, which wins over the file.
             """,
         version: WhendVersion.current
     )
 
-    @Option(name: .long, help: "The event socket's path.")
+    @Option(name: .long, help: "The configuration file (key = value lines).")
+    var config: String?
+
+    @Flag(name: .long, help: "Validate the configuration, print it, and exit.")
+    var checkConfig = false
+
+    @Option(name: .long, help: "The event socket's path. (socket)")
     var socket: String?
 
-    @Option(name: .long, help: "Permission bits of the event socket, in octal (default 0666).")
-    var socketMode: String = "0666"
+    @Option(name: .long, help: "Permission bits of the event socket, in octal; default 0666. (socket_mode)")
+    var socketMode: String?
 
-    @Option(name: .long, help: "The state directory; the journal is journal/ inside it.")
+    @Option(name: .long, help: "The state directory; the journal is journal/ inside it. (state_dir)")
     var stateDir: String?
 
-    @Option(name: .long, help: "When an ack is sent: fsync (on disk), write (survives a daemon crash), none.")
-    var durability: String = "fsync"
+    @Option(name: .long, help: "When an ack is sent: fsync (default), write, none. (durability)")
+    var durability: String?
 
-    @Option(name: .long, help: "The longest event line in bytes (max_event_bytes).")
-    var maxEventBytes: Int = 65536
+    @Option(name: .long, help: "The longest event line in bytes; default 65536. (max_event_bytes)")
+    var maxEventBytes: String?
 
-    @Option(name: .long, help: "Rotate a segment at this many compressed bytes.")
-    var segmentMaxBytes: Int64 = 32 << 20
+    @Option(name: .long, help: "Rotate a segment at this many compressed bytes; default 33554432. (segment_max_bytes)")
+    var segmentMaxBytes: String?
 
-    @Option(name: .long, help: "Rotate a segment after this many seconds.")
-    var segmentMaxAge: Double = 3600
-
-    @Option(
-        name: .long, help: "Keep the journal under this many bytes, deleting the oldest sealed segments (0: no limit).")
-    var retentionMaxBytes: Int64 = 1 << 30
-
-    @Option(name: .long, help: "Delete sealed segments older than this many seconds (0: no limit).")
-    var retentionMaxAge: Double = 0
-
-    @Option(name: .long, help: "How many of the latest records resent events are de-duplicated against.")
-    var dedupWindow: Int = 100_000
-
-    @Option(name: .long, help: "Events per second one connection may send (0: unlimited).")
-    var rateLimit: Double = 0
-
-    @Option(name: .long, help: "Events one connection may send at once above the rate limit.")
-    var rateBurst: Double = 1000
+    @Option(name: .long, help: "Rotate a segment after this many seconds; default 3600. (segment_max_age)")
+    var segmentMaxAge: String?
 
     @Option(
-        name: .long, help: "Bytes all connections together may have waiting for the journal before whend stops reading."
-    )
-    var maxPendingBytes: Int = 16 << 20
+        name: .long,
+        help: "Keep the journal under this many bytes; default 1073741824, 0: no limit. (retention_max_bytes)")
+    var retentionMaxBytes: String?
 
-    @Option(name: .long, help: "Seconds a graceful stop waits for connections to drain.")
-    var shutdownTimeout: Double = 10
+    @Option(
+        name: .long,
+        help: "Delete sealed segments older than this many seconds; default 0: no limit. (retention_max_age)")
+    var retentionMaxAge: String?
 
-    @Option(name: .long, help: "Log level: trace, debug, info, notice, warning, error, critical.")
-    var logLevel: String = "info"
+    @Option(name: .long, help: "Records resent events are de-duplicated against; default 100000. (dedup_window)")
+    var dedupWindow: String?
 
-    func validate() throws {
-        guard Durability(rawValue: durability) != nil else {
-            throw ValidationError("--durability must be fsync, write or none; got '\(durability)'")
-        }
-        guard mode_t(socketMode, radix: 8) != nil else {
-            throw ValidationError("--socket-mode must be octal permission bits like 0666; got '\(socketMode)'")
-        }
-        guard (64...(16 << 20)).contains(maxEventBytes) else {
-            throw ValidationError("--max-event-bytes must be between 64 and 16777216; got \(maxEventBytes)")
-        }
-        guard segmentMaxBytes >= 4096 else { throw ValidationError("--segment-max-bytes must be at least 4096") }
-        guard dedupWindow >= 0 else { throw ValidationError("--dedup-window must be 0 or more") }
-        guard maxPendingBytes >= 4096 else { throw ValidationError("--max-pending-bytes must be at least 4096") }
-        guard Logger.Level(rawValue: logLevel) != nil else {
-            throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
+    @Option(name: .long, help: "Events per second one connection may send; default 0: unlimited. (rate_limit)")
+    var rateLimit: String?
+
+    @Option(name: .long, help: "Events one connection may send at once above the rate; default 1000. (rate_burst)")
+    var rateBurst: String?
+
+    @Option(
+        name: .long,
+        help: "Bytes all connections may have waiting for the journal; default 16777216. (max_pending_bytes)")
+    var maxPendingBytes: String?
+
+    @Option(name: .long, help: "Seconds a graceful stop waits for connections to drain; default 10. (shutdown_timeout)")
+    var shutdownTimeout: String?
+
+    @Option(name: .long, help: "trace, debug, info (default), notice, warning, error, critical. (log_level)")
+    var logLevel: String?
+
+    /// The flags given, as settings.
+    var flagValues: [SettingValue] {
+        let pairs: [(String, String?)] = [
+            ("socket", socket), ("socket_mode", socketMode), ("state_dir", stateDir), ("durability", durability),
+            ("max_event_bytes", maxEventBytes), ("segment_max_bytes", segmentMaxBytes),
+            ("segment_max_age", segmentMaxAge), ("retention_max_bytes", retentionMaxBytes),
+            ("retention_max_age", retentionMaxAge), ("dedup_window", dedupWindow), ("rate_limit", rateLimit),
+            ("rate_burst", rateBurst), ("max_pending_bytes", maxPendingBytes), ("shutdown_timeout", shutdownTimeout),
+            ("log_level", logLevel),
+        ]
+        return pairs.compactMap { key, value in
+            value.map { SettingValue(key: key, value: $0, source: "--" + key.replacingOccurrences(of: "_", with: "-")) }
         }
     }
 
+    /// Defaults, then the file, then the environment, then the flags.
+    func resolveConfiguration() throws(SettingError) -> (DaemonConfiguration, file: String?) {
+        var configuration = DaemonConfiguration()
+        let environment = ProcessInfo.processInfo.environment
+        var file = config ?? environment["WHEND_CONFIG"].flatMap { $0.isEmpty ? nil : $0 }
+        if file == nil, FileManager.default.fileExists(atPath: "/etc/whend/whend.conf") {
+            file = "/etc/whend/whend.conf"
+        }
+        if let file {
+            guard let text = try? String(contentsOfFile: file, encoding: .utf8) else {
+                throw SettingError(
+                    description: "cannot read the configuration file \(file): \(String(cString: strerror(errno)))")
+            }
+            try Settings.apply(try Settings.parse(text, path: file), to: &configuration)
+        }
+        try Settings.apply(Settings.fromEnvironment(environment), to: &configuration)
+        try Settings.apply(flagValues, to: &configuration)
+        return (configuration, file)
+    }
+
     func run() throws {
-        let level = Logger.Level(rawValue: logLevel) ?? .info
+        let configuration: DaemonConfiguration
+        let file: String?
+        do {
+            (configuration, file) = try resolveConfiguration()
+        } catch {
+            FileHandle.standardError.write(Data("whend: \(error.description)\n".utf8))
+            throw ExitCode(2)
+        }
+        if checkConfig {
+            print("configuration OK\(file.map { " (\($0))" } ?? " (embedded defaults)")")
+            print("socket = \(configuration.socketPath)")
+            print("state_dir = \(configuration.stateDirectory)")
+            print("durability = \(configuration.journal.durability.rawValue)")
+            print("max_event_bytes = \(configuration.maxEventBytes)")
+            return
+        }
+        let level = Logger.Level(rawValue: configuration.logLevel) ?? .info
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
             handler.logLevel = level
             return handler
         }
         let logger = Logger(label: "whend")
-
-        var configuration = DaemonConfiguration()
-        if let socket { configuration.socketPath = socket }
-        configuration.socketMode = mode_t(socketMode, radix: 8) ?? 0o666
-        if let stateDir { configuration.setStateDirectory(stateDir) }
-        configuration.maxEventBytes = maxEventBytes
-        configuration.journal.durability = Durability(rawValue: durability) ?? .fsync
-        configuration.journal.segmentMaxBytes = segmentMaxBytes
-        configuration.journal.segmentMaxAge = segmentMaxAge
-        configuration.journal.retentionMaxBytes = retentionMaxBytes
-        configuration.journal.retentionMaxAge = retentionMaxAge
-        configuration.journal.dedupWindow = dedupWindow
-        configuration.rateLimit = rateLimit
-        configuration.rateBurst = rateBurst
-        configuration.shutdownTimeout = shutdownTimeout
-        configuration.maxPendingBytes = maxPendingBytes
-
         do {
             let daemon = try Daemon(configuration: configuration, logger: logger)
             try daemon.start()

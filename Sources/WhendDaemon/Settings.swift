@@ -1,0 +1,198 @@
+import Foundation
+import WhendJournal
+
+/// A setting that could not be applied: which key, from where, and what is allowed.
+public struct SettingError: Error, CustomStringConvertible {
+    public var description: String
+
+    public init(description: String) {
+        self.description = description
+    }
+}
+
+/// One value for a setting, and where it came from (for error messages).
+public struct SettingValue: Sendable {
+    public var key: String
+    public var value: String
+    public var source: String
+
+    public init(key: String, value: String, source: String) {
+        self.key = key
+        self.value = value
+        self.source = source
+    }
+}
+
+/// Every setting whend has, in one table: the configuration file, the environment
+/// (`WHEND_<KEY>`) and the command-line flags all go through it, so that each key is validated
+/// in one place and every error names the key and what it allows.
+///
+/// Precedence: the embedded default, then the file, then the environment, then the flags.
+public enum Settings {
+    public struct Setting: Sendable {
+        public let key: String
+        public let allowed: String
+        public let help: String
+        let apply: @Sendable (inout DaemonConfiguration, String) -> Bool
+    }
+
+    static func int(_ range: ClosedRange<Int>, _ set: @escaping @Sendable (inout DaemonConfiguration, Int) -> Void)
+        -> @Sendable (inout DaemonConfiguration, String) -> Bool
+    {
+        { c, v in
+            guard let n = Int(v.replacingOccurrences(of: "_", with: "")), range.contains(n) else { return false }
+            set(&c, n)
+            return true
+        }
+    }
+
+    static func seconds(_ set: @escaping @Sendable (inout DaemonConfiguration, Double) -> Void)
+        -> @Sendable (inout DaemonConfiguration, String) -> Bool
+    {
+        { c, v in
+            guard let n = Double(v), n >= 0, n.isFinite else { return false }
+            set(&c, n)
+            return true
+        }
+    }
+
+    public static let all: [Setting] = [
+        Setting(key: "socket", allowed: "a path", help: "the event socket") { c, v in
+            guard !v.isEmpty else { return false }
+            c.socketPath = v
+            return true
+        },
+        Setting(key: "socket_mode", allowed: "octal permission bits, like 0666", help: "mode of the event socket") {
+            c, v in
+            guard let m = mode_t(v, radix: 8), m <= 0o777 else { return false }
+            c.socketMode = m
+            return true
+        },
+        Setting(key: "state_dir", allowed: "a path", help: "the state directory; the journal is journal/ inside") {
+            c, v in
+            guard !v.isEmpty else { return false }
+            c.setStateDirectory(v)
+            return true
+        },
+        Setting(key: "durability", allowed: "fsync, write or none", help: "what an ack means") { c, v in
+            guard let d = Durability(rawValue: v) else { return false }
+            c.journal.durability = d
+            return true
+        },
+        Setting(
+            key: "max_event_bytes", allowed: "an integer from 64 to 16777216", help: "the longest event line",
+            apply: int(64...(16 << 20)) { $0.maxEventBytes = $1 }),
+        Setting(
+            key: "segment_max_bytes", allowed: "an integer of at least 4096", help: "rotate segments at this size",
+            apply: int(4096...Int.max) { $0.journal.segmentMaxBytes = Int64($1) }),
+        Setting(
+            key: "segment_max_age", allowed: "seconds, 0 or more", help: "rotate segments at this age",
+            apply: seconds { $0.journal.segmentMaxAge = $1 }),
+        Setting(
+            key: "retention_max_bytes", allowed: "an integer, 0 for no limit", help: "keep the journal under this size",
+            apply: int(0...Int.max) { $0.journal.retentionMaxBytes = Int64($1) }),
+        Setting(
+            key: "retention_max_age", allowed: "seconds, 0 for no limit",
+            help: "delete sealed segments older than this",
+            apply: seconds { $0.journal.retentionMaxAge = $1 }),
+        Setting(
+            key: "dedup_window", allowed: "an integer, 0 to turn it off", help: "records resends are checked against",
+            apply: int(0...100_000_000) { $0.journal.dedupWindow = $1 }),
+        Setting(
+            key: "rate_limit", allowed: "events per second, 0 for no limit", help: "per connection",
+            apply: seconds { $0.rateLimit = $1 }),
+        Setting(
+            key: "rate_burst", allowed: "a number of events, 1 or more", help: "events at once above the rate",
+            apply: { c, v in
+                guard let n = Double(v), n >= 1, n.isFinite else { return false }
+                c.rateBurst = n
+                return true
+            }),
+        Setting(
+            key: "max_pending_bytes", allowed: "an integer of at least 4096",
+            help: "bytes all connections may have waiting for the journal",
+            apply: int(4096...Int.max) { $0.maxPendingBytes = $1 }),
+        Setting(
+            key: "shutdown_timeout", allowed: "seconds, 0 or more", help: "how long a graceful stop waits",
+            apply: seconds { $0.shutdownTimeout = $1 }),
+        Setting(
+            key: "log_level", allowed: "trace, debug, info, notice, warning, error or critical", help: "log level"
+        ) { c, v in
+            guard ["trace", "debug", "info", "notice", "warning", "error", "critical"].contains(v) else { return false }
+            c.logLevel = v
+            return true
+        },
+    ]
+
+    /// Applies `values` in order; the first that is unknown or invalid is an error.
+    public static func apply(_ values: [SettingValue], to configuration: inout DaemonConfiguration) throws(SettingError)
+    {
+        for v in values {
+            guard let setting = all.first(where: { $0.key == v.key }) else {
+                throw SettingError(
+                    description:
+                        "\(v.source): unknown key \"\(v.key)\"; the keys are \(all.map(\.key).joined(separator: ", "))")
+            }
+            guard setting.apply(&configuration, v.value) else {
+                throw SettingError(
+                    description:
+                        "\(v.source): \(v.key) = \"\(v.value)\" is not allowed; \(v.key) takes \(setting.allowed)")
+            }
+        }
+    }
+
+    /// Reads a configuration file: one `key = value` a line; `#` starts a comment; a value may
+    /// be "quoted" (then `\"` and `\\` are its escapes).
+    public static func parse(_ text: String, path: String) throws(SettingError) -> [SettingValue] {
+        var values: [SettingValue] = []
+        var seen: [String: Int] = [:]
+        for (number, raw) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+            let source = "\(path):\(number + 1)"
+            var line = Substring(raw)
+            if let hash = line.firstIndex(of: "#"), !line[..<hash].contains("\"") { line = line[..<hash] }
+            let trimmed = line.trimmingCharacters(in: .whitespaces)
+            if trimmed.isEmpty { continue }
+            guard let eq = trimmed.firstIndex(of: "=") else {
+                throw SettingError(description: "\(source): expected key = value, got \"\(trimmed)\"")
+            }
+            let key = trimmed[..<eq].trimmingCharacters(in: .whitespaces)
+            var value = trimmed[trimmed.index(after: eq)...].trimmingCharacters(in: .whitespaces)
+            if value.hasPrefix("\"") {
+                guard value.count >= 2, value.hasSuffix("\"") else {
+                    throw SettingError(description: "\(source): the quoted value of \(key) is not closed")
+                }
+                var unquoted = ""
+                var escaped = false
+                for ch in value.dropFirst().dropLast() {
+                    if escaped {
+                        unquoted.append(ch)
+                        escaped = false
+                    } else if ch == "\\" {
+                        escaped = true
+                    } else {
+                        unquoted.append(ch)
+                    }
+                }
+                value = unquoted
+            } else if let hash = value.firstIndex(of: "#") {
+                value = value[..<hash].trimmingCharacters(in: .whitespaces)
+            }
+            if let first = seen[key] {
+                throw SettingError(description: "\(source): \(key) is set again (first on line \(first)); set it once")
+            }
+            seen[key] = number + 1
+            values.append(SettingValue(key: key, value: value, source: source))
+        }
+        return values
+    }
+
+    /// `WHEND_<KEY>` variables for every key (`WHEND_SOCKET` is also the protocol's own).
+    public static func fromEnvironment(_ environment: [String: String] = ProcessInfo.processInfo.environment)
+        -> [SettingValue]
+    {
+        all.compactMap { setting in
+            let name = "WHEND_" + setting.key.uppercased()
+            return environment[name].map { SettingValue(key: setting.key, value: $0, source: "environment \(name)") }
+        }
+    }
+}

@@ -1,0 +1,72 @@
+import Foundation
+import Testing
+import WhendWire
+
+@Suite(.serialized) struct ConfigurationTests {
+    func welcomedMaxEventBytes(_ daemon: DaemonProcess) throws -> Int? {
+        let answers = try exchange(daemon.socketPath, [helloWithAcks])
+        return (answers.first?["welcome"] as? [String: Any])?["max_event_bytes"] as? Int
+    }
+
+    /// The embedded default, then the file, then the environment, then the flags.
+    @Test func fileThenEnvironmentThenFlags() throws {
+        let directory = scratchDirectory("config")
+        let file = directory + "/whend.conf"
+        try """
+        # whend configuration
+        max_event_bytes = 2048   # a comment after a value
+        durability = "write"
+        """.write(toFile: file, atomically: true, encoding: .utf8)
+
+        let fromFile = DaemonProcess("cfg-file", arguments: ["--config", file])
+        try fromFile.start()
+        #expect(try welcomedMaxEventBytes(fromFile) == 2048)
+        fromFile.stop()
+
+        let fromEnvironment = DaemonProcess("cfg-env", arguments: ["--config", file])
+        fromEnvironment.environment = ["WHEND_MAX_EVENT_BYTES": "4096"]
+        try fromEnvironment.start()
+        #expect(try welcomedMaxEventBytes(fromEnvironment) == 4096)
+        fromEnvironment.stop()
+
+        let fromFlag = DaemonProcess("cfg-flag", arguments: ["--config", file, "--max-event-bytes", "8192"])
+        fromFlag.environment = ["WHEND_MAX_EVENT_BYTES": "4096"]
+        try fromFlag.start()
+        #expect(try welcomedMaxEventBytes(fromFlag) == 8192)
+        fromFlag.stop()
+    }
+
+    @Test func badConfigurationIsRefusedNamingTheKeyAndWhatIsAllowed() throws {
+        let directory = scratchDirectory("badconfig")
+        let whend = executable("whend")
+        let unknown = directory + "/unknown.conf"
+        try "durability = fsync\nmax_events = 5\n".write(toFile: unknown, atomically: true, encoding: .utf8)
+        let r1 = try runCommand(whend, ["--config", unknown, "--check-config"])
+        #expect(r1.status == 2)
+        #expect(
+            r1.error.contains("unknown.conf:2") && r1.error.contains("\"max_events\"")
+                && r1.error.contains("max_event_bytes"))
+
+        let invalid = directory + "/invalid.conf"
+        try "durability = sometimes\n".write(toFile: invalid, atomically: true, encoding: .utf8)
+        let r2 = try runCommand(whend, ["--config", invalid, "--check-config"])
+        #expect(r2.status == 2)
+        #expect(r2.error.contains("durability") && r2.error.contains("fsync, write or none"))
+
+        let r3 = try runCommand(whend, ["--check-config"], environment: ["WHEND_DEDUP_WINDOW": "-3"])
+        #expect(r3.status == 2)
+        #expect(r3.error.contains("environment WHEND_DEDUP_WINDOW"))
+
+        let r4 = try runCommand(whend, ["--check-config", "--socket-mode", "999"])
+        #expect(r4.status == 2 && r4.error.contains("--socket-mode"))
+
+        let good = directory + "/good.conf"
+        try "socket = \"\(directory)/s.sock\"\nstate_dir = \(directory)/state\n".write(
+            toFile: good, atomically: true, encoding: .utf8)
+        let r5 = try runCommand(whend, ["--config", good, "--check-config"])
+        #expect(r5.status == 0)
+        #expect(r5.output.contains("configuration OK") && r5.output.contains("\(directory)/s.sock"))
+        // --check-config starts nothing.
+        #expect(!FileManager.default.fileExists(atPath: directory + "/s.sock"))
+    }
+}
