@@ -28,12 +28,7 @@ import WhendWire
     @Test func aSealedSegmentCorruptedInTheMiddleIsNamedSkippedAndWritingGoesOn() throws {
         let daemon = DaemonProcess("corrupt", arguments: ["--segment-max-bytes", "4096"])
         try daemon.start()
-        for part in 0..<6 {
-            let events = (1...30).map {
-                #"{"type":"when","name":"e","params":{"n":\#(part * 30 + $0),"noise":"\#(noise(64))"}}"#
-            }
-            #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 30)
-        }
+        try sendNoisyParts(daemon, 0..<6)
         let segments = daemon.journal.segments()
         try #require(segments.count >= 3)
         let victim = segments[1]
@@ -43,12 +38,7 @@ import WhendWire
         for i in (bytes.count / 2)..<(bytes.count / 2 + 16) { bytes[i] ^= 0x5A }
         try Data(bytes).write(to: URL(fileURLWithPath: victim.path))
         // Enough to rotate at least once more (about 45 of these fit in a 4 KiB segment).
-        for part in 6..<10 {
-            let events = (1...30).map {
-                #"{"type":"when","name":"e","params":{"n":\#(part * 30 + $0),"noise":"\#(noise(64))"}}"#
-            }
-            #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 30)
-        }
+        try sendNoisyParts(daemon, 6..<10)
         #expect(daemon.journal.segments().count > segments.count)
 
         let verify = try runCommand(executable("whenctl"), ["verify", "--json", "--state-dir", daemon.stateDirectory])

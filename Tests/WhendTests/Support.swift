@@ -157,3 +157,14 @@ func runCommand(_ path: String, _ arguments: [String], environment: [String: Str
     p.waitUntilExit()
     return (p.terminationStatus, String(decoding: outData, as: UTF8.self), String(decoding: errData, as: UTF8.self))
 }
+
+/// Sends `parts` connections of 30 events each, with random padding so that they do not compress
+/// to nothing (small segments then rotate), numbered from `first`; expects every one acked.
+func sendNoisyParts(_ daemon: DaemonProcess, _ parts: Range<Int>) throws {
+    for part in parts {
+        let events = (1...30).map {
+            #"{"type":"when","name":"e","params":{"n":\#(part * 30 + $0),"noise":"\#(noise(64))"}}"#
+        }
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 30)
+    }
+}

@@ -102,12 +102,7 @@ import WhendWire
     @Test func verifyNamesTheFileAndOffsetOfDamage() throws {
         let daemon = DaemonProcess("verify", arguments: ["--segment-max-bytes", "4096"])
         try daemon.start()
-        for part in 0..<10 {
-            let events = (1...30).map {
-                #"{"type":"when","name":"e","params":{"n":\#(part * 30 + $0),"noise":"\#(noise(64))"}}"#
-            }
-            #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 30)
-        }
+        try sendNoisyParts(daemon, 0..<10)
         daemon.stop()
         let clean = try runCommand(whenctl, ["verify", "--state-dir", daemon.stateDirectory])
         #expect(clean.status == 0)
