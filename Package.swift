@@ -3,7 +3,7 @@ import PackageDescription
 
 let package = Package(
     name: "whend",
-    platforms: [.macOS(.v14)],
+    platforms: [.macOS(.v15)],
     products: [
         .executable(name: "whend", targets: ["whend"]),
         .executable(name: "whenctl", targets: ["whenctl"]),
@@ -14,6 +14,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.3"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
     ],
     targets: [
         // C libraries from Debian, through system-library targets.
@@ -24,7 +26,8 @@ let package = Package(
         .target(name: "WhendWire"),
         // The append-only zstd journal: writer, recovery, reader, index, verify. No NIO.
         .target(name: "WhendJournal", dependencies: ["WhendWire", "CZstd"]),
-        // The daemon: NIO event socket, connections, acks, wiring to the journal.
+        // The daemon: NIO event and control sockets, connections, acks, wiring to the journal,
+        // reload, metrics.
         .target(
             name: "WhendDaemon",
             dependencies: [
@@ -32,6 +35,8 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
             ]
         ),
         .executableTarget(

@@ -12,32 +12,66 @@ public struct DaemonStartError: Error, CustomStringConvertible {
     public var description: String
 }
 
-/// whend: the event socket in front of the journal.
+/// whend: the event socket in front of the journal, and the control socket beside it.
 ///
-/// `start()` recovers the journal, binds the socket and returns once whend accepts events;
+/// `start()` recovers the journal, binds the sockets and returns once whend accepts events;
 /// `run()` then blocks until SIGTERM or SIGINT and stops gracefully: it stops accepting, lets
 /// every connection finish the lines it has received, commits them, sends the final acks and
-/// seals the active segment.
+/// seals the active segment. SIGHUP (or `whenctl reload`) re-reads the configuration.
 public final class Daemon: Sendable {
-    public let configuration: DaemonConfiguration
-    let logger: Logger
-    let counters = DaemonCounters()
+    /// Reads the configuration anew (file, environment, flags) for a reload.
+    public typealias ConfigurationSource = @Sendable () throws -> DaemonConfiguration
+
+    let live: LiveConfiguration
+    /// Where the configuration came from, for status.
+    let configurationFile: String?
+    private let configurationSource: ConfigurationSource?
+    private let loggerBox: NIOLockedValueBox<Logger>
+    let metrics = DaemonMetrics()
+    let limiter: SenderRateLimiter
     let writer: JournalWriter
     let group: MultiThreadedEventLoopGroup
     let channels = NIOLockedValueBox<[ObjectIdentifier: Channel]>([:])
     let serverChannel = NIOLockedValueBox<Channel?>(nil)
+    let controlChannel = NIOLockedValueBox<Channel?>(nil)
     let notifier = ServiceNotifier()
     let activation = SocketActivation.fromEnvironment()
+    let startedAt = Date()
+    /// Serialises reloads, whether they come from SIGHUP or the control socket.
+    let reloadQueue = DispatchQueue(label: "whend.reload")
+    let lastReload = NIOLockedValueBox<(at: Date, outcome: String)?>(nil)
     private let stopRequested = DispatchSemaphore(value: 0)
     private let signalWatch = NIOLockedValueBox<SignalWatch?>(nil)
-    private let lastStatus = NIOLockedValueBox<(at: Date, stored: UInt64)>((Date(), 0))
+    private let lastStatus = NIOLockedValueBox<(at: Date, stored: UInt64, rate: Double)>((Date(), 0, 0))
+    private let lastRateReport = NIOLockedValueBox<Date>(Date())
+    private let nextConnectionID = NIOLockedValueBox<UInt64>(0)
 
-    public init(configuration: DaemonConfiguration, logger: Logger) throws {
-        self.configuration = configuration
-        self.logger = logger
-        let log = logger
+    /// The configuration in force (it changes on reload).
+    public var configuration: DaemonConfiguration { live.current }
+    var logger: Logger { loggerBox.withLockedValue { $0 } }
+    var configurationSourceForReload: ConfigurationSource? { configurationSource }
+
+    func setLogLevel(_ level: Logger.Level) {
+        loggerBox.withLockedValue { $0.logLevel = level }
+    }
+
+    public init(
+        configuration: DaemonConfiguration, logger: Logger, configurationFile: String? = nil,
+        reloadFrom source: ConfigurationSource? = nil
+    ) throws {
+        var logger = logger
+        logger.logLevel = Logger.Level(rawValue: configuration.logLevel) ?? .info
+        let loggerBox = NIOLockedValueBox(logger)
+        self.loggerBox = loggerBox
+        self.live = LiveConfiguration(configuration)
+        self.configurationFile = configurationFile
+        self.configurationSource = source
+        self.limiter = SenderRateLimiter(
+            rate: configuration.rateLimit, burst: configuration.rateBurst, by: configuration.rateLimitBy)
         do {
-            writer = try JournalWriter(configuration: configuration.journal) { log.notice("\($0)") }
+            writer = try JournalWriter(configuration: configuration.journal) { message in
+                loggerBox.withLockedValue { $0 }.notice("\(message)")
+            }
         } catch {
             throw DaemonStartError(
                 description: "cannot open the journal in \(configuration.journal.directory.path): \(error)")
@@ -46,53 +80,83 @@ public final class Daemon: Sendable {
         group = MultiThreadedEventLoopGroup(numberOfThreads: threads)
     }
 
-    /// Starts the journal writer and listens on the event socket.
+    /// Starts the journal writer and listens on the event and control sockets.
     public func start() throws {
         // Watch for SIGTERM and SIGINT before anything can connect: a stop requested the
         // moment the socket listens must not be lost.
-        watchStopSignals()
+        watchSignals()
         raiseOpenFileLimit()
+        let configuration = self.configuration
         // The watchdog is fed from the journal writer's loop: if that loop hangs, pings stop.
         let notifier = self.notifier
+        let metrics = self.metrics
         writer.start(heartbeatInterval: notifier.watchdogInterval ?? 1) { [weak self] in
             notifier.watchdog()
             self?.publishStatusIfDue()
+            self?.reportSuppressedIfDue()
+        } onCommit: { records, bytes, seconds in
+            metrics.committed(records: records, bytes: bytes, seconds: seconds)
         }
-        let path = configuration.socketPath
-        if activation.events == nil { try prepareSocketPath(path) }
+        let server = try listenForEvents(configuration)
+        serverChannel.withLockedValue { $0 = server.channel }
+        let control = try listenForControl(configuration)
+        controlChannel.withLockedValue { $0 = control.channel }
+        let stats = writer.statistics
+        logger.info(
+            "whend \(WhendVersion.current) listening on \(server.description); control on \(control.description); journal \(configuration.journal.directory.path) at _seq \(stats.lastSeq); durability \(configuration.journal.durability.rawValue)"
+        )
+        notifier.ready(status: statusLine())
+    }
+
+    private func listenForEvents(_ configuration: DaemonConfiguration) throws -> (channel: Channel, description: String)
+    {
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(ChannelOptions.backlog, value: 1024)
             .childChannelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
             .childChannelOption(ChannelOptions.maxMessagesPerRead, value: 16)
             .childChannelInitializer { [self] channel in initialize(channel) }
-        let server: Channel
-        let listening: String
-        if let fd = activation.events {
+        return try listen(
+            bootstrap, name: "events", what: "event socket", path: configuration.socketPath,
+            mode: configuration.socketMode, flag: "--socket")
+    }
+
+    private func listenForControl(_ configuration: DaemonConfiguration) throws -> (
+        channel: Channel, description: String
+    ) {
+        let bootstrap = ServerBootstrap(group: group)
+            .serverChannelOption(ChannelOptions.backlog, value: 64)
+            .childChannelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
+            .childChannelInitializer { [self] channel in initializeControl(channel) }
+        return try listen(
+            bootstrap, name: "control", what: "control socket", path: configuration.controlSocketPath,
+            mode: 0o600, flag: "--control-socket")
+    }
+
+    /// Takes the socket named `name` from the service manager, else binds `path` with `mode`.
+    private func listen(
+        _ bootstrap: ServerBootstrap, name: String, what: String, path: String, mode: mode_t, flag: String
+    ) throws -> (channel: Channel, description: String) {
+        if let fd = activation.descriptors[name] {
             do {
-                server = try bootstrap.withBoundSocket(fd).wait()
+                return (try bootstrap.withBoundSocket(fd).wait(), "the \(what) from the service manager (fd \(fd))")
             } catch {
                 throw DaemonStartError(
-                    description: "cannot use the event socket the service manager passed (fd \(fd)): \(error)")
+                    description: "cannot use the \(what) the service manager passed (fd \(fd)): \(error)")
             }
-            listening = "the event socket from the service manager (fd \(fd))"
-        } else {
-            do {
-                server = try bootstrap.bind(unixDomainSocketPath: path).wait()
-            } catch {
-                throw DaemonStartError(
-                    description:
-                        "cannot listen on \(path): \(error); set WHEND_SOCKET or --socket to a path in a directory you can write"
-                )
-            }
-            chmod(path, configuration.socketMode)
-            listening = path
         }
-        serverChannel.withLockedValue { $0 = server }
-        let stats = writer.statistics
-        logger.info(
-            "whend \(WhendVersion.current) listening on \(listening); journal \(configuration.journal.directory.path) at _seq \(stats.lastSeq); durability \(configuration.journal.durability.rawValue)"
-        )
-        notifier.ready(status: statusLine())
+        try prepareSocketPath(path, what: what, flag: flag)
+        // Bind under a umask that leaves no more than `mode`: no moment with wider permissions.
+        let previous = umask(~mode & 0o777)
+        defer { umask(previous) }
+        do {
+            let channel = try bootstrap.bind(unixDomainSocketPath: path).wait()
+            chmod(path, mode)
+            return (channel, path)
+        } catch {
+            throw DaemonStartError(
+                description:
+                    "cannot listen on \(path) (\(what)): \(error); set \(flag) to a path in a directory you can write")
+        }
     }
 
     private func initialize(_ channel: Channel) -> EventLoopFuture<Void> {
@@ -109,42 +173,102 @@ public final class Daemon: Sendable {
             let peer = PeerCredentials(pid: cred.pid, uid: cred.uid, gid: cred.gid, comm: comm)
             let id = ObjectIdentifier(channel)
             channels.withLockedValue { $0[id] = channel }
-            counters.connectionOpened()
-            let counters = self.counters
+            metrics.connectionOpened()
+            let metrics = self.metrics
             let channels = self.channels
             channel.closeFuture.whenComplete { _ in
                 channels.withLockedValue { _ = $0.removeValue(forKey: id) }
-                counters.connectionClosed()
+                metrics.connectionClosed()
+            }
+            let connectionID = nextConnectionID.withLockedValue {
+                $0 += 1
+                return $0
             }
             let handler = EventConnectionHandler(
-                writer: writer, configuration: configuration, credentials: peer, counters: counters)
+                writer: writer, live: live, credentials: peer, connectionID: connectionID, counters: metrics,
+                limiter: limiter)
             try channel.pipeline.syncOperations.addHandler(handler)
         }
     }
 
-    /// The live figures for `STATUS=`: connections, events stored per second, last `_seq`.
-    private func statusLine() -> String {
+    /// Lets root and the daemon's own user in; anyone else gets one line saying why.
+    private func initializeControl(_ channel: Channel) -> EventLoopFuture<Void> {
+        guard let provider = channel as? SocketOptionProvider else { return channel.close() }
+        let credentials: EventLoopFuture<KernelPeerCredentials> = provider.unsafeGetSocketOption(
+            level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED))
+        return credentials.flatMapThrowing { [self] cred in
+            let allowed = cred.uid == 0 || cred.uid == geteuid()
+            let respond: @Sendable ([UInt8]) -> [UInt8]
+            if allowed {
+                respond = { [weak self] line in
+                    self?.handleControlRequest(line) ?? ControlReply.failure("whend is stopping")
+                }
+            } else {
+                logger.warning(
+                    "refused a control connection from uid \(cred.uid) (pid \(cred.pid)): only root and uid \(geteuid()) may control whend"
+                )
+                let message = ControlReply.failure(
+                    "uid \(cred.uid) may not control whend; only root and uid \(geteuid()) (the daemon's user) may")
+                respond = { _ in message }
+            }
+            try channel.pipeline.syncOperations.addHandler(ControlConnectionHandler(respond: respond))
+        }
+    }
+
+    /// Events stored per second, over the last five-second window (or since the start).
+    var eventsPerSecond: Double {
+        let (at, stored, rate) = lastStatus.withLockedValue { $0 }
+        let seconds = Date().timeIntervalSince(at)
+        guard seconds >= 1 || rate == 0 else { return rate }
+        return Double(writer.statistics.recordsStored &- stored) / max(0.001, seconds)
+    }
+
+    /// The live figures for `STATUS=`: connections, events stored per second, last `_seq`,
+    /// pipeline lag.
+    func statusLine() -> String {
         let stats = writer.statistics
-        let (at, stored) = lastStatus.withLockedValue { $0 }
-        let seconds = max(0.001, Date().timeIntervalSince(at))
-        let rate = Double(stats.recordsStored &- stored) / seconds
         let failing = stats.failing.map { "; journal failing: \($0)" } ?? ""
-        return "\(counters.connections) clients, \(Int(rate)) events/s, last _seq \(stats.lastSeq)\(failing)"
+        return
+            "\(metrics.connections) clients, \(Int(eventsPerSecond)) events/s, last _seq \(stats.lastSeq), no pipelines\(failing)"
     }
 
     /// Updates STATUS= every five seconds, from the writer's heartbeat.
     private func publishStatusIfDue() {
         let due = lastStatus.withLockedValue { Date().timeIntervalSince($0.at) >= 5 }
         guard due else { return }
-        let line = statusLine()
         let stored = writer.statistics.recordsStored
-        lastStatus.withLockedValue { $0 = (Date(), stored) }
-        notifier.status(line)
+        lastStatus.withLockedValue { last in
+            let seconds = max(0.001, Date().timeIntervalSince(last.at))
+            last = (Date(), stored, Double(stored &- last.stored) / seconds)
+        }
+        notifier.status(statusLine())
     }
 
-    private func watchStopSignals() {
+    /// Sums up in the log what the rate limit suppressed, per sender, every
+    /// `rate_limit_report_interval`: whether or not the sender speaks again.
+    private func reportSuppressedIfDue() {
+        let interval = configuration.rateLimitReportInterval
+        let due = lastRateReport.withLockedValue { last in
+            guard Date().timeIntervalSince(last) >= interval else { return false }
+            last = Date()
+            return true
+        }
+        guard due else { return }
+        for entry in limiter.takeReport() {
+            logger.warning(
+                "rate limit: suppressed \(entry.count) event(s) from \(entry.sender) in the last \(Settings.number(interval)) s"
+            )
+        }
+    }
+
+    private func watchSignals() {
         let stop = stopRequested
         var sources: [DispatchSourceSignal] = []
+        let hangUp = DispatchSource.makeSignalSource(signal: SIGHUP, queue: .global())
+        hangUp.setEventHandler { [weak self] in _ = self?.reload(trigger: "SIGHUP") }
+        hangUp.resume()
+        signal(SIGHUP, SIG_IGN)
+        sources.append(hangUp)
         for sig in [SIGTERM, SIGINT] {
             let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
             source.setEventHandler { stop.signal() }
@@ -169,26 +293,26 @@ public final class Daemon: Sendable {
 
     /// Creates the socket's directory, and removes a socket file left by a daemon that is gone.
     /// Refuses to start when another daemon answers on the path.
-    private func prepareSocketPath(_ path: String) throws {
+    private func prepareSocketPath(_ path: String, what: String, flag: String) throws {
         let directory = (path as NSString).deletingLastPathComponent
         if !FileManager.default.fileExists(atPath: directory) {
             do {
                 try FileManager.default.createDirectory(
                     atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
             } catch {
-                throw DaemonStartError(description: "cannot create \(directory) for the event socket: \(error)")
+                throw DaemonStartError(description: "cannot create \(directory) for the \(what): \(error)")
             }
         }
         var st = stat()
         guard lstat(path, &st) == 0 else { return }
         guard st.st_mode & S_IFMT == S_IFSOCK else {
             throw DaemonStartError(
-                description: "\(path) exists and is not a socket; remove it or choose another --socket")
+                description: "\(path) exists and is not a socket; remove it or choose another \(flag)")
         }
         if socketAnswers(path) {
             throw DaemonStartError(
                 description:
-                    "another whend is already listening on \(path); stop it first, or give this one another --socket")
+                    "another whend is already listening on \(path); stop it first, or give this one another \(flag)")
         }
         unlink(path)
     }
@@ -218,11 +342,16 @@ public final class Daemon: Sendable {
     /// Stops accepting, drains every connection (bounded by `shutdownTimeout`), commits, seals.
     public func shutdown() {
         notifier.stopping()
-        logger.info("stopping: draining \(counters.connections) connection(s)")
+        logger.info("stopping: draining \(metrics.connections) connection(s)")
+        let configuration = self.configuration
         if let server = serverChannel.withLockedValue({ $0 }) {
             try? server.close().wait()
             // An activated socket is the service manager's: it stays, and so does its path.
             if activation.events == nil { unlink(configuration.socketPath) }
+        }
+        if let control = controlChannel.withLockedValue({ $0 }) {
+            try? control.close().wait()
+            if activation.descriptors["control"] == nil { unlink(configuration.controlSocketPath) }
         }
         let open = channels.withLockedValue { Array($0.values) }
         for channel in open {

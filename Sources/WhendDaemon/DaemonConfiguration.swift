@@ -9,14 +9,24 @@ public struct DaemonConfiguration: Sendable {
     public var socketPath: String
     /// Permission bits of the event socket: 0666 lets every local user's apps emit.
     public var socketMode: mode_t = 0o666
+    /// The control socket, when set apart from its default beside the event socket.
+    public var controlSocketOverride: String?
+    /// The control socket: `control.sock` beside the event socket unless configured.
+    public var controlSocketPath: String {
+        controlSocketOverride ?? SocketLocation.controlSocket(besideEventSocket: socketPath)
+    }
     /// `$STATE_DIRECTORY`, else `$XDG_STATE_HOME/whend`, else `~/.local/state/whend`.
     public var stateDirectory: String
     /// The line limit (PROTOCOL.md §2).
     public var maxEventBytes: Int = 65536
     public var journal: JournalConfiguration
-    /// Events per second one connection may send (0: unlimited), and the burst above it.
+    /// Events per second one sender may send (0: unlimited), and the burst above it.
     public var rateLimit: Double = 0
     public var rateBurst: Double = 1000
+    /// Who a sender is for the rate limit.
+    public var rateLimitBy: RateLimitKey = .pid
+    /// How often the log sums up what the rate limit suppressed (seconds).
+    public var rateLimitReportInterval: TimeInterval = 10
     /// Bytes of records one connection may have waiting for the journal before the daemon stops
     /// reading from it: bounds memory whatever clients send.
     public var maxPendingBytesPerConnection: Int = 4 << 20
@@ -43,4 +53,12 @@ public struct DaemonConfiguration: Sendable {
         stateDirectory = path
         journal.directory = JournalDirectory(stateDirectory: path)
     }
+}
+
+/// Who the rate limit counts events against: every process (`pid`, the default), every user
+/// (`uid`: all of a user's apps share one allowance), or every connection.
+public enum RateLimitKey: String, Sendable {
+    case pid
+    case uid
+    case connection
 }

@@ -25,11 +25,15 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     }
 
     private let writer: JournalWriter
-    private let configuration: DaemonConfiguration
-    private let counters: DaemonCounters
+    private let live: LiveConfiguration
+    private var configuration: DaemonConfiguration
+    private var generation: Int
+    private let counters: DaemonMetrics
+    private let limiter: SenderRateLimiter
+    private let credentials: PeerCredentials
+    private let connectionID: UInt64
     private var framer: LineFramer
     private var encoder: RecordEncoder
-    private var rate: TokenBucket
 
     private var members: [EventMember] = []
     private var sawFirstLine = false
@@ -47,15 +51,21 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     private var wroteSinceFlush = false
 
     init(
-        writer: JournalWriter, configuration: DaemonConfiguration, credentials: PeerCredentials,
-        counters: DaemonCounters
+        writer: JournalWriter, live: LiveConfiguration, credentials: PeerCredentials, connectionID: UInt64,
+        counters: DaemonMetrics, limiter: SenderRateLimiter
     ) {
         self.writer = writer
-        self.configuration = configuration
+        self.live = live
+        self.generation = live.generation
+        self.configuration = live.current
         self.counters = counters
+        self.limiter = limiter
+        self.credentials = credentials
+        self.connectionID = connectionID
+        // The line limit stays what the welcome told this client; new connections take up a
+        // changed max_event_bytes.
         self.framer = LineFramer(maxLineBytes: configuration.maxEventBytes)
         self.encoder = RecordEncoder(credentials: credentials)
-        self.rate = TokenBucket(rate: configuration.rateLimit, burst: configuration.rateBurst)
     }
 
     // MARK: Inbound
@@ -63,6 +73,12 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let buffer = unwrapInboundIn(data)
         guard !closing else { return }
+        if live.generation != generation {
+            generation = live.generation
+            let lineLimit = configuration.maxEventBytes
+            configuration = live.current
+            configuration.maxEventBytes = lineLimit
+        }
         counters.add(bytesIn: buffer.readableBytes)
         // A fresh batch grows to about the size of what was read plus the trusted fields:
         // reserve that once instead of doubling its way there.
@@ -206,12 +222,15 @@ final class EventConnectionHandler: ChannelDuplexHandler {
             case .event(let event):
                 sawFirstLine = true
                 lineNumber += 1
-                guard rate.take() else {
+                guard
+                    configuration.rateLimit <= 0
+                        || limiter.take(credentials: credentials, connection: connectionID)
+                else {
                     reject(
                         lineNumber,
                         WireError(
                             .rateLimited,
-                            "over this connection's limit of \(configuration.rateLimit) events/s; the event was not stored; slow down and send it again"
+                            "over the limit of \(Settings.number(configuration.rateLimit)) events/s per \(configuration.rateLimitBy.rawValue) (burst \(Settings.number(configuration.rateBurst))); the event was not stored; slow down and send it again"
                         ), context: context)
                     return
                 }

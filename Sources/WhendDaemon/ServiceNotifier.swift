@@ -16,6 +16,15 @@ final class ServiceNotifier: Sendable {
 
     func ready(status: String) { send("READY=1\nSTATUS=\(status)") }
     func status(_ status: String) { send("STATUS=\(status)") }
+    /// RELOADING=1 with the moment it began on CLOCK_MONOTONIC, as sd_notify(3) asks; READY=1
+    /// follows once the reload is done.
+    func reloading() {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        let usec = UInt64(now.tv_sec) * 1_000_000 + UInt64(now.tv_nsec) / 1000
+        send("RELOADING=1\nMONOTONIC_USEC=\(usec)\nSTATUS=reloading the configuration")
+    }
+
     func stopping() { send("STOPPING=1\nSTATUS=stopping: draining connections") }
 
     /// Sends WATCHDOG=1 if half the watchdog interval has passed since the last one.

@@ -29,10 +29,19 @@ public struct SettingValue: Sendable {
 ///
 /// Precedence: the embedded default, then the file, then the environment, then the flags.
 public enum Settings {
+    /// Whether a running daemon can take up a new value on reload, or only at its next start.
+    public enum Reload: Sendable {
+        case live
+        case restart
+    }
+
     public struct Setting: Sendable {
         public let key: String
         public let allowed: String
         public let help: String
+        public let reload: Reload
+        /// The value as the configuration file would spell it.
+        public let value: @Sendable (DaemonConfiguration) -> String
         let apply: @Sendable (inout DaemonConfiguration, String) -> Bool
     }
 
@@ -56,73 +65,147 @@ public enum Settings {
         }
     }
 
+    static func number(_ n: Double) -> String {
+        n == n.rounded() && abs(n) < 1e15 ? String(Int(n)) : String(n)
+    }
+
     public static let all: [Setting] = [
-        Setting(key: "socket", allowed: "a path", help: "the event socket") { c, v in
+        Setting(
+            key: "socket", allowed: "a path", help: "the event socket", reload: .restart, value: { $0.socketPath }
+        ) { c, v in
             guard !v.isEmpty else { return false }
             c.socketPath = v
             return true
         },
-        Setting(key: "socket_mode", allowed: "octal permission bits, like 0666", help: "mode of the event socket") {
-            c, v in
+        Setting(
+            key: "socket_mode", allowed: "octal permission bits, like 0666", help: "mode of the event socket",
+            reload: .live, value: { "0" + String($0.socketMode, radix: 8) }
+        ) { c, v in
             guard let m = mode_t(v, radix: 8), m <= 0o777 else { return false }
             c.socketMode = m
             return true
         },
-        Setting(key: "state_dir", allowed: "a path", help: "the state directory; the journal is journal/ inside") {
-            c, v in
+        Setting(
+            key: "control_socket", allowed: "a path",
+            help: "the control socket (whenctl status, reload, metrics); default: control.sock beside the event socket",
+            reload: .restart, value: { $0.controlSocketPath }
+        ) { c, v in
+            guard !v.isEmpty else { return false }
+            c.controlSocketOverride = v
+            return true
+        },
+        Setting(
+            key: "state_dir", allowed: "a path", help: "the state directory; the journal is journal/ inside",
+            reload: .restart, value: { $0.stateDirectory }
+        ) { c, v in
             guard !v.isEmpty else { return false }
             c.setStateDirectory(v)
             return true
         },
-        Setting(key: "durability", allowed: "fsync, write or none", help: "what an ack means") { c, v in
+        Setting(
+            key: "durability", allowed: "fsync, write or none", help: "what an ack means", reload: .live,
+            value: { $0.journal.durability.rawValue }
+        ) { c, v in
             guard let d = Durability(rawValue: v) else { return false }
             c.journal.durability = d
             return true
         },
         Setting(
-            key: "max_event_bytes", allowed: "an integer from 64 to 16777216", help: "the longest event line",
-            apply: int(64...(16 << 20)) { $0.maxEventBytes = $1 }),
+            key: "max_event_bytes", allowed: "an integer from 64 to 16777216",
+            help: "the longest event line (new connections take up a change)", reload: .live,
+            value: { String($0.maxEventBytes) }, apply: int(64...(16 << 20)) { $0.maxEventBytes = $1 }),
         Setting(
             key: "segment_max_bytes", allowed: "an integer of at least 4096", help: "rotate segments at this size",
+            reload: .live, value: { String($0.journal.segmentMaxBytes) },
             apply: int(4096...Int.max) { $0.journal.segmentMaxBytes = Int64($1) }),
         Setting(
             key: "segment_max_age", allowed: "seconds, 0 or more", help: "rotate segments at this age",
+            reload: .live, value: { number($0.journal.segmentMaxAge) },
             apply: seconds { $0.journal.segmentMaxAge = $1 }),
         Setting(
             key: "retention_max_bytes", allowed: "an integer, 0 for no limit", help: "keep the journal under this size",
+            reload: .live, value: { String($0.journal.retentionMaxBytes) },
             apply: int(0...Int.max) { $0.journal.retentionMaxBytes = Int64($1) }),
         Setting(
             key: "retention_max_age", allowed: "seconds, 0 for no limit",
-            help: "delete sealed segments older than this",
+            help: "delete sealed segments older than this", reload: .live,
+            value: { number($0.journal.retentionMaxAge) },
             apply: seconds { $0.journal.retentionMaxAge = $1 }),
         Setting(
             key: "dedup_window", allowed: "an integer, 0 to turn it off", help: "records resends are checked against",
+            reload: .restart, value: { String($0.journal.dedupWindow) },
             apply: int(0...100_000_000) { $0.journal.dedupWindow = $1 }),
         Setting(
-            key: "rate_limit", allowed: "events per second, 0 for no limit", help: "per connection",
-            apply: seconds { $0.rateLimit = $1 }),
+            key: "rate_limit", allowed: "events per second, 0 for no limit", help: "per sender (see rate_limit_by)",
+            reload: .live, value: { number($0.rateLimit) }, apply: seconds { $0.rateLimit = $1 }),
         Setting(
-            key: "rate_burst", allowed: "a number of events, 1 or more", help: "events at once above the rate",
+            key: "rate_burst", allowed: "a number of events, 1 or more",
+            help: "events a sender may send at once above the rate", reload: .live,
+            value: { number($0.rateBurst) },
             apply: { c, v in
                 guard let n = Double(v), n >= 1, n.isFinite else { return false }
                 c.rateBurst = n
                 return true
             }),
         Setting(
+            key: "rate_limit_by", allowed: "pid, uid or connection", help: "who a rate limit counts against",
+            reload: .live, value: { $0.rateLimitBy.rawValue }
+        ) { c, v in
+            guard let by = RateLimitKey(rawValue: v) else { return false }
+            c.rateLimitBy = by
+            return true
+        },
+        Setting(
+            key: "rate_limit_report_interval", allowed: "seconds, at least 0.1",
+            help: "how often suppressed events are summed up in the log", reload: .live,
+            value: { number($0.rateLimitReportInterval) }
+        ) { c, v in
+            guard let n = Double(v), n >= 0.1, n.isFinite else { return false }
+            c.rateLimitReportInterval = n
+            return true
+        },
+        Setting(
             key: "max_pending_bytes", allowed: "an integer of at least 4096",
-            help: "bytes all connections may have waiting for the journal",
-            apply: int(4096...Int.max) { $0.maxPendingBytes = $1 }),
+            help: "bytes all connections may have waiting for the journal", reload: .live,
+            value: { String($0.maxPendingBytes) }, apply: int(4096...Int.max) { $0.maxPendingBytes = $1 }),
         Setting(
             key: "shutdown_timeout", allowed: "seconds, 0 or more", help: "how long a graceful stop waits",
-            apply: seconds { $0.shutdownTimeout = $1 }),
+            reload: .live, value: { number($0.shutdownTimeout) }, apply: seconds { $0.shutdownTimeout = $1 }),
         Setting(
-            key: "log_level", allowed: "trace, debug, info, notice, warning, error or critical", help: "log level"
+            key: "log_level", allowed: "trace, debug, info, notice, warning, error or critical", help: "log level",
+            reload: .live, value: { $0.logLevel }
         ) { c, v in
             guard ["trace", "debug", "info", "notice", "warning", "error", "critical"].contains(v) else { return false }
             c.logLevel = v
             return true
         },
     ]
+
+    /// The settings whose values differ between two configurations.
+    public static func differences(from old: DaemonConfiguration, to new: DaemonConfiguration) -> [(
+        setting: Setting, old: String, new: String
+    )] {
+        all.compactMap { s in
+            let (a, b) = (s.value(old), s.value(new))
+            return a == b ? nil : (s, a, b)
+        }
+    }
+
+    /// The whole configuration as a file would spell it, one `key = value` a line.
+    public static func render(_ configuration: DaemonConfiguration) -> String {
+        all.map { setting in
+            let value = setting.value(configuration)
+            let plain =
+                !value.contains { $0 == "#" || $0 == "\"" || $0 == "\\" }
+                && value == value.trimmingCharacters(in: .whitespaces)
+            let spelled =
+                plain
+                ? value
+                : "\"" + value.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"")
+                    + "\""
+            return "\(setting.key) = \(spelled)"
+        }.joined(separator: "\n")
+    }
 
     /// Applies `values` in order; the first that is unknown or invalid is an error.
     public static func apply(_ values: [SettingValue], to configuration: inout DaemonConfiguration) throws(SettingError)

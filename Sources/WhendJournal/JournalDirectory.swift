@@ -53,4 +53,10 @@ public struct JournalDirectory: Sendable {
         }
         return result.sorted()
     }
+
+    /// How many segments there are and their bytes on disk together.
+    public func usage() -> (segments: Int, bytes: Int64) {
+        let all = segments()
+        return (all.count, all.reduce(Int64(0)) { $0 + (FileIO.size($1.path) ?? 0) })
+    }
 }

@@ -77,11 +77,21 @@ public struct JournalStatistics: Sendable {
 /// It runs on a thread of its own so that `fdatasync` never blocks an event loop. Submitters
 /// never wait on it; they hear back through each batch's completion, called on the writer thread.
 ///
-/// Thread safety: `queue`, `pendingBytesStorage`, `stopping` and `stats` are guarded by `condition`; every other
+/// Thread safety: `queue`, `pendingBytesStorage`, `stopping`, `stats` and the accepted configuration are guarded by
+/// `condition`; every other
 /// stored property is touched only by the writer thread once `start()` has been called.
 public final class JournalWriter: @unchecked Sendable {
-    public let configuration: JournalConfiguration
     public typealias Completion = @Sendable (JournalCommit) -> Void
+    /// Told of every successful commit on the writer thread: records stored, bytes written
+    /// (uncompressed) and how long the write and its sync took, in seconds.
+    public typealias CommitObserver = @Sendable (_ records: Int, _ bytes: Int, _ seconds: Double) -> Void
+
+    /// The settings the writer thread works by; only it reads them after `start()`.
+    private var configurationInUse: JournalConfiguration
+    /// The settings last accepted by `reconfigure`, picked up by the writer between commits.
+    private var acceptedConfiguration: JournalConfiguration
+    private var reconfigured = false
+    private var commitObserver: CommitObserver?
 
     private let condition = NSCondition()
     private var queue: [(JournalBatch, Completion)] = []
@@ -114,7 +124,8 @@ public final class JournalWriter: @unchecked Sendable {
     /// - Parameter log: where to report what recovery and retention did.
     /// - Throws: `JournalIOError` when the directory cannot be created or the tail recovered.
     public init(configuration: JournalConfiguration, log: @escaping @Sendable (String) -> Void = { _ in }) throws {
-        self.configuration = configuration
+        self.configurationInUse = configuration
+        self.acceptedConfiguration = configuration
         self.log = log
         let directory = configuration.directory
         try directory.create()
@@ -159,8 +170,13 @@ public final class JournalWriter: @unchecked Sendable {
     /// - Parameters:
     ///   - heartbeatInterval: the longest time between two calls of `heartbeat`.
     ///   - heartbeat: called from the writer thread between commits, never during one.
-    public func start(heartbeatInterval: TimeInterval = 1, heartbeat: (@Sendable () -> Void)? = nil) {
+    ///   - onCommit: told of every successful commit, on the writer thread.
+    public func start(
+        heartbeatInterval: TimeInterval = 1, heartbeat: (@Sendable () -> Void)? = nil,
+        onCommit: CommitObserver? = nil
+    ) {
         self.heartbeat = heartbeat
+        self.commitObserver = onCommit
         self.heartbeatInterval = max(0.01, min(1, heartbeatInterval))
         startThread()
     }
@@ -182,6 +198,31 @@ public final class JournalWriter: @unchecked Sendable {
         }
         queue.append((batch, completion))
         pendingBytesStorage += batch.bodies.count
+        condition.signal()
+        condition.unlock()
+    }
+
+    /// The journal's settings as last accepted (the writer applies them between commits).
+    public var configuration: JournalConfiguration {
+        condition.lock()
+        defer { condition.unlock() }
+        return acceptedConfiguration
+    }
+
+    /// Changes durability, rotation and retention while the journal runs; the writer takes them
+    /// up before its next commit. The directory, the de-duplication window and the compression
+    /// level are fixed for the writer's life: a change to them is ignored here (the daemon says
+    /// they need a restart).
+    public func reconfigure(_ new: JournalConfiguration) {
+        condition.lock()
+        var applied = acceptedConfiguration
+        applied.durability = new.durability
+        applied.segmentMaxBytes = new.segmentMaxBytes
+        applied.segmentMaxAge = new.segmentMaxAge
+        applied.retentionMaxBytes = new.retentionMaxBytes
+        applied.retentionMaxAge = new.retentionMaxAge
+        acceptedConfiguration = applied
+        reconfigured = true
         condition.signal()
         condition.unlock()
     }
@@ -219,12 +260,19 @@ public final class JournalWriter: @unchecked Sendable {
             let batches = queue
             queue.removeAll(keepingCapacity: true)
             let stop = stopping
+            let takeUp = reconfigured
+            if takeUp {
+                configurationInUse = acceptedConfiguration
+                reconfigured = false
+            }
             condition.unlock()
+            // Retention may now be tighter: apply it at once rather than within the minute.
+            if takeUp { lastRetention = .distantPast }
 
             heartbeat?()
             if !batches.isEmpty {
                 commit(batches)
-                if configuration.durability == .none, queueIsEmpty() { flushQuietly() }
+                if configurationInUse.durability == .none, queueIsEmpty() { flushQuietly() }
             } else if stop {
                 break
             }
@@ -287,6 +335,7 @@ public final class JournalWriter: @unchecked Sendable {
             }
         }
         let last = seq - 1
+        let started = DispatchTime.now().uptimeNanoseconds
         do {
             if seq > first {
                 let segment = try activeSegment()
@@ -294,9 +343,9 @@ public final class JournalWriter: @unchecked Sendable {
                     try segment.append(
                         lines: lines, firstSeq: first, lastSeq: last, minReceived: minReceived,
                         maxReceived: maxReceived,
-                        flush: configuration.durability != .none)
+                        flush: configurationInUse.durability != .none)
                 }
-                if configuration.durability == .fsync { try segment.sync() }
+                if configurationInUse.durability == .fsync { try segment.sync() }
                 nextSeq = seq
                 dedup.evict(lastSeq: last)
             }
@@ -320,8 +369,12 @@ public final class JournalWriter: @unchecked Sendable {
         stats.bytesWritten += UInt64(scratch.count)
         stats.failing = nil
         condition.unlock()
+        if seq > first, let commitObserver {
+            let seconds = Double(DispatchTime.now().uptimeNanoseconds - started) / 1e9
+            commitObserver(Int(seq - first), scratch.count, seconds)
+        }
         finish(batches, .stored(lastSeq: nextSeq - 1))
-        if let segment = active, segment.size >= configuration.segmentMaxBytes { rotate() }
+        if let segment = active, segment.size >= configurationInUse.segmentMaxBytes { rotate() }
     }
 
     private func finish(_ batches: [(JournalBatch, Completion)], _ result: JournalCommit) {
@@ -357,8 +410,8 @@ public final class JournalWriter: @unchecked Sendable {
     private func activeSegment() throws -> SegmentWriter {
         if let active { return active }
         let segment = try SegmentWriter(
-            directory: configuration.directory, firstSeq: nextSeq, compressor: compressor,
-            frameBytes: configuration.frameBytes)
+            directory: configurationInUse.directory, firstSeq: nextSeq, compressor: compressor,
+            frameBytes: configurationInUse.frameBytes)
         active = segment
         return segment
     }
@@ -404,7 +457,7 @@ public final class JournalWriter: @unchecked Sendable {
     private func maintain() {
         lastMaintenance = Date()
         if let segment = active, segment.recordCount > 0,
-            Date().timeIntervalSince(segment.openedAt) >= configuration.segmentMaxAge
+            Date().timeIntervalSince(segment.openedAt) >= configurationInUse.segmentMaxAge
         {
             rotate()
         }
@@ -415,10 +468,10 @@ public final class JournalWriter: @unchecked Sendable {
     /// limits. The active segment is never deleted.
     private func applyRetention() {
         lastRetention = Date()
-        let maxBytes = configuration.retentionMaxBytes
-        let maxAge = configuration.retentionMaxAge
+        let maxBytes = configurationInUse.retentionMaxBytes
+        let maxAge = configurationInUse.retentionMaxAge
         guard maxBytes > 0 || maxAge > 0 else { return }
-        var segments = configuration.directory.segments()
+        var segments = configurationInUse.directory.segments()
         if let active, segments.last?.firstSeq == active.file.firstSeq { segments.removeLast() }
         if let broken, segments.last?.firstSeq == broken.firstSeq { segments.removeLast() }
         var sizes = segments.map { FileIO.size($0.path) ?? 0 }

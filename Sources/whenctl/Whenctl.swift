@@ -7,9 +7,10 @@ import WhendWire
 struct Whenctl: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "whenctl",
-        abstract: "whend's companion: emit events, read, follow and verify the journal.",
+        abstract:
+            "whend's companion: emit events; read, follow and verify the journal; status, reload and metrics of the daemon.",
         version: WhendVersion.current,
-        subcommands: [Emit.self, Cat.self, Tail.self, Verify.self]
+        subcommands: [Emit.self, Cat.self, Tail.self, Verify.self, Status.self, Reload.self, Metrics.self]
     )
 }
 

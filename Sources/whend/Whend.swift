@@ -34,6 +34,9 @@ struct Whend: ParsableCommand {
     @Option(name: .long, help: "Permission bits of the event socket, in octal; default 0666. (socket_mode)")
     var socketMode: String?
 
+    @Option(name: .long, help: "The control socket; default: control.sock beside the event socket. (control_socket)")
+    var controlSocket: String?
+
     @Option(name: .long, help: "The state directory; the journal is journal/ inside it. (state_dir)")
     var stateDir: String?
 
@@ -62,11 +65,21 @@ struct Whend: ParsableCommand {
     @Option(name: .long, help: "Records resent events are de-duplicated against; default 100000. (dedup_window)")
     var dedupWindow: String?
 
-    @Option(name: .long, help: "Events per second one connection may send; default 0: unlimited. (rate_limit)")
+    @Option(name: .long, help: "Events per second one sender may send; default 0: unlimited. (rate_limit)")
     var rateLimit: String?
 
-    @Option(name: .long, help: "Events one connection may send at once above the rate; default 1000. (rate_burst)")
+    @Option(name: .long, help: "Events one sender may send at once above the rate; default 1000. (rate_burst)")
     var rateBurst: String?
+
+    @Option(name: .long, help: "Who the rate limit counts against: pid (default), uid, connection. (rate_limit_by)")
+    var rateLimitBy: String?
+
+    @Option(
+        name: .long,
+        help:
+            "Seconds between log summaries of what the rate limit suppressed; default 10. (rate_limit_report_interval)"
+    )
+    var rateLimitReportInterval: String?
 
     @Option(
         name: .long,
@@ -82,11 +95,14 @@ struct Whend: ParsableCommand {
     /// The flags given, as settings.
     var flagValues: [SettingValue] {
         let pairs: [(String, String?)] = [
-            ("socket", socket), ("socket_mode", socketMode), ("state_dir", stateDir), ("durability", durability),
+            ("socket", socket), ("socket_mode", socketMode), ("control_socket", controlSocket),
+            ("state_dir", stateDir), ("durability", durability),
             ("max_event_bytes", maxEventBytes), ("segment_max_bytes", segmentMaxBytes),
             ("segment_max_age", segmentMaxAge), ("retention_max_bytes", retentionMaxBytes),
             ("retention_max_age", retentionMaxAge), ("dedup_window", dedupWindow), ("rate_limit", rateLimit),
-            ("rate_burst", rateBurst), ("max_pending_bytes", maxPendingBytes), ("shutdown_timeout", shutdownTimeout),
+            ("rate_burst", rateBurst), ("rate_limit_by", rateLimitBy),
+            ("rate_limit_report_interval", rateLimitReportInterval), ("max_pending_bytes", maxPendingBytes),
+            ("shutdown_timeout", shutdownTimeout),
             ("log_level", logLevel),
         ]
         return pairs.compactMap { key, value in
@@ -124,22 +140,18 @@ struct Whend: ParsableCommand {
             throw ExitCode(2)
         }
         if checkConfig {
-            print("configuration OK\(file.map { " (\($0))" } ?? " (embedded defaults)")")
-            print("socket = \(configuration.socketPath)")
-            print("state_dir = \(configuration.stateDirectory)")
-            print("durability = \(configuration.journal.durability.rawValue)")
-            print("max_event_bytes = \(configuration.maxEventBytes)")
+            print("# configuration OK\(file.map { " (\($0))" } ?? " (embedded defaults)")")
+            print(Settings.render(configuration))
             return
         }
-        let level = Logger.Level(rawValue: configuration.logLevel) ?? .info
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = level
-            return handler
-        }
+        // The level is the logger's own (Daemon sets it, and a reload changes it).
+        LoggingSystem.bootstrap { label in StreamLogHandler.standardError(label: label) }
         let logger = Logger(label: "whend")
+        let command = self
         do {
-            let daemon = try Daemon(configuration: configuration, logger: logger)
+            let daemon = try Daemon(
+                configuration: configuration, logger: logger, configurationFile: file,
+                reloadFrom: { try command.resolveConfiguration().0 })
             try daemon.start()
             daemon.run()
         } catch let error as DaemonStartError {

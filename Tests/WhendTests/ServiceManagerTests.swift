@@ -59,6 +59,85 @@ final class NotifySocket {
         daemon.stop()
     }
 
+    /// The states the service manager sees, in order (watchdog pings and STATUS= updates left
+    /// out): start, a reload by SIGHUP, a reload by whenctl, a refused reload, stop.
+    @Test func startReloadAndStopSendTheExactSequence() throws {
+        let daemon = DaemonProcess("sequence")
+        let config = daemon.directory + "/whend.conf"
+        try "durability = fsync\n".write(toFile: config, atomically: true, encoding: .utf8)
+        let notify = try NotifySocket(directory: daemon.directory)
+        daemon.environment = ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "400000", "WHEND_CONFIG": config]
+        try daemon.start()
+        var received = notify.messages(for: 0.5)
+        kill(daemon.process!.processIdentifier, SIGHUP)
+        received += notify.messages(for: 0.5)
+        try "durability = write\n".write(toFile: config, atomically: true, encoding: .utf8)
+        #expect(try daemon.whenctl(["reload"]).status == 0)
+        received += notify.messages(for: 0.3)
+        try "durability = sometimes\n".write(toFile: config, atomically: true, encoding: .utf8)
+        #expect(try daemon.whenctl(["reload"]).status == 1)
+        received += notify.messages(for: 0.3)
+        kill(daemon.process!.processIdentifier, SIGTERM)
+        received += notify.messages(for: 1.0)
+        #expect(daemon.stop() == 0)
+
+        let states = received.compactMap { message in
+            message.first { ["READY=1", "RELOADING=1", "STOPPING=1"].contains($0) }
+        }
+        #expect(
+            states == [
+                "READY=1", "RELOADING=1", "READY=1", "RELOADING=1", "READY=1", "RELOADING=1", "READY=1", "STOPPING=1",
+            ])
+        // Each RELOADING=1 carries the moment it began on CLOCK_MONOTONIC, as sd_notify asks.
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        let nowMicros = UInt64(now.tv_sec) * 1_000_000 + UInt64(now.tv_nsec) / 1000
+        let reloads = received.filter { $0.contains("RELOADING=1") }
+        #expect(reloads.count == 3)
+        for message in reloads {
+            let stamp = message.first { $0.hasPrefix("MONOTONIC_USEC=") }.flatMap { UInt64($0.dropFirst(15)) }
+            #expect(stamp.map { $0 <= nowMicros && nowMicros - $0 < 10_000_000 } == true, "\(message)")
+        }
+        #expect(received.filter { $0.contains("WATCHDOG=1") }.count >= 5)
+        #expect(daemon.log.contains("durability: fsync → write"))
+        #expect(daemon.log.contains("refused") && daemon.log.contains("sometimes"))
+    }
+
+    /// The watchdog is fed by the journal writer's loop: when a write hangs (the journal's
+    /// filesystem frozen), the pings stop, so that the service manager restarts a stuck whend;
+    /// when the write goes through, they come back and the event is acked.
+    @Test(.enabled(if: LoopFilesystem.isAvailable, "needs root, loop devices, mkfs.ext4 and fsfreeze"))
+    func aStuckWriterStopsTheWatchdogPings() throws {
+        let filesystem = try LoopFilesystem("frozen")
+        let daemon = DaemonProcess("watchdog", stateDirectory: filesystem.mountPoint + "/state")
+        let notify = try NotifySocket(directory: daemon.directory)
+        daemon.environment = ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "200000"]
+        try daemon.start()
+        #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"screen","name":"Before"}"#]).acks == [1])
+        #expect(notify.messages(for: 0.6).filter { $0.contains("WATCHDOG=1") }.count >= 3)
+
+        try filesystem.freeze()
+        let connection = try BlockingSocket(path: daemon.socketPath)
+        try connection.send(helloWithAcks + "\n" + #"{"type":"screen","name":"During"}"# + "\n")
+        connection.finishSending()
+        _ = notify.messages(for: 0.3)  // a ping already on its way
+        let whileStuck = notify.messages(for: 1.5).filter { $0.contains("WATCHDOG=1") }.count
+        filesystem.thaw()
+        #expect(whileStuck == 0, "\(whileStuck) pings while the writer was stuck")
+        #expect(notify.messages(for: 1.0).filter { $0.contains("WATCHDOG=1") }.count >= 3)
+        var acks: [Int] = []
+        try connection.receiveLines { line in
+            if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
+                let a = o["ack"] as? Int
+            {
+                acks.append(a)
+            }
+        }
+        #expect(acks == [1])
+        #expect(daemon.stop() == 0)
+        #expect(daemon.records().map { $0["name"] as? String } == ["Before", "During"])
+    }
+
     @Test func withoutANotifySocketNothingChanges() throws {
         let daemon = DaemonProcess("nonotify")
         daemon.environment = ["WATCHDOG_USEC": "200000"]
@@ -92,6 +171,24 @@ func spawnActivated(listeningFD: Int32, socketPath: String, stateDirectory: Stri
     var pid: pid_t = 0
     let rc = posix_spawn(&pid, "/bin/sh", &actions, nil, argv, envp)
     guard rc == 0 else { throw TestFailure(description: "posix_spawn: \(String(cString: strerror(rc)))") }
+    return pid
+}
+
+/// Starts a program with posix_spawn, its standard error appended to `log`.
+func spawn(_ path: String, _ arguments: [String], log: String) throws -> pid_t {
+    let argv = ([path] + arguments).map { strdup($0) } + [nil]
+    let envp = ProcessInfo.processInfo.environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
+    defer {
+        argv.forEach { free($0) }
+        envp.forEach { free($0) }
+    }
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_addopen(&actions, 2, log, O_WRONLY | O_CREAT | O_APPEND, 0o644)
+    var pid: pid_t = 0
+    let rc = posix_spawn(&pid, path, &actions, nil, argv, envp)
+    guard rc == 0 else { throw TestFailure(description: "posix_spawn \(path): \(String(cString: strerror(rc)))") }
     return pid
 }
 
@@ -153,5 +250,46 @@ func waitForExit(_ pid: pid_t) -> Int32 {
         #expect(log.contains("from the service manager"))
         let cat = try runCommand(executable("whenctl"), ["cat", "-o", "short", "--state-dir", state])
         #expect(cat.output.contains("screen: First") && cat.output.contains("screen: WhileDown"))
+    }
+}
+
+@Suite(.serialized) struct SystemdSocketActivateTests {
+    /// systemd's own activation tool: it binds both sockets, waits for the first connection,
+    /// then starts whend with them (LISTEN_FDS=2, LISTEN_FDNAMES=events:control).
+    @Test(.enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/systemd-socket-activate")))
+    func bothSocketsFromSystemdSocketActivate() throws {
+        let directory = scratchDirectory("sd-activate")
+        let events = directory + "/events.sock"
+        let control = directory + "/control.sock"
+        let log = directory + "/log"
+        // Not Foundation's Process: systemd-socket-activate closes every descriptor it does not
+        // pass on, which Process would take for the child's exit.
+        let pid = try spawn(
+            "/usr/bin/systemd-socket-activate",
+            [
+                "-l", events, "-l", control, "--fdname=events:control",
+                executable("whend"), "--socket", events, "--state-dir", directory + "/state",
+            ], log: log)
+        var exited = false
+        defer { if !exited { kill(pid, SIGKILL) } }
+        // The sockets exist before whend does; the first connection starts it.
+        var answers: [[String: Any]] = []
+        for _ in 0..<100 where answers.acks.isEmpty {
+            answers = (try? exchange(events, [helloWithAcks, #"{"type":"screen","name":"Activated"}"#])) ?? []
+            if answers.acks.isEmpty { usleep(50_000) }
+        }
+        #expect(answers.acks == [1])
+        let status = try runCommand(executable("whenctl"), ["status", "--json", "--control", control])
+        #expect(status.status == 0, "\(status.error)")
+        let object = try JSONSerialization.jsonObject(with: Data(status.output.utf8)) as? [String: Any]
+        // systemd-socket-activate execs whend: the pid that answers is the one it started.
+        #expect(object?["pid"] as? Int == Int(pid))
+        #expect((object?["journal"] as? [String: Any])?["last_seq"] as? Int == 1)
+        kill(pid, SIGTERM)
+        #expect(waitForExit(pid) == 0)
+        exited = true
+        let text = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+        #expect(text.contains("the event socket from the service manager"))
+        #expect(text.contains("the control socket from the service manager"))
     }
 }

@@ -168,3 +168,74 @@ func sendNoisyParts(_ daemon: DaemonProcess, _ parts: Range<Int>) throws {
         #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 30)
     }
 }
+
+extension DaemonProcess {
+    /// The control socket: beside the event socket unless the test says otherwise.
+    var controlPath: String { directory + "/control.sock" }
+
+    /// Runs whenctl against this daemon's control socket.
+    func whenctl(_ arguments: [String]) throws -> (status: Int32, output: String, error: String) {
+        try runCommand(executable("whenctl"), arguments + ["--control", controlPath])
+    }
+
+    /// `whenctl status --json`, parsed.
+    func status() throws -> [String: Any] {
+        let r = try whenctl(["status", "--json"])
+        guard r.status == 0, let o = try JSONSerialization.jsonObject(with: Data(r.output.utf8)) as? [String: Any]
+        else { throw TestFailure(description: "whenctl status failed: \(r.error)") }
+        return o
+    }
+
+    /// Waits until the daemon's log contains `text`.
+    func waitForLog(_ text: String, seconds: Double = 10) -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            if log.contains(text) { return true }
+            usleep(50_000)
+        }
+        return false
+    }
+}
+
+/// A small ext4 filesystem in a file, loop-mounted, that a test can freeze (`fsfreeze`): every
+/// write to it then blocks in the kernel until it is thawed, as on a hung disk.
+final class LoopFilesystem {
+    let mountPoint: String
+    private let image: String
+    private var frozen = false
+
+    init(_ name: String, megabytes: Int = 32) throws {
+        mountPoint = scratchDirectory(name)
+        image = mountPoint + ".img"
+        guard (try runCommand("/usr/bin/truncate", ["-s", "\(megabytes)M", image])).status == 0,
+            (try runCommand("/sbin/mkfs.ext4", ["-q", image])).status == 0,
+            (try runCommand("/bin/mount", ["-o", "loop", image, mountPoint])).status == 0
+        else { throw TestFailure(description: "cannot loop-mount \(image)") }
+    }
+
+    func freeze() throws {
+        guard (try runCommand("/sbin/fsfreeze", ["-f", mountPoint])).status == 0 else {
+            throw TestFailure(description: "fsfreeze -f \(mountPoint) failed")
+        }
+        frozen = true
+    }
+
+    func thaw() {
+        if frozen { _ = try? runCommand("/sbin/fsfreeze", ["-u", mountPoint]) }
+        frozen = false
+    }
+
+    deinit {
+        thaw()
+        _ = try? runCommand("/bin/umount", [mountPoint])
+        unlink(image)
+    }
+
+    /// Root, mkfs.ext4, fsfreeze and loop devices: not every sandbox has them.
+    static let isAvailable: Bool = {
+        guard getuid() == 0, FileManager.default.isExecutableFile(atPath: "/sbin/fsfreeze"),
+            FileManager.default.isExecutableFile(atPath: "/sbin/mkfs.ext4")
+        else { return false }
+        return (try? LoopFilesystem("loop-probe", megabytes: 8)) != nil
+    }()
+}

@@ -1,0 +1,161 @@
+import Foundation
+import Logging
+import WhendJournal
+import WhendWire
+
+/// What a reload did.
+public struct ReloadOutcome: Sendable {
+    /// False when the new configuration was refused and the old one stays.
+    public var applied: Bool
+    /// `key: old → new` for each setting taken up.
+    public var changed: [String]
+    /// Keys whose new value waits for the next restart.
+    public var needRestart: [String]
+    /// Why the new configuration was refused.
+    public var error: String?
+}
+
+extension Daemon {
+    /// The commands of the control socket.
+    static let controlCommands = ["status", "reload", "metrics"]
+
+    func handleControlRequest(_ line: [UInt8]) -> [UInt8] {
+        guard
+            let object = try? JSONSerialization.jsonObject(with: Data(line)) as? [String: Any],
+            let command = object["command"] as? String
+        else {
+            return ControlReply.failure(
+                #"expected one line of JSON like {"command":"status"}; the commands are "#
+                    + Self.controlCommands.joined(separator: ", "))
+        }
+        switch command {
+        case "status":
+            return ControlReply.encode(["ok": true, "status": status()])
+        case "metrics":
+            let text = metrics.prometheusText(
+                journal: writer.statistics, pendingBytes: writer.pendingBytes,
+                directory: configuration.journal.directory)
+            return ControlReply.encode(["ok": true, "metrics": text])
+        case "reload":
+            let outcome = reload(trigger: "whenctl reload")
+            var reply: [String: Any] = [
+                "ok": outcome.applied, "changed": outcome.changed, "need_restart": outcome.needRestart,
+            ]
+            if let error = outcome.error { reply["error"] = error }
+            return ControlReply.encode(reply)
+        default:
+            return ControlReply.failure(
+                "unknown command \"\(command)\"; the commands are \(Self.controlCommands.joined(separator: ", "))")
+        }
+    }
+
+    /// Everything `whenctl status` shows, as JSON-ready values.
+    func status() -> [String: Any] {
+        let configuration = self.configuration
+        let stats = writer.statistics
+        let usage = configuration.journal.directory.usage()
+        let counts = metrics.snapshot
+        var rejected: [String: Int] = [:]
+        for (code, n) in counts.rejected { rejected[code.rawValue] = n }
+        var journal: [String: Any] = [
+            "directory": configuration.journal.directory.path,
+            "last_seq": stats.lastSeq,
+            "records_stored": stats.recordsStored,
+            "duplicates_skipped": stats.duplicatesSkipped,
+            "commits": stats.commits,
+            "segments": usage.segments,
+            "bytes": usage.bytes,
+            "durability": configuration.journal.durability.rawValue,
+        ]
+        journal["failing"] = stats.failing ?? NSNull()
+        var status: [String: Any] = [
+            "version": WhendVersion.current,
+            "pid": Int(getpid()),
+            "uptime_seconds": Int(Date().timeIntervalSince(startedAt)),
+            "socket": configuration.socketPath,
+            "control_socket": configuration.controlSocketPath,
+            "state_dir": configuration.stateDirectory,
+            "config_file": configurationFile ?? NSNull(),
+            "connections": counts.connections,
+            "events_per_second": Int(eventsPerSecond),
+            "events_received": counts.eventsReceived,
+            "events_rejected": rejected,
+            "bytes_received": counts.bytesIn,
+            "replies_dropped": counts.droppedReplies,
+            "pending_bytes": writer.pendingBytes,
+            "journal": journal,
+            "pipelines": [Any](),
+            "status_line": statusLine(),
+        ]
+        if let last = lastReload.withLockedValue({ $0 }) {
+            status["last_reload"] = ["at": ISO8601DateFormatter().string(from: last.at), "outcome": last.outcome]
+        }
+        return status
+    }
+
+    /// Re-reads the configuration and applies what changed, without dropping a connection. An
+    /// invalid configuration is refused and logged, and the one in force stays. Settings that
+    /// cannot change while running (the sockets, the state directory, the de-duplication
+    /// window) are reported as waiting for a restart.
+    public func reload(trigger: String) -> ReloadOutcome {
+        reloadQueue.sync {
+            notifier.reloading()
+            defer { notifier.ready(status: statusLine()) }
+            guard let source = configurationSourceForReload else {
+                return record(
+                    ReloadOutcome(
+                        applied: false, changed: [], needRestart: [],
+                        error: "this daemon was started without a configuration to re-read"), trigger: trigger)
+            }
+            let new: DaemonConfiguration
+            do {
+                new = try source()
+            } catch {
+                return record(
+                    ReloadOutcome(applied: false, changed: [], needRestart: [], error: "\(error)"), trigger: trigger)
+            }
+            let old = configuration
+            var applied = old
+            var outcome = ReloadOutcome(applied: true, changed: [], needRestart: [], error: nil)
+            for difference in Settings.differences(from: old, to: new) {
+                let key = difference.setting.key
+                guard difference.setting.reload == .live else {
+                    outcome.needRestart.append(key)
+                    continue
+                }
+                // Every value renders as the file would spell it, so it applies as it reads.
+                _ = difference.setting.apply(&applied, difference.new)
+                outcome.changed.append("\(key): \(difference.old) → \(difference.new)")
+            }
+            take(applied, from: old)
+            return record(outcome, trigger: trigger)
+        }
+    }
+
+    private func take(_ new: DaemonConfiguration, from old: DaemonConfiguration) {
+        live.replace(new)
+        writer.reconfigure(new.journal)
+        limiter.reconfigure(rate: new.rateLimit, burst: new.rateBurst, by: new.rateLimitBy)
+        if new.socketMode != old.socketMode, activation.events == nil {
+            chmod(new.socketPath, new.socketMode)
+        }
+        if new.logLevel != old.logLevel { setLogLevel(Logger.Level(rawValue: new.logLevel) ?? .info) }
+    }
+
+    private func record(_ outcome: ReloadOutcome, trigger: String) -> ReloadOutcome {
+        let summary: String
+        if let error = outcome.error {
+            summary = "refused: \(error); the configuration in force stays"
+            logger.error("reload (\(trigger)) \(summary)")
+        } else {
+            let changed = outcome.changed.isEmpty ? "nothing changed" : outcome.changed.joined(separator: "; ")
+            let restart =
+                outcome.needRestart.isEmpty
+                ? "" : "; \(outcome.needRestart.joined(separator: ", ")) changed but take(s) effect at the next restart"
+            summary = "applied: \(changed)\(restart)"
+            logger.notice("reload (\(trigger)) \(summary)")
+        }
+        lastReload.withLockedValue { $0 = (Date(), summary) }
+        return outcome
+    }
+}

@@ -1,0 +1,139 @@
+import ArgumentParser
+import Foundation
+import WhendWire
+
+/// Where the control socket is: `--control`, else `$WHEND_CONTROL_SOCKET`, else `control.sock`
+/// beside the event socket (`--socket`, `$WHEND_SOCKET` or the usual places).
+struct ControlOptions: ParsableArguments {
+    @Option(name: .long, help: "The control socket (default: $WHEND_CONTROL_SOCKET, else beside the event socket).")
+    var control: String?
+
+    @Option(name: .long, help: "The event socket whose control socket to use.")
+    var socket: String?
+
+    var path: String {
+        if let control { return control }
+        if let path = ProcessInfo.processInfo.environment["WHEND_CONTROL_SOCKET"], !path.isEmpty { return path }
+        return SocketLocation.controlSocket(besideEventSocket: socket ?? SocketLocation.eventSocket())
+    }
+
+    /// Sends one command and returns the reply; exits 2, saying why, when whend cannot be asked.
+    func request(_ command: String, as name: String) throws -> [String: Any] {
+        let path = self.path
+        do {
+            let connection = try BlockingSocket(path: path)
+            try connection.send(#"{"command":"\#(command)"}"# + "\n")
+            connection.finishSending()
+            var reply: [String: Any]?
+            try connection.receiveLines { line in
+                if reply == nil {
+                    reply = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
+                }
+            }
+            guard let reply else {
+                printError("whenctl \(name): whend closed \(path) without an answer")
+                throw ExitCode(2)
+            }
+            return reply
+        } catch let exit as ExitCode {
+            throw exit
+        } catch {
+            printError(
+                "whenctl \(name): cannot reach whend's control socket: \(error); is whend running? (--control or WHEND_CONTROL_SOCKET name another socket)"
+            )
+            throw ExitCode(2)
+        }
+    }
+}
+
+/// Prints the daemon's refusal and exits 1.
+func failIfRefused(_ reply: [String: Any], as name: String) throws {
+    if reply["ok"] as? Bool != true {
+        printError("whenctl \(name): \(reply["error"] as? String ?? "whend refused")")
+        throw ExitCode(1)
+    }
+}
+
+struct Status: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Show what the running whend is doing: clients, rates, journal, pipelines.")
+
+    @OptionGroup var options: ControlOptions
+
+    @Flag(name: .long, help: "Print the status as JSON.")
+    var json = false
+
+    func run() throws {
+        let reply = try options.request("status", as: "status")
+        try failIfRefused(reply, as: "status")
+        let status = reply["status"] as? [String: Any] ?? [:]
+        if json {
+            let data = try JSONSerialization.data(withJSONObject: status, options: [.sortedKeys, .prettyPrinted])
+            print(String(decoding: data, as: UTF8.self))
+            return
+        }
+        let journal = status["journal"] as? [String: Any] ?? [:]
+        func value(_ object: [String: Any], _ key: String) -> String {
+            guard let v = object[key], !(v is NSNull) else { return "-" }
+            return "\(v)"
+        }
+        print("whend \(value(status, "version")), pid \(value(status, "pid")), up \(value(status, "uptime_seconds")) s")
+        print("  events socket   \(value(status, "socket"))")
+        print("  control socket  \(value(status, "control_socket"))")
+        print(
+            "  configuration   \(value(status, "config_file") == "-" ? "embedded defaults" : value(status, "config_file"))"
+        )
+        print("  clients         \(value(status, "connections"))")
+        print("  events/s        \(value(status, "events_per_second"))")
+        print("  received        \(value(status, "events_received")) events, \(value(status, "bytes_received")) bytes")
+        let rejected = (status["events_rejected"] as? [String: Any] ?? [:]).sorted { $0.key < $1.key }
+        print(
+            "  rejected        \(rejected.isEmpty ? "none" : rejected.map { "\($0.key) \($0.value)" }.joined(separator: ", "))"
+        )
+        print("  journal         \(value(journal, "directory"))")
+        print(
+            "                  last _seq \(value(journal, "last_seq")), \(value(journal, "segments")) segment(s), \(value(journal, "bytes")) bytes, durability \(value(journal, "durability"))"
+        )
+        if let failing = journal["failing"] as? String { print("                  FAILING: \(failing)") }
+        let pipelines = status["pipelines"] as? [[String: Any]] ?? []
+        print("  pipelines       \(pipelines.isEmpty ? "none" : "\(pipelines.count)")")
+        if let reload = status["last_reload"] as? [String: Any] {
+            print("  last reload     \(value(reload, "at")): \(value(reload, "outcome"))")
+        }
+    }
+}
+
+struct Reload: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Make the running whend re-read its configuration and apply what changed.",
+        discussion: """
+            The same as SIGHUP, but it waits for the outcome. An invalid configuration is \
+            refused (exit 1) and the one in force stays; settings that need a restart are named.
+            """)
+
+    @OptionGroup var options: ControlOptions
+
+    func run() throws {
+        let reply = try options.request("reload", as: "reload")
+        try failIfRefused(reply, as: "reload")
+        let changed = reply["changed"] as? [String] ?? []
+        print(changed.isEmpty ? "reloaded: nothing changed" : "reloaded:")
+        for line in changed { print("  \(line)") }
+        for key in reply["need_restart"] as? [String] ?? [] {
+            print("  \(key) changed; it takes effect when whend restarts")
+        }
+    }
+}
+
+struct Metrics: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Print whend's metrics in the Prometheus text format.")
+
+    @OptionGroup var options: ControlOptions
+
+    func run() throws {
+        let reply = try options.request("metrics", as: "metrics")
+        try failIfRefused(reply, as: "metrics")
+        print(reply["metrics"] as? String ?? "", terminator: "")
+    }
+}

@@ -1,0 +1,215 @@
+import Foundation
+import Testing
+import WhendWire
+
+@Suite(.serialized) struct ControlTests {
+    @Test func statusAndMetricsDescribeTheRunningDaemon() throws {
+        let daemon = DaemonProcess("status")
+        try daemon.start()
+        let answers = try exchange(
+            daemon.socketPath, [helloWithAcks, #"{"type":"screen","name":"A"}"#, #"{"type":"bogus"}"#])
+        #expect(answers.acks.last == 2)
+        let status = try daemon.status()
+        #expect(status["pid"] as? Int == Int(daemon.process!.processIdentifier))
+        #expect(status["events_received"] as? Int == 1)
+        #expect((status["events_rejected"] as? [String: Int])?["unknown_type"] == 1)
+        #expect((status["journal"] as? [String: Any])?["last_seq"] as? Int == 1)
+        let human = try daemon.whenctl(["status"])
+        #expect(human.status == 0 && human.output.contains("last _seq 1") && human.output.contains("unknown_type 1"))
+
+        let metrics = try daemon.whenctl(["metrics"])
+        #expect(metrics.status == 0)
+        for line in [
+            "whend_events_received_total 1", "whend_events_stored_total 1",
+            #"whend_events_rejected_total{code="unknown_type"} 1"#, "whend_journal_last_seq 1",
+            "whend_commit_duration_seconds_count 1", "# TYPE whend_commit_duration_seconds histogram",
+            "whend_connections 0",
+        ] {
+            #expect(metrics.output.contains(line), "no \(line) in\n\(metrics.output)")
+        }
+        #expect(metrics.output.contains("whend_journal_bytes "))
+        daemon.stop()
+    }
+
+    /// A reload applies what changed to connections that stay open, refuses an invalid file
+    /// and keeps the configuration in force, and names what needs a restart.
+    @Test func reloadAppliesChangesWithoutDroppingConnectionsAndRefusesBadOnes() throws {
+        let daemon = DaemonProcess("reload")
+        let config = daemon.directory + "/whend.conf"
+        try "durability = fsync\nsocket_mode = 0666\n".write(toFile: config, atomically: true, encoding: .utf8)
+        daemon.environment = ["WHEND_CONFIG": config]
+        try daemon.start()
+        let connection = try BlockingSocket(path: daemon.socketPath)
+        try connection.send(helloWithAcks + "\n")
+        for i in 1...5 { try connection.send(#"{"type":"when","name":"before","id":"b\#(i)"}"# + "\n") }
+
+        try """
+        durability = write
+        socket_mode = 0660
+        rate_limit = 1
+        rate_burst = 2
+        dedup_window = 10
+        """.write(toFile: config, atomically: true, encoding: .utf8)
+        let reload = try daemon.whenctl(["reload"])
+        #expect(reload.status == 0, "\(reload.error)")
+        #expect(reload.output.contains("durability: fsync → write") && reload.output.contains("rate_limit: 0 → 1"))
+        #expect(reload.output.contains("dedup_window changed; it takes effect when whend restarts"))
+        var st = stat()
+        #expect(stat(daemon.socketPath, &st) == 0 && st.st_mode & 0o777 == 0o660)
+        let status = try daemon.status()
+        #expect((status["journal"] as? [String: Any])?["durability"] as? String == "write")
+
+        // The connection opened before the reload is still served, under the new rate limit.
+        for i in 1...10 { try connection.send(#"{"type":"when","name":"after","id":"a\#(i)"}"# + "\n") }
+        connection.finishSending()
+        var lines: [[String: Any]] = []
+        try connection.receiveLines { line in
+            if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] { lines.append(o) }
+        }
+        #expect(lines.acks.last == 15)
+        #expect(lines.errors.filter { $0.code == "rate_limited" }.count >= 7)
+
+        // An invalid file is refused; what is in force stays.
+        try "durability = sometimes\n".write(toFile: config, atomically: true, encoding: .utf8)
+        let refused = try daemon.whenctl(["reload"])
+        #expect(
+            refused.status == 1 && refused.error.contains("durability")
+                && refused.error.contains("fsync, write or none"))
+        #expect(((try daemon.status())["journal"] as? [String: Any])?["durability"] as? String == "write")
+        #expect(daemon.log.contains("the configuration in force stays"))
+        // SIGHUP does the same as whenctl reload.
+        try "durability = none\n".write(toFile: config, atomically: true, encoding: .utf8)
+        kill(daemon.process!.processIdentifier, SIGHUP)
+        #expect(daemon.waitForLog("reload (SIGHUP) applied"))
+        #expect(((try daemon.status())["journal"] as? [String: Any])?["durability"] as? String == "none")
+        #expect(daemon.stop() == 0)
+    }
+
+    /// The control socket checks who is asking (SO_PEERCRED), not only its file mode: even
+    /// with the socket opened to everyone, another user is refused.
+    @Test(.enabled(if: getuid() == 0, "needs root to act as another user"))
+    func theControlSocketRefusesOtherUsersWhateverItsMode() throws {
+        let daemon = DaemonProcess("ctl-cred")
+        try daemon.start()
+        var st = stat()
+        #expect(stat(daemon.controlPath, &st) == 0 && st.st_mode & 0o777 == 0o600)
+        chmod(daemon.controlPath, 0o666)
+        let r = try runCommand(
+            "/usr/bin/setpriv",
+            [
+                "--reuid=65534", "--regid=65534", "--clear-groups", executable("whenctl"), "status", "--control",
+                daemon.controlPath,
+            ])
+        #expect(r.status == 1)
+        #expect(r.error.contains("uid 65534 may not control whend"))
+        #expect(daemon.log.contains("refused a control connection from uid 65534"))
+        // The daemon's own user is served.
+        #expect(try daemon.whenctl(["status"]).status == 0)
+        daemon.stop()
+    }
+
+    @Test func unknownCommandsAndGarbageGetAClearAnswer() throws {
+        let daemon = DaemonProcess("ctl-bad")
+        try daemon.start()
+        for request in [#"{"command":"explode"}"#, "not json", #"{"cmd":1}"#] {
+            let connection = try BlockingSocket(path: daemon.controlPath)
+            try connection.send(request + "\n")
+            var reply: [String: Any]?
+            try connection.receiveLines { line in
+                reply = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
+            }
+            #expect(reply?["ok"] as? Bool == false)
+            #expect((reply?["error"] as? String)?.contains("status, reload, metrics") == true)
+        }
+        #expect(try daemon.whenctl(["status"]).status == 0)
+        daemon.stop()
+    }
+}
+
+@Suite(.serialized) struct RateLimitTests {
+    /// By default the limit is per process: two connections of one process share it.
+    @Test func connectionsOfOneProcessShareItsAllowance() throws {
+        let daemon = DaemonProcess("rate-pid", arguments: ["--rate-limit", "0.001", "--rate-burst", "6"])
+        try daemon.start()
+        var stored = 0
+        var limited = 0
+        for connection in 0..<2 {
+            var lines = [helloWithAcks]
+            for i in 1...5 { lines.append(#"{"type":"when","name":"tap","id":"c\#(connection)-\#(i)"}"#) }
+            let answers = try exchange(daemon.socketPath, lines)
+            let refused = answers.errors.filter { $0.code == "rate_limited" }.count
+            limited += refused
+            stored += 5 - refused
+        }
+        #expect(stored == 6 && limited == 4)
+        #expect(daemon.records().count == 6)
+        daemon.stop()
+    }
+
+    /// What was suppressed is summed up on a timer, without the sender speaking again.
+    @Test func suppressedEventsAreReportedOnATimer() throws {
+        let daemon = DaemonProcess(
+            "rate-report",
+            arguments: ["--rate-limit", "0.001", "--rate-burst", "1", "--rate-limit-report-interval", "0.5"])
+        try daemon.start()
+        var lines = [helloWithAcks]
+        for i in 1...20 { lines.append(#"{"type":"when","name":"tap","id":"t\#(i)"}"#) }
+        let answers = try exchange(daemon.socketPath, lines)
+        #expect(answers.errors.filter { $0.code == "rate_limited" }.count == 19)
+        #expect(daemon.waitForLog("rate limit: suppressed 19 event(s) from pid \(getpid())"))
+        let metrics = try daemon.whenctl(["metrics"])
+        #expect(metrics.output.contains(#"whend_events_rejected_total{code="rate_limited"} 19"#))
+        daemon.stop()
+    }
+
+    @Test func perUserLimitsCountEveryProcessOfTheUser() throws {
+        let daemon = DaemonProcess(
+            "rate-uid", arguments: ["--rate-limit", "0.001", "--rate-burst", "3", "--rate-limit-by", "uid"])
+        try daemon.start()
+        // This test process and a whenctl process: one user, one allowance of 3.
+        var lines = [helloWithAcks]
+        for i in 1...2 { lines.append(#"{"type":"when","name":"mine","id":"m\#(i)"}"#) }
+        #expect(try exchange(daemon.socketPath, lines).errors.isEmpty)
+        let emit = try runCommand(
+            executable("whenctl"),
+            ["emit", "--socket", daemon.socketPath, #"{"type":"when","name":"a"}"#, #"{"type":"when","name":"b"}"#])
+        #expect(emit.status == 1 && emit.error.contains("rate_limited"))
+        #expect(daemon.records().count == 3)
+        daemon.stop()
+    }
+}
+
+@Suite(.serialized) struct GracefulStopTests {
+    /// SIGTERM in the middle of a stream with acks: every acked event is stored, nothing that
+    /// was not acked is, every line whend read was acked or refused, and whend exits 0.
+    @Test func sigtermDuringAStreamLosesNoAckedEvent() throws {
+        for round in 0..<3 {
+            let daemon = DaemonProcess("stop-stream")
+            try daemon.start()
+            let connection = try BlockingSocket(path: daemon.socketPath)
+            try connection.send(helloWithAcks + "\n")
+            let sender = Thread {
+                for i in 1...200_000 {
+                    let line = #"{"type":"when","name":"stream","id":"\#(i)","params":{"i":\#(i)}}"# + "\n"
+                    if (try? connection.send(line)) == nil { return }
+                }
+            }
+            sender.start()
+            usleep(UInt32(100_000 + round * 150_000))
+            kill(daemon.process!.processIdentifier, SIGTERM)
+            var lastAck = 0
+            var refused: Set<Int> = []
+            try? connection.receiveLines { line in
+                guard let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] else { return }
+                if let a = o["ack"] as? Int { lastAck = a }
+                if let e = (o["error"] as? [String: Any])?["event"] as? Int { refused.insert(e) }
+            }
+            #expect(daemon.stop() == 0)
+            #expect(lastAck > 0)
+            let ids = daemon.records().compactMap { ($0["id"] as? String).flatMap(Int.init) }
+            // Exactly the acked lines, each once, in order, less those refused.
+            #expect(ids == (1...lastAck).filter { !refused.contains($0) }, "round \(round): last ack \(lastAck)")
+            #expect(daemon.log.contains("sealed"))
+        }
+    }
+}
