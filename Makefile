@@ -1,18 +1,28 @@
 # whend — two commands do all the set-up: `make run` and `make test`.
 SWIFT ?= swift
-# C libraries and tools whend builds and tests with, from Debian.
+# C libraries and tools whend builds with, from Debian.
 DEBIAN_PACKAGES := libzstd-dev libsystemd-dev zstd pkg-config
+# What the tests use besides: systemd-socket-activate and systemd-analyze (systemd), a small
+# ext4 filesystem to freeze (e2fsprogs, util-linux), strip for the .deb (binutils).
+TEST_PACKAGES := systemd e2fsprogs util-linux binutils
 
-.PHONY: deps build release run test soak lint bench fuzz clean
+.PHONY: deps test-deps build release run test soak lint bench fuzz deb package-check clean
 
 # Installs what is missing, and nothing when all is there (so `make run` needs no root twice).
-deps:
-	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+define install_missing
+	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		if [ "$$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi; \
 		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing; \
 	fi
+endef
+
+deps:
+	$(call install_missing,$(DEBIAN_PACKAGES))
+
+test-deps:
+	$(call install_missing,$(DEBIAN_PACKAGES) $(TEST_PACKAGES))
 
 build: deps
 	$(SWIFT) build
@@ -24,7 +34,7 @@ release: deps
 run: build
 	.build/debug/whend
 
-test: deps
+test: test-deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
 
@@ -62,9 +72,20 @@ fuzz: deps
 	done; \
 	if ls Fuzz/findings/* >/dev/null 2>&1; then echo "findings in Fuzz/findings/: make each a regression test"; exit 1; fi
 
+# An installable package: static release binaries, units, default configuration, docs.
+deb: test-deps
+	packaging/build-deb.sh .build-deb
+
+# The units as systemd sees them: `verify` (the binaries they name must be installed, so
+# install the .deb first) and the hardening score (exposure at most 2.0).
+package-check: test-deps
+	systemd-analyze verify /lib/systemd/system/whend.service /lib/systemd/system/whend.socket \
+		/lib/systemd/system/whend-control.socket
+	systemd-analyze security --offline=yes --threshold=20 /lib/systemd/system/whend.service
+
 lint:
 	$(SWIFT) format lint --strict --recursive Sources Tests Package.swift Benchmarks/Sources Benchmarks/Package.swift \
 		Fuzz/Sources Fuzz/Package.swift
 
 clean:
-	rm -rf .build
+	rm -rf .build .build-static .build-deb

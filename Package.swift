@@ -59,7 +59,8 @@ let package = Package(
         .testTarget(name: "WhendJournalTests", dependencies: ["WhendJournal", "WhendWire"]),
         // End to end: real whend and whenctl processes on real sockets. Depends on the
         // executables so that `swift test` builds them beside the test bundle.
-        .testTarget(name: "WhendTests", dependencies: ["WhendWire", "WhendJournal", "whend", "whenctl"]),
+        .testTarget(
+            name: "WhendTests", dependencies: ["WhendWire", "WhendJournal", "WhendDaemon", "whend", "whenctl"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import WhendDaemon
 import WhendWire
 
 @Suite(.serialized) struct ConfigurationTests {
@@ -68,5 +69,41 @@ import WhendWire
         #expect(r5.output.contains("configuration OK") && r5.output.contains("\(directory)/s.sock"))
         // --check-config starts nothing.
         #expect(!FileManager.default.fileExists(atPath: directory + "/s.sock"))
+    }
+}
+
+/// Every setting is documented where users look: the README's table and the packaged file.
+@Suite struct DocumentationTests {
+    static let root: String = {
+        var url = URL(fileURLWithPath: #filePath)
+        for _ in 0..<3 { url.deleteLastPathComponent() }
+        return url.path
+    }()
+
+    @Test func everyKeyIsInTheReadmeAndTheDefaultConfiguration() throws {
+        let readme = try String(contentsOfFile: Self.root + "/README.md", encoding: .utf8)
+        let packaged = try String(contentsOfFile: Self.root + "/packaging/whend.conf", encoding: .utf8)
+        let defaults = DaemonConfiguration(environment: [:])
+        for setting in Settings.all {
+            #expect(readme.contains("| `\(setting.key)` |"), "README has no row for \(setting.key)")
+            #expect(packaged.contains("\n#\(setting.key) = "), "packaging/whend.conf does not show \(setting.key)")
+            // The packaged file shows the embedded default (paths differ under systemd).
+            if setting.reload == .live || setting.key == "dedup_window" {
+                #expect(
+                    packaged.contains("\n#\(setting.key) = \(setting.value(defaults))\n"),
+                    "packaging/whend.conf shows another default for \(setting.key) than \(setting.value(defaults))")
+            }
+        }
+    }
+
+    /// The packaged file, uncommented, is a valid configuration.
+    @Test func theDefaultConfigurationParsesWhenUncommented() throws {
+        let packaged = try String(contentsOfFile: Self.root + "/packaging/whend.conf", encoding: .utf8)
+        let uncommented = packaged.split(separator: "\n")
+            .filter { $0.hasPrefix("#") && $0.dropFirst().first?.isLowercase == true && $0.contains(" = ") }
+            .map { $0.dropFirst() }.joined(separator: "\n")
+        var configuration = DaemonConfiguration(environment: [:])
+        try Settings.apply(try Settings.parse(uncommented, path: "whend.conf"), to: &configuration)
+        #expect(configuration.journal.durability == .fsync)
     }
 }
