@@ -9,6 +9,7 @@ let package = Package(
         .executable(name: "whenctl", targets: ["whenctl"]),
         .library(name: "WhendWire", targets: ["WhendWire"]),
         .library(name: "WhendJournal", targets: ["WhendJournal"]),
+        .library(name: "WhendDaemon", targets: ["WhendDaemon"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.3"),

@@ -22,6 +22,11 @@ let package = Package(
             ],
             swiftSettings: fuzzTarget
         ),
+        .executableTarget(
+            name: "FuzzConfiguration",
+            dependencies: [.product(name: "WhendDaemon", package: "main")],
+            swiftSettings: fuzzTarget
+        ),
     ],
     swiftLanguageModes: [.v6]
 )

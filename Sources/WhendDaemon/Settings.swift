@@ -229,7 +229,9 @@ public enum Settings {
     public static func parse(_ text: String, path: String) throws(SettingError) -> [SettingValue] {
         var values: [SettingValue] = []
         var seen: [String: Int] = [:]
-        for (number, raw) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+        // Any newline ends a line: "\r\n" is one Character in Swift, so splitting on "\n" alone
+        // would join a CRLF file into one line.
+        for (number, raw) in text.split(omittingEmptySubsequences: false, whereSeparator: \.isNewline).enumerated() {
             let source = "\(path):\(number + 1)"
             var line = Substring(raw)
             if let hash = line.firstIndex(of: "#"), !line[..<hash].contains("\"") { line = line[..<hash] }
@@ -241,20 +243,34 @@ public enum Settings {
             let key = trimmed[..<eq].trimmingCharacters(in: .whitespaces)
             var value = trimmed[trimmed.index(after: eq)...].trimmingCharacters(in: .whitespaces)
             if value.hasPrefix("\"") {
-                guard value.count >= 2, value.hasSuffix("\"") else {
-                    throw SettingError(description: "\(source): the quoted value of \(key) is not closed")
-                }
+                // Up to the closing quote, with \" and \\ as escapes; then only a comment.
                 var unquoted = ""
                 var escaped = false
-                for ch in value.dropFirst().dropLast() {
+                var closing: String.Index?
+                var i = value.index(after: value.startIndex)
+                while i < value.endIndex {
+                    let ch = value[i]
                     if escaped {
                         unquoted.append(ch)
                         escaped = false
                     } else if ch == "\\" {
                         escaped = true
+                    } else if ch == "\"" {
+                        closing = i
+                        break
                     } else {
                         unquoted.append(ch)
                     }
+                    i = value.index(after: i)
+                }
+                guard let closing else {
+                    throw SettingError(description: "\(source): the quoted value of \(key) is not closed")
+                }
+                let rest = value[value.index(after: closing)...].trimmingCharacters(in: .whitespaces)
+                guard rest.isEmpty || rest.hasPrefix("#") else {
+                    throw SettingError(
+                        description: "\(source): \"\(rest)\" after the quoted value of \(key); put a # before a comment"
+                    )
                 }
                 value = unquoted
             } else if let hash = value.firstIndex(of: "#") {

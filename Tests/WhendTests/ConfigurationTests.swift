@@ -107,3 +107,21 @@ import WhendWire
         #expect(configuration.journal.durability == .fsync)
     }
 }
+
+@Suite struct ConfigurationFileTests {
+    func parse(_ text: String) throws -> DaemonConfiguration {
+        var configuration = DaemonConfiguration(environment: [:])
+        try Settings.apply(try Settings.parse(text, path: "t.conf"), to: &configuration)
+        return configuration
+    }
+
+    @Test func quotedValuesMayCarryHashesQuotesAndAComment() throws {
+        let c = try parse(#"socket = "/tmp/a b/#c\"d\\.sock"   # the socket"# + "\r\ndurability = write\r\n")
+        #expect(c.socketPath == #"/tmp/a b/#c"d\.sock"#)
+        #expect(c.journal.durability == .write)
+        // Written back out, it reads back the same.
+        #expect(try Settings.render(parse(Settings.render(c))) == Settings.render(c))
+        #expect(throws: SettingError.self) { try parse(#"socket = "/a" trailing"#) }
+        #expect(throws: SettingError.self) { try parse(#"socket = "/a\"#) }
+    }
+}
