@@ -84,7 +84,7 @@ package-check: test-deps
 	systemd-analyze security --offline=yes --threshold=20 /lib/systemd/system/whend.service
 
 lint:
-	$(SWIFT) format lint --strict --recursive Sources Tests Package.swift Benchmarks/Sources Benchmarks/Package.swift \
+	$(SWIFT) format lint --strict --recursive Sources Tests Plugins Package.swift Benchmarks/Sources Benchmarks/Package.swift \
 		Fuzz/Sources Fuzz/Package.swift
 
 clean:

@@ -10,6 +10,10 @@ let package = Package(
         .library(name: "WhendWire", targets: ["WhendWire"]),
         .library(name: "WhendJournal", targets: ["WhendJournal"]),
         .library(name: "WhendDaemon", targets: ["WhendDaemon"]),
+        // For plugin authors: the Swift SDK over the C ABI (Sources/CWhendPlugin/include).
+        .library(name: "WhendPluginSDK", targets: ["WhendPluginSDK"]),
+        // Plugins, as shared libraries loaded with dlopen.
+        .library(name: "redact", type: .dynamic, targets: ["RedactPlugin"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.3"),
@@ -23,6 +27,13 @@ let package = Package(
         .systemLibrary(name: "CZstd", pkgConfig: "libzstd", providers: [.apt(["libzstd-dev"])]),
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
 
+        // The plugin ABI: a C header, checked by the host before it calls anything.
+        .target(name: "CWhendPlugin"),
+        // The ABI version as exported data, linked into every plugin built with the SDK.
+        .target(name: "CWhendPluginABI", dependencies: ["CWhendPlugin"]),
+        .target(name: "WhendPluginSDK", dependencies: ["CWhendPlugin", "CWhendPluginABI"]),
+        .target(name: "RedactPlugin", dependencies: ["WhendPluginSDK"], path: "Plugins/Redact"),
+
         // The wire format (PROTOCOL.md): framing, the validating scanner, normalisation. No NIO.
         .target(name: "WhendWire"),
         // The append-only zstd journal: writer, recovery, reader, index, verify. No NIO.
@@ -32,7 +43,7 @@ let package = Package(
         .target(
             name: "WhendDaemon",
             dependencies: [
-                "WhendWire", "WhendJournal", "CSystemd",
+                "WhendWire", "WhendJournal", "CSystemd", "CWhendPlugin",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

@@ -97,6 +97,12 @@ public final class Daemon: Sendable {
         } onCommit: { records, bytes, seconds in
             metrics.committed(records: records, bytes: bytes, seconds: seconds)
         }
+        do {
+            let ingest = try buildIngestChain(configuration, reusing: nil)
+            live.replace(configuration, ingest: ingest)
+        } catch {
+            throw DaemonStartError(description: "cannot start the ingest plugins: \(error.description)")
+        }
         let server = try listenForEvents(configuration)
         serverChannel.withLockedValue { $0 = server.channel }
         let control = try listenForControl(configuration)

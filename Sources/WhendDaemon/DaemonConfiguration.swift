@@ -37,6 +37,12 @@ public struct DaemonConfiguration: Sendable {
     public var shutdownTimeout: TimeInterval = 10
     /// trace, debug, info, notice, warning, error or critical.
     public var logLevel: String = "info"
+    /// Where plugin libraries may be loaded from.
+    public var pluginDirectories: [String] = []
+    /// The ingest middleware, in order, by plugin name.
+    public var ingestPlugins: [String] = []
+    /// Each plugin's configuration, a JSON object, by plugin name (`plugin.<name>` keys).
+    public var pluginConfigurations: [String: String] = [:]
     /// Event-loop threads (0: one per core).
     public var eventLoopThreads: Int = 0
 

@@ -1,3 +1,4 @@
+import CWhendPlugin
 import Foundation
 import Logging
 import WhendJournal
@@ -17,7 +18,7 @@ public struct ReloadOutcome: Sendable {
 
 extension Daemon {
     /// The commands of the control socket.
-    static let controlCommands = ["status", "reload", "metrics"]
+    static let controlCommands = ["status", "reload", "metrics", "plugins"]
 
     func handleControlRequest(_ line: [UInt8]) -> [UInt8] {
         guard
@@ -36,6 +37,8 @@ extension Daemon {
                 journal: writer.statistics, pendingBytes: writer.pendingBytes,
                 directory: configuration.journal.directory)
             return ControlReply.encode(["ok": true, "metrics": text])
+        case "plugins":
+            return ControlReply.encode(["ok": true, "plugins": pluginList()])
         case "reload":
             let outcome = reload(trigger: "whenctl reload")
             var reply: [String: Any] = [
@@ -85,6 +88,7 @@ extension Daemon {
             "pending_bytes": writer.pendingBytes,
             "journal": journal,
             "pipelines": [Any](),
+            "plugins": pluginList(),
             "status_line": statusLine(),
         ]
         if let last = lastReload.withLockedValue({ $0 }) {
@@ -98,7 +102,7 @@ extension Daemon {
     /// cannot change while running (the sockets, the state directory, the de-duplication
     /// window) are reported as waiting for a restart.
     public func reload(trigger: String) -> ReloadOutcome {
-        reloadQueue.sync {
+        reloadQueue.sync { () -> ReloadOutcome in
             notifier.reloading()
             defer { notifier.ready(status: statusLine()) }
             guard let source = configurationSourceForReload else {
@@ -115,6 +119,14 @@ extension Daemon {
                     ReloadOutcome(applied: false, changed: [], needRestart: [], error: "\(error)"), trigger: trigger)
             }
             let old = configuration
+            let ingest: IngestChain
+            do {
+                ingest = try buildIngestChain(new, reusing: live.ingest)
+            } catch {
+                return record(
+                    ReloadOutcome(applied: false, changed: [], needRestart: [], error: "\(error)"),
+                    trigger: trigger)
+            }
             var applied = old
             var outcome = ReloadOutcome(applied: true, changed: [], needRestart: [], error: nil)
             for difference in Settings.differences(from: old, to: new) {
@@ -127,13 +139,13 @@ extension Daemon {
                 _ = difference.setting.apply(&applied, difference.new)
                 outcome.changed.append("\(key): \(difference.old) → \(difference.new)")
             }
-            take(applied, from: old)
+            take(applied, ingest: ingest, from: old)
             return record(outcome, trigger: trigger)
         }
     }
 
-    private func take(_ new: DaemonConfiguration, from old: DaemonConfiguration) {
-        live.replace(new)
+    private func take(_ new: DaemonConfiguration, ingest: IngestChain, from old: DaemonConfiguration) {
+        live.replace(new, ingest: ingest)
         writer.reconfigure(new.journal)
         limiter.reconfigure(rate: new.rateLimit, burst: new.rateBurst, by: new.rateLimitBy)
         if new.socketMode != old.socketMode, activation.events == nil {
@@ -157,5 +169,43 @@ extension Daemon {
         }
         lastReload.withLockedValue { $0 = (Date(), summary) }
         return outcome
+    }
+}
+
+extension Daemon {
+    /// Loads and starts the ingest plugins `configuration` names, in order. An instance whose
+    /// library and configuration are unchanged is kept rather than started again.
+    func buildIngestChain(_ configuration: DaemonConfiguration, reusing old: IngestChain?) throws(PluginLoadError)
+        -> IngestChain
+    {
+        var plugins: [PluginInstance] = []
+        for name in configuration.ingestPlugins {
+            let library = try PluginLibrary.load(name: name, directories: configuration.pluginDirectories)
+            guard library.roles & WHEND_ROLE_INGEST != 0 else {
+                throw PluginLoadError(
+                    description: "plugin \(name) (\(library.path)) is not ingest middleware; it cannot be in ingest")
+            }
+            let settings = configuration.pluginConfigurations[name] ?? "{}"
+            if let kept = old?.plugins.first(where: { $0.library === library && $0.configuration == settings }) {
+                plugins.append(kept)
+                continue
+            }
+            plugins.append(
+                try PluginInstance(
+                    library: library, configuration: settings,
+                    stateDirectory: configuration.stateDirectory + "/plugins/" + name, logger: logger))
+        }
+        return IngestChain(plugins)
+    }
+
+    func pluginList() -> [[String: Any]] {
+        live.ingest.plugins.map { p in
+            [
+                "name": p.name, "version": p.library.version, "abi": Int(p.library.abiVersion), "path": p.library.path,
+                "roles": (p.library.roles & WHEND_ROLE_INGEST != 0 ? ["ingest"] : [])
+                    + (p.library.roles & WHEND_ROLE_PIPELINE != 0 ? ["pipeline"] : []),
+                "routes": ["ingest"], "state": "running", "counters": p.counters,
+            ]
+        }
     }
 }

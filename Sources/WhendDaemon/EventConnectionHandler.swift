@@ -34,6 +34,9 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     private let connectionID: UInt64
     private var framer: LineFramer
     private var encoder: RecordEncoder
+    private var ingest: IngestChain
+    /// The record as ingest middleware sees it: `{` and the body.
+    private var ingestRecord: [UInt8] = []
 
     private var members: [EventMember] = []
     private var sawFirstLine = false
@@ -58,6 +61,7 @@ final class EventConnectionHandler: ChannelDuplexHandler {
         self.live = live
         self.generation = live.generation
         self.configuration = live.current
+        self.ingest = live.ingest
         self.counters = counters
         self.limiter = limiter
         self.credentials = credentials
@@ -78,6 +82,7 @@ final class EventConnectionHandler: ChannelDuplexHandler {
             let lineLimit = configuration.maxEventBytes
             configuration = live.current
             configuration.maxEventBytes = lineLimit
+            ingest = live.ingest
         }
         counters.add(bytesIn: buffer.readableBytes)
         // A fresh batch grows to about the size of what was read plus the trusted fields:
@@ -234,11 +239,51 @@ final class EventConnectionHandler: ChannelDuplexHandler {
                         ), context: context)
                     return
                 }
+                let bodyStart = batch.bodies.count
                 let key = encoder.appendBody(of: event, line: bytes, to: &batch.bodies)
+                if !ingest.isEmpty && !passIngest(bodyFrom: bodyStart, context: context) { return }
                 batch.ends.append(batch.bodies.count)
                 if let key { batch.keys.append((batch.ends.count - 1, key)) }
                 batchLines.append(lineNumber)
             }
+        }
+    }
+
+    /// Runs the record just encoded at `bodyFrom` through the ingest middleware. Returns false
+    /// when it is not to be stored (dropped, or rejected with an answer to the client).
+    private func passIngest(bodyFrom start: Int, context: ChannelHandlerContext) -> Bool {
+        ingestRecord.removeAll(keepingCapacity: true)
+        ingestRecord.append(UInt8(ascii: "{"))
+        ingestRecord.append(contentsOf: batch.bodies[start...])
+        let outcome = ingestRecord.withUnsafeBufferPointer { ingest.run($0) }
+        switch outcome {
+        case .unchanged:
+            return true
+        case .changed(let output):
+            do {
+                let body = try output.withUnsafeBufferPointer { out in
+                    try ingestRecord.withUnsafeBufferPointer { original in
+                        try IngestRewrite.body(output: out, original: original)
+                    }
+                }
+                batch.bodies.removeSubrange(start...)
+                batch.bodies.append(contentsOf: body)
+                return true
+            } catch {
+                batch.bodies.removeSubrange(start...)
+                reject(
+                    lineNumber,
+                    WireError(.rejected, "an ingest plugin changed the event into something invalid: \(error)"),
+                    context: context)
+                return false
+            }
+        case .dropped:
+            batch.bodies.removeSubrange(start...)
+            return false
+        case .rejected(let message):
+            batch.bodies.removeSubrange(start...)
+            reject(lineNumber, WireError(.rejected, message), context: context)
+            return false
         }
     }
 

@@ -71,9 +71,10 @@ public enum Settings {
 
     public static let all: [Setting] = [
         Setting(
-            key: "socket", allowed: "a path", help: "the event socket", reload: .restart, value: { $0.socketPath }
+            key: "socket", allowed: "an absolute path", help: "the event socket", reload: .restart,
+            value: { $0.socketPath }
         ) { c, v in
-            guard !v.isEmpty else { return false }
+            guard v.hasPrefix("/") else { return false }
             c.socketPath = v
             return true
         },
@@ -86,19 +87,19 @@ public enum Settings {
             return true
         },
         Setting(
-            key: "control_socket", allowed: "a path",
+            key: "control_socket", allowed: "an absolute path",
             help: "the control socket (whenctl status, reload, metrics); default: control.sock beside the event socket",
             reload: .restart, value: { $0.controlSocketPath }
         ) { c, v in
-            guard !v.isEmpty else { return false }
+            guard v.hasPrefix("/") else { return false }
             c.controlSocketOverride = v
             return true
         },
         Setting(
-            key: "state_dir", allowed: "a path", help: "the state directory; the journal is journal/ inside",
+            key: "state_dir", allowed: "an absolute path", help: "the state directory; the journal is journal/ inside",
             reload: .restart, value: { $0.stateDirectory }
         ) { c, v in
-            guard !v.isEmpty else { return false }
+            guard v.hasPrefix("/") else { return false }
             c.setStateDirectory(v)
             return true
         },
@@ -172,6 +173,22 @@ public enum Settings {
             key: "shutdown_timeout", allowed: "seconds, 0 or more", help: "how long a graceful stop waits",
             reload: .live, value: { number($0.shutdownTimeout) }, apply: seconds { $0.shutdownTimeout = $1 }),
         Setting(
+            key: "plugin_dirs", allowed: "directories separated by ':'",
+            help: "where plugins load from (owned by root or whend's user, not writable by others)", reload: .live,
+            value: { $0.pluginDirectories.joined(separator: ":") }
+        ) { c, v in
+            c.pluginDirectories = v.split(separator: ":").map { String($0) }
+            return c.pluginDirectories.allSatisfy { $0.hasPrefix("/") }
+        },
+        Setting(
+            key: "ingest", allowed: "plugin names separated by ','", help: "the ingest middleware, in order",
+            reload: .live, value: { $0.ingestPlugins.joined(separator: ",") }
+        ) { c, v in
+            c.ingestPlugins = v.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
+                .filter { !$0.isEmpty }
+            return true
+        },
+        Setting(
             key: "log_level", allowed: "trace, debug, info, notice, warning, error or critical", help: "log level",
             reload: .live, value: { $0.logLevel }
         ) { c, v in
@@ -181,11 +198,38 @@ public enum Settings {
         },
     ]
 
+    /// `plugin.<name> = {json}`: a plugin's configuration, one key per plugin.
+    static func pluginSetting(_ name: String) -> Setting {
+        Setting(
+            key: "plugin.\(name)", allowed: "a JSON object", help: "the configuration of plugin \(name)",
+            reload: .live, value: { $0.pluginConfigurations[name] ?? "" }
+        ) { c, v in
+            guard !v.isEmpty else {
+                c.pluginConfigurations[name] = nil
+                return true
+            }
+            guard (try? JSONSerialization.jsonObject(with: Data(v.utf8))) is [String: Any] else { return false }
+            c.pluginConfigurations[name] = v
+            return true
+        }
+    }
+
+    static func setting(_ key: String) -> Setting? {
+        if key.hasPrefix("plugin."), key.count > 7 { return pluginSetting(String(key.dropFirst(7))) }
+        return all.first { $0.key == key }
+    }
+
+    /// The fixed settings and one for each plugin configured in either configuration.
+    static func settings(of configurations: DaemonConfiguration...) -> [Setting] {
+        let plugins = Set(configurations.flatMap { $0.pluginConfigurations.keys }).sorted()
+        return all + plugins.map(pluginSetting)
+    }
+
     /// The settings whose values differ between two configurations.
     public static func differences(from old: DaemonConfiguration, to new: DaemonConfiguration) -> [(
         setting: Setting, old: String, new: String
     )] {
-        all.compactMap { s in
+        settings(of: old, new).compactMap { s in
             let (a, b) = (s.value(old), s.value(new))
             return a == b ? nil : (s, a, b)
         }
@@ -193,7 +237,7 @@ public enum Settings {
 
     /// The whole configuration as a file would spell it, one `key = value` a line.
     public static func render(_ configuration: DaemonConfiguration) -> String {
-        all.map { setting in
+        settings(of: configuration).map { setting in
             let value = setting.value(configuration)
             let plain =
                 !value.contains { $0 == "#" || $0 == "\"" || $0 == "\\" }
@@ -211,10 +255,11 @@ public enum Settings {
     public static func apply(_ values: [SettingValue], to configuration: inout DaemonConfiguration) throws(SettingError)
     {
         for v in values {
-            guard let setting = all.first(where: { $0.key == v.key }) else {
+            guard let setting = setting(v.key) else {
                 throw SettingError(
                     description:
-                        "\(v.source): unknown key \"\(v.key)\"; the keys are \(all.map(\.key).joined(separator: ", "))")
+                        "\(v.source): unknown key \"\(v.key)\"; the keys are \(all.map(\.key).joined(separator: ", ")) and plugin.<name>"
+                )
             }
             guard setting.apply(&configuration, v.value) else {
                 throw SettingError(

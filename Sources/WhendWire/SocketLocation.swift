@@ -24,7 +24,9 @@ public enum SocketLocation {
 
     /// The control socket that goes with an event socket: `control.sock` beside it.
     public static func controlSocket(besideEventSocket path: String) -> String {
-        (path as NSString).deletingLastPathComponent + "/control.sock"
+        // By bytes, not NSString: Foundation's path functions trap on some odd strings.
+        guard let slash = path.utf8.lastIndex(of: UInt8(ascii: "/")) else { return "control.sock" }
+        return String(path[..<slash]) + "/control.sock"
     }
 
     /// The state directory: `$STATE_DIRECTORY`, else `$XDG_STATE_HOME/whend`, else

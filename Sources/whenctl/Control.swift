@@ -137,3 +137,34 @@ struct Metrics: ParsableCommand {
         print(reply["metrics"] as? String ?? "", terminator: "")
     }
 }
+
+struct Plugins: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "List the plugins the running whend has loaded.")
+
+    @OptionGroup var options: ControlOptions
+
+    @Flag(name: .long, help: "Print the list as JSON.")
+    var json = false
+
+    func run() throws {
+        let reply = try options.request("plugins", as: "plugins")
+        try failIfRefused(reply, as: "plugins")
+        let plugins = reply["plugins"] as? [[String: Any]] ?? []
+        if json {
+            let data = try JSONSerialization.data(withJSONObject: plugins, options: [.sortedKeys, .prettyPrinted])
+            print(String(decoding: data, as: UTF8.self))
+            return
+        }
+        if plugins.isEmpty { print("no plugins loaded") }
+        for p in plugins {
+            let routes = (p["routes"] as? [String] ?? []).joined(separator: ", ")
+            let counters = (p["counters"] as? [String: Any] ?? [:]).sorted { $0.key < $1.key }
+                .map { "\($0.key) \($0.value)" }.joined(separator: ", ")
+            print(
+                "\(p["name"] ?? "?") \(p["version"] ?? "?") (ABI \(p["abi"] ?? "?")) \(p["state"] ?? "?") in \(routes)\(counters.isEmpty ? "" : "; \(counters)")"
+            )
+            print("  \(p["path"] ?? "")")
+        }
+    }
+}

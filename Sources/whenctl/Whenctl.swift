@@ -10,7 +10,9 @@ struct Whenctl: ParsableCommand {
         abstract:
             "whend's companion: emit events; read, follow and verify the journal; status, reload and metrics of the daemon.",
         version: WhendVersion.current,
-        subcommands: [Emit.self, Cat.self, Tail.self, Verify.self, Status.self, Reload.self, Metrics.self]
+        subcommands: [
+            Emit.self, Cat.self, Tail.self, Verify.self, Status.self, Reload.self, Metrics.self, Plugins.self,
+        ]
     )
 }
 

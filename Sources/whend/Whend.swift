@@ -89,6 +89,12 @@ struct Whend: ParsableCommand {
     @Option(name: .long, help: "Seconds a graceful stop waits for connections to drain; default 10. (shutdown_timeout)")
     var shutdownTimeout: String?
 
+    @Option(name: .long, help: "Directories plugins load from, separated by ':'. (plugin_dirs)")
+    var pluginDirs: String?
+
+    @Option(name: .long, help: "The ingest middleware, plugin names in order, separated by ','. (ingest)")
+    var ingest: String?
+
     @Option(name: .long, help: "trace, debug, info (default), notice, warning, error, critical. (log_level)")
     var logLevel: String?
 
@@ -103,7 +109,7 @@ struct Whend: ParsableCommand {
             ("rate_burst", rateBurst), ("rate_limit_by", rateLimitBy),
             ("rate_limit_report_interval", rateLimitReportInterval), ("max_pending_bytes", maxPendingBytes),
             ("shutdown_timeout", shutdownTimeout),
-            ("log_level", logLevel),
+            ("plugin_dirs", pluginDirs), ("ingest", ingest), ("log_level", logLevel),
         ]
         return pairs.compactMap { key, value in
             value.map { SettingValue(key: key, value: $0, source: "--" + key.replacingOccurrences(of: "_", with: "-")) }

@@ -88,7 +88,7 @@ import WhendWire
             #expect(readme.contains("| `\(setting.key)` |"), "README has no row for \(setting.key)")
             #expect(packaged.contains("\n#\(setting.key) = "), "packaging/whend.conf does not show \(setting.key)")
             // The packaged file shows the embedded default (paths differ under systemd).
-            if setting.reload == .live || setting.key == "dedup_window" {
+            if (setting.reload == .live || setting.key == "dedup_window") && !setting.value(defaults).isEmpty {
                 #expect(
                     packaged.contains("\n#\(setting.key) = \(setting.value(defaults))\n"),
                     "packaging/whend.conf shows another default for \(setting.key) than \(setting.value(defaults))")
@@ -113,6 +113,17 @@ import WhendWire
         var configuration = DaemonConfiguration(environment: [:])
         try Settings.apply(try Settings.parse(text, path: "t.conf"), to: &configuration)
         return configuration
+    }
+
+    /// Found by FuzzConfiguration: a socket path of one control character made the control
+    /// socket's path trap inside Foundation. Paths must now be absolute, and the control
+    /// socket's path is worked out by bytes.
+    @Test func fuzzRegressionARelativeSocketPathWithAControlCharacter() throws {
+        let input = String(
+            decoding: [0x73, 0x6F, 0x63, 0x6B, 0x65, 0x74, 0x20, 0x3D, 0x1F, 0x23, 0xFF, 0x2E], as: UTF8.self)
+        #expect(throws: SettingError.self) { try parse(input) }
+        #expect(SocketLocation.controlSocket(besideEventSocket: "\u{1f}") == "control.sock")
+        #expect(SocketLocation.controlSocket(besideEventSocket: "/run/whend/events.sock") == "/run/whend/control.sock")
     }
 
     @Test func quotedValuesMayCarryHashesQuotesAndAComment() throws {

@@ -1,0 +1,1 @@
+/* The ABI is the header; this file exists so that the header has a target. */

@@ -1,0 +1,95 @@
+/*
+ * whend plugin ABI, version 1.
+ *
+ * A plugin is a shared library that exports two symbols:
+ *
+ *   const uint32_t whend_plugin_abi_version;          data: the ABI it was built for
+ *   const whend_plugin *whend_plugin_entry(void);      its description and entry points
+ *
+ * The host reads whend_plugin_abi_version with dlsym before it calls anything, refuses the
+ * plugin if it is not WHEND_PLUGIN_ABI_VERSION, then calls whend_plugin_entry and checks
+ * struct_size before it reads any other field. Structs only ever grow at their end; a host
+ * never reads past the struct_size a plugin declares, a plugin never past the host's.
+ *
+ * Records are JSON objects as stored in the journal (PROTOCOL.md §7), passed as bytes that are
+ * valid only during the call. A middleware handles a record and may call next() with it, or
+ * with a changed record, once (or not at all: the record is dropped), as the seed's middleware
+ * does.
+ */
+#ifndef WHEND_PLUGIN_H
+#define WHEND_PLUGIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WHEND_PLUGIN_ABI_VERSION 1u
+
+/* Roles a plugin may take (a bit set). */
+#define WHEND_ROLE_INGEST 1u   /* in the daemon, before the journal: may change, drop or reject */
+#define WHEND_ROLE_PIPELINE 2u /* in a pipeline worker, after the journal, from a cursor */
+
+/* What handle() returns. */
+#define WHEND_OK 0     /* handled: next() was called, or the record is dropped on purpose */
+#define WHEND_REJECT 1 /* ingest only: refuse the event; the client gets `rejected` and message */
+#define WHEND_FAIL 2   /* the plugin could not handle it now (a pipeline retries with backoff) */
+
+/* Log levels for whend_host.log. */
+#define WHEND_LOG_DEBUG 0
+#define WHEND_LOG_INFO 1
+#define WHEND_LOG_WARNING 2
+#define WHEND_LOG_ERROR 3
+
+typedef struct whend_record {
+    const uint8_t *json; /* one JSON object, not NUL-terminated */
+    size_t length;
+    uint64_t seq; /* the record's _seq; 0 before the journal (ingest) */
+} whend_record;
+
+/* The continuation: pass the record (or a changed one) on. Returns WHEND_OK, or what a later
+ * plugin returned. */
+typedef int (*whend_next_fn)(void *next_context, const uint8_t *json, size_t length);
+
+/* Services the host offers a plugin instance; valid until destroy() returns. */
+typedef struct whend_host {
+    uint32_t abi_version;
+    uint32_t struct_size;
+    void *context;
+    /* A line in whend's log, attributed to the plugin. */
+    void (*log)(void *context, int level, const char *message);
+    /* Appends a derived record (a JSON object) to the journal with _origin and _cause set by
+     * the host. Returns WHEND_OK or WHEND_FAIL. */
+    int (*emit)(void *context, const uint8_t *json, size_t length);
+    /* Adds delta to the plugin's counter `name` (shown by whenctl plugins and in metrics). */
+    void (*count)(void *context, const char *name, int64_t delta);
+    /* A directory that is the plugin's own, kept across restarts. */
+    const char *state_directory;
+} whend_host;
+
+typedef struct whend_plugin {
+    uint32_t abi_version;
+    uint32_t struct_size;
+    const char *name;    /* [a-z0-9_-]+ */
+    const char *version; /* free text, e.g. "1.2.0" */
+    uint32_t roles;      /* WHEND_ROLE_* */
+    /* Creates an instance from its configuration (a JSON object, "{}" when none). On failure
+     * returns NULL and writes why into error (NUL-terminated, at most error_capacity bytes). */
+    void *(*create)(const whend_host *host, const char *config_json, size_t config_length, char *error,
+                    size_t error_capacity);
+    void (*destroy)(void *instance);
+    /* Handles one record. On WHEND_REJECT or WHEND_FAIL, writes why into message. Calls for
+     * one instance never overlap: the host serialises them. */
+    int (*handle)(void *instance, const whend_record *record, whend_next_fn next, void *next_context,
+                  char *message, size_t message_capacity);
+} whend_plugin;
+
+typedef const whend_plugin *(*whend_plugin_entry_fn)(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,106 @@
+import CWhendPlugin
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+
+/// One created instance of a plugin, with the services whend offers it. Calls into the
+/// instance are serialised: a plugin never sees two records at once.
+final class PluginInstance: @unchecked Sendable {
+    // Unchecked: `instance` and `host` are set in init and freed in deinit; every call into
+    // the plugin happens under `lock`.
+    let library: PluginLibrary
+    let configuration: String
+    private let instance: UnsafeMutableRawPointer
+    private let host: UnsafeMutablePointer<whend_host>
+    private let services: Unmanaged<PluginServices>
+    private let lock = NIOLock()
+
+    var name: String { library.name }
+    var counters: [String: Int64] { services.takeUnretainedValue().counters.withLockedValue { $0 } }
+
+    init(library: PluginLibrary, configuration: String, stateDirectory: String, logger: Logger) throws(PluginLoadError)
+    {
+        self.library = library
+        self.configuration = configuration
+        try? FileManager.default.createDirectory(atPath: stateDirectory, withIntermediateDirectories: true)
+        let services = Unmanaged.passRetained(PluginServices(name: library.name, logger: logger))
+        self.services = services
+        let host = UnsafeMutablePointer<whend_host>.allocate(capacity: 1)
+        self.host = host
+        host.initialize(
+            to: whend_host(
+                abi_version: WHEND_PLUGIN_ABI_VERSION, struct_size: UInt32(MemoryLayout<whend_host>.size),
+                context: services.toOpaque(), log: hostLog, emit: hostEmit, count: hostCount,
+                state_directory: strdup(stateDirectory)))
+        var error = [CChar](repeating: 0, count: 1024)
+        let capacity = error.count
+        let config = Array(configuration.utf8)
+        let create = library.descriptor.pointee.create!
+        let created = config.withUnsafeBufferPointer { c in
+            c.withMemoryRebound(to: CChar.self) { create(host, $0.baseAddress, $0.count, &error, capacity) }
+        }
+        guard let created else {
+            free(UnsafeMutableRawPointer(mutating: host.pointee.state_directory))
+            host.deallocate()
+            services.release()
+            let why = String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            throw PluginLoadError(
+                description: "plugin \(library.name) would not start: \(why.isEmpty ? "no reason given" : why)")
+        }
+        instance = created
+    }
+
+    deinit {
+        lock.withLock { library.descriptor.pointee.destroy(instance) }
+        free(UnsafeMutableRawPointer(mutating: host.pointee.state_directory))
+        host.deallocate()
+        services.release()
+    }
+
+    /// Calls the plugin's middleware with `record`; `next` continues the chain.
+    func handle(
+        _ record: UnsafePointer<whend_record>, next: whend_next_fn, context: UnsafeMutableRawPointer,
+        message: UnsafeMutablePointer<CChar>, capacity: Int
+    ) -> Int32 {
+        lock.withLock { library.descriptor.pointee.handle(instance, record, next, context, message, capacity) }
+    }
+}
+
+/// What a plugin instance's host table calls back into.
+final class PluginServices: Sendable {
+    let name: String
+    let logger: Logger
+    let counters = NIOLockedValueBox<[String: Int64]>([:])
+
+    init(name: String, logger: Logger) {
+        self.name = name
+        self.logger = logger
+    }
+}
+
+private let hostLog: @convention(c) (UnsafeMutableRawPointer?, Int32, UnsafePointer<CChar>?) -> Void = {
+    context, level, message in
+    guard let context, let message else { return }
+    let services = Unmanaged<PluginServices>.fromOpaque(context).takeUnretainedValue()
+    let text = "plugin \(services.name): \(String(cString: message))"
+    switch level {
+    case WHEND_LOG_DEBUG: services.logger.debug("\(text)")
+    case WHEND_LOG_INFO: services.logger.info("\(text)")
+    case WHEND_LOG_WARNING: services.logger.warning("\(text)")
+    default: services.logger.error("\(text)")
+    }
+}
+
+// Derived records come from pipelines, which run in workers; in-process ingest middleware has
+// no journal position to derive from yet, so emit is refused there.
+private let hostEmit: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<UInt8>?, Int) -> Int32 = { _, _, _ in
+    Int32(WHEND_FAIL)
+}
+
+private let hostCount: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>?, Int64) -> Void = {
+    context, name, delta in
+    guard let context, let name else { return }
+    let services = Unmanaged<PluginServices>.fromOpaque(context).takeUnretainedValue()
+    let key = String(cString: name)
+    services.counters.withLockedValue { $0[key, default: 0] += delta }
+}

@@ -1,0 +1,137 @@
+import CWhendPlugin
+import Foundation
+
+/// Why a plugin could not be loaded or started, with what to do.
+public struct PluginLoadError: Error, CustomStringConvertible {
+    public var description: String
+}
+
+/// A plugin library opened with `dlopen` and checked against the ABI.
+///
+/// Libraries are never closed: unloading a Swift library crashes its runtime, so "unload"
+/// means "stop routing records to it". Opening the same file again gives the same library.
+final class PluginLibrary: @unchecked Sendable {
+    // Unchecked: every field is set once in init; `descriptor` points at the plugin's constant
+    // description, which lives as long as the process (the library is never closed).
+    let path: String
+    let descriptor: UnsafePointer<whend_plugin>
+    let name: String
+    let version: String
+    let abiVersion: UInt32
+    let roles: UInt32
+
+    private init(path: String, descriptor: UnsafePointer<whend_plugin>) {
+        self.path = path
+        self.descriptor = descriptor
+        name = String(cString: descriptor.pointee.name)
+        version = String(cString: descriptor.pointee.version)
+        abiVersion = descriptor.pointee.abi_version
+        roles = descriptor.pointee.roles
+    }
+
+    private static let opened = NSLock()
+    nonisolated(unsafe) private static var byPath: [String: PluginLibrary] = [:]
+
+    /// Finds `name` in `directories` (as `lib<name>.so` or `<name>.so`), checks where it lives,
+    /// opens it and checks its ABI before calling any of its code.
+    static func load(name: String, directories: [String]) throws(PluginLoadError) -> PluginLibrary {
+        guard !name.isEmpty, name.utf8.allSatisfy({ isNameByte($0) }) else {
+            throw PluginLoadError(
+                description: "\"\(name)\" is not a plugin name; names are made of a-z, 0-9, - and _")
+        }
+        guard !directories.isEmpty else {
+            throw PluginLoadError(
+                description: "no plugin directory is configured; set plugin_dirs to where \(name)'s library is")
+        }
+        for directory in directories {
+            for file in ["lib\(name).so", "\(name).so"] {
+                let candidate = directory + "/" + file
+                guard FileManager.default.fileExists(atPath: candidate) else { continue }
+                try checkOwnership(directory, what: "plugin directory")
+                guard let real = realpath(candidate, nil) else { continue }
+                let path = String(cString: real)
+                free(real)
+                try checkOwnership(path, what: "plugin")
+                return try open(path)
+            }
+        }
+        throw PluginLoadError(
+            description:
+                "no plugin \(name) (lib\(name).so or \(name).so) in \(directories.joined(separator: ", ")); check plugin_dirs"
+        )
+    }
+
+    /// Opens a library by path (after the checks above).
+    private static func open(_ path: String) throws(PluginLoadError) -> PluginLibrary {
+        opened.lock()
+        defer { opened.unlock() }
+        if let known = byPath[path] { return known }
+        guard let handle = dlopen(path, RTLD_NOW | RTLD_LOCAL) else {
+            let why = dlerror().map { String(cString: $0) } ?? "unknown error"
+            throw PluginLoadError(description: "cannot load \(path): \(why)")
+        }
+        // The ABI version is data: read it before calling anything of the plugin's.
+        guard let versionSymbol = dlsym(handle, "whend_plugin_abi_version") else {
+            throw PluginLoadError(
+                description: "\(path) is not a whend plugin: it exports no whend_plugin_abi_version")
+        }
+        let built = versionSymbol.assumingMemoryBound(to: UInt32.self).pointee
+        guard built == WHEND_PLUGIN_ABI_VERSION else {
+            throw PluginLoadError(
+                description:
+                    "\(path) was built for plugin ABI \(built); this whend speaks ABI \(WHEND_PLUGIN_ABI_VERSION). Rebuild it against this whend's whend_plugin.h (or its WhendPluginSDK); it was not called"
+            )
+        }
+        guard let entrySymbol = dlsym(handle, "whend_plugin_entry") else {
+            throw PluginLoadError(description: "\(path) exports no whend_plugin_entry")
+        }
+        let entry = unsafeBitCast(entrySymbol, to: whend_plugin_entry_fn.self)
+        guard let raw = entry() else {
+            throw PluginLoadError(description: "\(path): whend_plugin_entry returned nothing")
+        }
+        let descriptor = UnsafeRawPointer(raw).assumingMemoryBound(to: whend_plugin.self)
+        // Read the size before any other field: an older, smaller struct must not be overread.
+        let size = UnsafeRawPointer(raw).load(fromByteOffset: 4, as: UInt32.self)
+        guard raw.pointee.abi_version == WHEND_PLUGIN_ABI_VERSION,
+            size >= UInt32(MemoryLayout<whend_plugin>.size)
+        else {
+            throw PluginLoadError(
+                description:
+                    "\(path): its description is for ABI \(raw.pointee.abi_version) with \(size) bytes; this whend needs ABI \(WHEND_PLUGIN_ABI_VERSION) with \(MemoryLayout<whend_plugin>.size)"
+            )
+        }
+        guard descriptor.pointee.name != nil, descriptor.pointee.version != nil, descriptor.pointee.create != nil,
+            descriptor.pointee.destroy != nil, descriptor.pointee.handle != nil
+        else {
+            throw PluginLoadError(description: "\(path): its description leaves a name or an entry point empty")
+        }
+        let library = PluginLibrary(path: path, descriptor: descriptor)
+        byPath[path] = library
+        return library
+    }
+
+    /// Loading a plugin runs its code as whend's user: only files and directories that root
+    /// or whend's own user own, and that nobody else may write, are accepted.
+    static func checkOwnership(_ path: String, what: String) throws(PluginLoadError) {
+        var st = stat()
+        guard stat(path, &st) == 0 else {
+            throw PluginLoadError(description: "cannot stat \(what) \(path): \(String(cString: strerror(errno)))")
+        }
+        guard st.st_uid == 0 || st.st_uid == geteuid() else {
+            throw PluginLoadError(
+                description:
+                    "refusing \(what) \(path): it is owned by uid \(st.st_uid), not by root or whend's user (uid \(geteuid()))"
+            )
+        }
+        guard st.st_mode & 0o022 == 0 else {
+            throw PluginLoadError(
+                description:
+                    "refusing \(what) \(path): others may write it (mode \(String(st.st_mode & 0o777, radix: 8))); chmod go-w it"
+            )
+        }
+    }
+
+    private static func isNameByte(_ b: UInt8) -> Bool {
+        (b >= 0x61 && b <= 0x7A) || (b >= 0x30 && b <= 0x39) || b == 0x2D || b == 0x5F
+    }
+}

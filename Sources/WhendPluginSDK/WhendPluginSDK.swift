@@ -1,0 +1,201 @@
+@_exported import CWhendPlugin
+import CWhendPluginABI
+import Foundation
+
+/// What a plugin can be: ingest middleware (in the daemon, before the journal) or a pipeline
+/// stage (in a worker, after the journal).
+public struct PluginRoles: OptionSet, Sendable {
+    public let rawValue: UInt32
+    public init(rawValue: UInt32) { self.rawValue = rawValue }
+    public static let ingest = PluginRoles(rawValue: WHEND_ROLE_INGEST)
+    public static let pipeline = PluginRoles(rawValue: WHEND_ROLE_PIPELINE)
+}
+
+/// Thrown from `handle`: `reject` refuses the event (ingest; the client gets `rejected` with the
+/// message), `fail` says the plugin cannot handle the record now (a pipeline retries).
+public enum PluginError: Error {
+    case reject(String)
+    case fail(String)
+}
+
+/// A record as stored: JSON bytes valid only during the call. A view, not a copy.
+public struct PluginRecord {
+    public let bytes: UnsafeBufferPointer<UInt8>
+    /// `_seq`; 0 before the journal (ingest).
+    public let seq: UInt64
+
+    /// The record decoded (a copy, for plugins that do not mind the cost).
+    public func object() throws -> [String: Any] {
+        guard let o = try JSONSerialization.jsonObject(with: Data(buffer: bytes)) as? [String: Any] else {
+            throw PluginError.fail("the record is not a JSON object")
+        }
+        return o
+    }
+
+    public var text: String { String(decoding: bytes, as: UTF8.self) }
+}
+
+/// The continuation: call it with the record, or a changed one, to pass it on. Not calling it
+/// drops the record.
+public struct PluginNext {
+    let call: whend_next_fn
+    let context: UnsafeMutableRawPointer?
+
+    init(call: whend_next_fn, context: UnsafeMutableRawPointer?) {
+        self.call = call
+        self.context = context
+    }
+
+    public func callAsFunction(_ record: PluginRecord) throws { try pass(record.bytes) }
+
+    public func callAsFunction(_ json: [UInt8]) throws { try json.withUnsafeBufferPointer { try pass($0) } }
+
+    public func callAsFunction(_ object: [String: Any]) throws {
+        try self(Array(try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])))
+    }
+
+    private func pass(_ bytes: UnsafeBufferPointer<UInt8>) throws {
+        let rc = call(context, bytes.baseAddress, bytes.count)
+        if rc == WHEND_REJECT { throw PluginError.reject("rejected further down") }
+        if rc != WHEND_OK { throw PluginError.fail("failed further down") }
+    }
+}
+
+/// The services whend gives a plugin instance.
+public struct PluginHost: @unchecked Sendable {
+    // Unchecked: the host table lives until the instance is destroyed, and its functions are
+    // callable from any thread.
+    let host: UnsafePointer<whend_host>
+
+    public enum Level: Int32 {
+        case debug = 0
+        case info = 1
+        case warning = 2
+        case error = 3
+    }
+
+    public func log(_ level: Level = .info, _ message: String) {
+        host.pointee.log(host.pointee.context, level.rawValue, message)
+    }
+
+    /// Appends a derived record to the journal (the host sets `_origin` and `_cause`).
+    public func emit(_ json: [UInt8]) throws {
+        let rc = json.withUnsafeBufferPointer { host.pointee.emit(host.pointee.context, $0.baseAddress, $0.count) }
+        if rc != WHEND_OK { throw PluginError.fail("whend could not append the derived record") }
+    }
+
+    public func count(_ name: String, by delta: Int64 = 1) {
+        host.pointee.count(host.pointee.context, name, delta)
+    }
+
+    /// The plugin's own directory, kept across restarts.
+    public var stateDirectory: String { String(cString: host.pointee.state_directory) }
+}
+
+/// A whend plugin: one type, exported with one line:
+///
+///     @_cdecl("whend_plugin_entry") public func entry() -> UnsafeRawPointer { exportPlugin(MyPlugin.self) }
+public protocol WhendPlugin: AnyObject {
+    static var name: String { get }
+    static var version: String { get }
+    static var roles: PluginRoles { get }
+    /// `configuration` is the plugin's JSON object from whend's configuration (empty if none).
+    init(host: PluginHost, configuration: [String: Any]) throws
+    /// Handles one record; calls `next` to pass it (or a changed one) on.
+    func handle(_ record: PluginRecord, next: PluginNext) throws
+}
+
+/// The one plugin type this library exports, and its C description. One plugin per library.
+nonisolated(unsafe) private var exportedType: (any WhendPlugin.Type)?
+nonisolated(unsafe) private var exportedDescription: UnsafeMutablePointer<whend_plugin>?
+
+/// Describes `type` to whend through the C ABI. Call it from `whend_plugin_entry`.
+public func exportPlugin<P: WhendPlugin>(_ type: P.Type) -> UnsafeRawPointer {
+    if let exportedDescription { return UnsafeRawPointer(exportedDescription) }
+    exportedType = type
+    let description = UnsafeMutablePointer<whend_plugin>.allocate(capacity: 1)
+    description.initialize(
+        to: whend_plugin(
+            abi_version: whend_plugin_abi_version,
+            struct_size: UInt32(MemoryLayout<whend_plugin>.size),
+            name: strdup(P.name), version: strdup(P.version), roles: P.roles.rawValue,
+            create: createInstance, destroy: destroyInstance, handle: handleRecord))
+    exportedDescription = description
+    return UnsafeRawPointer(description)
+}
+
+/// Holds an instance for the C side; the host keeps the pointer, so no reference counting
+/// happens per record.
+private final class InstanceBox {
+    let plugin: any WhendPlugin
+    init(_ plugin: any WhendPlugin) { self.plugin = plugin }
+}
+
+private func write(_ text: String, to buffer: UnsafeMutablePointer<CChar>?, capacity: Int) {
+    guard let buffer, capacity > 0 else { return }
+    let bytes = Array(text.utf8.prefix(capacity - 1))
+    bytes.withUnsafeBufferPointer { b in
+        for i in 0..<b.count { buffer[i] = CChar(bitPattern: b[i]) }
+    }
+    buffer[bytes.count] = 0
+}
+
+private let createInstance:
+    @convention(c) (
+        UnsafePointer<whend_host>?, UnsafePointer<CChar>?, Int, UnsafeMutablePointer<CChar>?, Int
+    ) -> UnsafeMutableRawPointer? = { host, config, length, errorBuffer, capacity in
+        guard let host, let type = exportedType else {
+            write("the plugin was not exported", to: errorBuffer, capacity: capacity)
+            return nil
+        }
+        do {
+            var configuration: [String: Any] = [:]
+            if let config, length > 0 {
+                let data = Data(bytes: config, count: length)
+                guard let object = try JSONSerialization.jsonObject(with: data) as? [String: Any] else {
+                    throw PluginError.fail("the configuration is not a JSON object")
+                }
+                configuration = object
+            }
+            let plugin = try type.init(host: PluginHost(host: host), configuration: configuration)
+            return Unmanaged.passRetained(InstanceBox(plugin)).toOpaque()
+        } catch PluginError.fail(let message), PluginError.reject(let message) {
+            write(message, to: errorBuffer, capacity: capacity)
+        } catch {
+            write("\(error)", to: errorBuffer, capacity: capacity)
+        }
+        return nil
+    }
+
+private let destroyInstance: @convention(c) (UnsafeMutableRawPointer?) -> Void = { instance in
+    guard let instance else { return }
+    Unmanaged<InstanceBox>.fromOpaque(instance).release()
+}
+
+private let handleRecord:
+    @convention(c) (
+        UnsafeMutableRawPointer?, UnsafePointer<whend_record>?, whend_next_fn?, UnsafeMutableRawPointer?,
+        UnsafeMutablePointer<CChar>?, Int
+    ) -> Int32 = { instance, record, next, nextContext, message, capacity in
+        guard let instance, let record, let next else { return Int32(WHEND_FAIL) }
+        let view = PluginRecord(
+            bytes: UnsafeBufferPointer(start: record.pointee.json, count: record.pointee.length),
+            seq: record.pointee.seq)
+        let continuation = PluginNext(call: next, context: nextContext)
+        do {
+            // Borrowed, not retained: the host holds the instance for as long as it calls it.
+            try Unmanaged<InstanceBox>.fromOpaque(instance)._withUnsafeGuaranteedRef {
+                try $0.plugin.handle(view, next: continuation)
+            }
+            return Int32(WHEND_OK)
+        } catch PluginError.reject(let text) {
+            write(text, to: message, capacity: capacity)
+            return Int32(WHEND_REJECT)
+        } catch PluginError.fail(let text) {
+            write(text, to: message, capacity: capacity)
+            return Int32(WHEND_FAIL)
+        } catch {
+            write("\(error)", to: message, capacity: capacity)
+            return Int32(WHEND_FAIL)
+        }
+    }
