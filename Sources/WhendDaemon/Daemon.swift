@@ -45,6 +45,7 @@ public final class Daemon: Sendable {
     private let lastStatus = NIOLockedValueBox<(at: Date, stored: UInt64, rate: Double)>((Date(), 0, 0))
     private let lastRateReport = NIOLockedValueBox<Date>(Date())
     private let nextConnectionID = NIOLockedValueBox<UInt64>(0)
+    let supervisors = NIOLockedValueBox<[String: PipelineSupervisor]>([:])
 
     /// The configuration in force (it changes on reload).
     public var configuration: DaemonConfiguration { live.current }
@@ -98,10 +99,11 @@ public final class Daemon: Sendable {
             metrics.committed(records: records, bytes: bytes, seconds: seconds)
         }
         do {
-            let ingest = try buildIngestChain(configuration, reusing: nil)
+            let ingest = try buildPluginChain(configuration, reusing: nil)
             live.replace(configuration, ingest: ingest)
+            runPipelines(try pipelineSpecs(configuration), watchdog: configuration.pipelineWatchdog)
         } catch {
-            throw DaemonStartError(description: "cannot start the ingest plugins: \(error.description)")
+            throw DaemonStartError(description: "cannot start the plugins: \(error.description)")
         }
         let server = try listenForEvents(configuration)
         serverChannel.withLockedValue { $0 = server.channel }
@@ -235,7 +237,7 @@ public final class Daemon: Sendable {
         let stats = writer.statistics
         let failing = stats.failing.map { "; journal failing: \($0)" } ?? ""
         return
-            "\(metrics.connections) clients, \(Int(eventsPerSecond)) events/s, last _seq \(stats.lastSeq), no pipelines\(failing)"
+            "\(metrics.connections) clients, \(Int(eventsPerSecond)) events/s, last _seq \(stats.lastSeq), \(pipelineLag.map { "pipeline lag \($0)" } ?? "no pipelines")\(failing)"
     }
 
     /// Updates STATUS= every five seconds, from the writer's heartbeat.
@@ -374,6 +376,7 @@ public final class Daemon: Sendable {
             }
         }
         for channel in open { channel.close(promise: nil) }
+        stopPipelines()
         writer.shutdown()
         try? group.syncShutdownGracefully()
         logger.info("stopped at _seq \(writer.statistics.lastSeq)")

@@ -43,6 +43,12 @@ public struct DaemonConfiguration: Sendable {
     public var ingestPlugins: [String] = []
     /// Each plugin's configuration, a JSON object, by plugin name (`plugin.<name>` keys).
     public var pluginConfigurations: [String: String] = [:]
+    /// Pipelines: ordered plugin names, by pipeline name (`pipeline.<name>` keys).
+    public var pipelines: [String: [String]] = [:]
+    /// Attempts at one record before a pipeline writes it to its dead letters; 0: forever.
+    public var pipelineRetryLimit: Int = 0
+    /// Seconds a pipeline worker may go without reporting before it is killed and restarted.
+    public var pipelineWatchdog: TimeInterval = 30
     /// Event-loop threads (0: one per core).
     public var eventLoopThreads: Int = 0
 

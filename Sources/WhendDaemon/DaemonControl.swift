@@ -18,7 +18,7 @@ public struct ReloadOutcome: Sendable {
 
 extension Daemon {
     /// The commands of the control socket.
-    static let controlCommands = ["status", "reload", "metrics", "plugins"]
+    static let controlCommands = ["status", "reload", "metrics", "plugins", "restart"]
 
     func handleControlRequest(_ line: [UInt8]) -> [UInt8] {
         guard
@@ -38,7 +38,16 @@ extension Daemon {
                 directory: configuration.journal.directory)
             return ControlReply.encode(["ok": true, "metrics": text])
         case "plugins":
-            return ControlReply.encode(["ok": true, "plugins": pluginList()])
+            return ControlReply.encode(["ok": true, "plugins": pluginList(), "pipelines": pipelineList()])
+        case "restart":
+            guard let name = object["pipeline"] as? String,
+                let supervisor = supervisors.withLockedValue({ $0[name] })
+            else {
+                return ControlReply.failure(
+                    "no pipeline \(object["pipeline"] as? String ?? "named"); whenctl plugins lists them")
+            }
+            supervisor.restart()
+            return ControlReply.encode(["ok": true])
         case "reload":
             let outcome = reload(trigger: "whenctl reload")
             var reply: [String: Any] = [
@@ -87,7 +96,7 @@ extension Daemon {
             "replies_dropped": counts.droppedReplies,
             "pending_bytes": writer.pendingBytes,
             "journal": journal,
-            "pipelines": [Any](),
+            "pipelines": pipelineList(),
             "plugins": pluginList(),
             "status_line": statusLine(),
         ]
@@ -119,14 +128,6 @@ extension Daemon {
                     ReloadOutcome(applied: false, changed: [], needRestart: [], error: "\(error)"), trigger: trigger)
             }
             let old = configuration
-            let ingest: IngestChain
-            do {
-                ingest = try buildIngestChain(new, reusing: live.ingest)
-            } catch {
-                return record(
-                    ReloadOutcome(applied: false, changed: [], needRestart: [], error: "\(error)"),
-                    trigger: trigger)
-            }
             var applied = old
             var outcome = ReloadOutcome(applied: true, changed: [], needRestart: [], error: nil)
             for difference in Settings.differences(from: old, to: new) {
@@ -139,12 +140,25 @@ extension Daemon {
                 _ = difference.setting.apply(&applied, difference.new)
                 outcome.changed.append("\(key): \(difference.old) → \(difference.new)")
             }
+            // Plugins load before anything changes: a plugin that cannot be loaded refuses the
+            // whole reload.
+            let ingest: PluginChain
+            let pipelines: [String: PipelineSpec]
+            do {
+                ingest = try buildPluginChain(applied, reusing: live.ingest)
+                pipelines = try pipelineSpecs(applied)
+            } catch {
+                return record(
+                    ReloadOutcome(applied: false, changed: [], needRestart: [], error: "\(error)"),
+                    trigger: trigger)
+            }
             take(applied, ingest: ingest, from: old)
+            runPipelines(pipelines, watchdog: applied.pipelineWatchdog)
             return record(outcome, trigger: trigger)
         }
     }
 
-    private func take(_ new: DaemonConfiguration, ingest: IngestChain, from old: DaemonConfiguration) {
+    private func take(_ new: DaemonConfiguration, ingest: PluginChain, from old: DaemonConfiguration) {
         live.replace(new, ingest: ingest)
         writer.reconfigure(new.journal)
         limiter.reconfigure(rate: new.rateLimit, burst: new.rateBurst, by: new.rateLimitBy)
@@ -175,8 +189,8 @@ extension Daemon {
 extension Daemon {
     /// Loads and starts the ingest plugins `configuration` names, in order. An instance whose
     /// library and configuration are unchanged is kept rather than started again.
-    func buildIngestChain(_ configuration: DaemonConfiguration, reusing old: IngestChain?) throws(PluginLoadError)
-        -> IngestChain
+    func buildPluginChain(_ configuration: DaemonConfiguration, reusing old: PluginChain?) throws(PluginLoadError)
+        -> PluginChain
     {
         var plugins: [PluginInstance] = []
         for name in configuration.ingestPlugins {
@@ -195,7 +209,7 @@ extension Daemon {
                     library: library, configuration: settings,
                     stateDirectory: configuration.stateDirectory + "/plugins/" + name, logger: logger))
         }
-        return IngestChain(plugins)
+        return PluginChain(plugins)
     }
 
     func pluginList() -> [[String: Any]] {

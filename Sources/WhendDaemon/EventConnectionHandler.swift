@@ -34,7 +34,7 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     private let connectionID: UInt64
     private var framer: LineFramer
     private var encoder: RecordEncoder
-    private var ingest: IngestChain
+    private var ingest: PluginChain
     /// The record as ingest middleware sees it: `{` and the body.
     private var ingestRecord: [UInt8] = []
 

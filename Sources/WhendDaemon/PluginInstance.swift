@@ -18,12 +18,16 @@ final class PluginInstance: @unchecked Sendable {
     var name: String { library.name }
     var counters: [String: Int64] { services.takeUnretainedValue().counters.withLockedValue { $0 } }
 
-    init(library: PluginLibrary, configuration: String, stateDirectory: String, logger: Logger) throws(PluginLoadError)
-    {
+    /// - Parameter emit: where the plugin's derived records go (pipelines only); without it,
+    ///   `emit` fails.
+    init(
+        library: PluginLibrary, configuration: String, stateDirectory: String, logger: Logger,
+        emit: (@Sendable (String, UnsafeBufferPointer<UInt8>) -> Bool)? = nil
+    ) throws(PluginLoadError) {
         self.library = library
         self.configuration = configuration
         try? FileManager.default.createDirectory(atPath: stateDirectory, withIntermediateDirectories: true)
-        let services = Unmanaged.passRetained(PluginServices(name: library.name, logger: logger))
+        let services = Unmanaged.passRetained(PluginServices(name: library.name, logger: logger, emit: emit))
         self.services = services
         let host = UnsafeMutablePointer<whend_host>.allocate(capacity: 1)
         self.host = host
@@ -71,10 +75,12 @@ final class PluginServices: Sendable {
     let name: String
     let logger: Logger
     let counters = NIOLockedValueBox<[String: Int64]>([:])
+    let emit: (@Sendable (String, UnsafeBufferPointer<UInt8>) -> Bool)?
 
-    init(name: String, logger: Logger) {
+    init(name: String, logger: Logger, emit: (@Sendable (String, UnsafeBufferPointer<UInt8>) -> Bool)?) {
         self.name = name
         self.logger = logger
+        self.emit = emit
     }
 }
 
@@ -92,9 +98,13 @@ private let hostLog: @convention(c) (UnsafeMutableRawPointer?, Int32, UnsafePoin
 }
 
 // Derived records come from pipelines, which run in workers; in-process ingest middleware has
-// no journal position to derive from yet, so emit is refused there.
-private let hostEmit: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<UInt8>?, Int) -> Int32 = { _, _, _ in
-    Int32(WHEND_FAIL)
+// no journal position to derive from yet, so emit fails there.
+private let hostEmit: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<UInt8>?, Int) -> Int32 = {
+    context, json, length in
+    guard let context, let json else { return Int32(WHEND_FAIL) }
+    let services = Unmanaged<PluginServices>.fromOpaque(context).takeUnretainedValue()
+    guard let emit = services.emit else { return Int32(WHEND_FAIL) }
+    return emit(services.name, UnsafeBufferPointer(start: json, count: length)) ? Int32(WHEND_OK) : Int32(WHEND_FAIL)
 }
 
 private let hostCount: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>?, Int64) -> Void = {

@@ -189,6 +189,19 @@ public enum Settings {
             return true
         },
         Setting(
+            key: "pipeline_retry_limit", allowed: "an integer, 0 to retry forever",
+            help: "attempts at one record before a pipeline writes it to its dead letters", reload: .live,
+            value: { String($0.pipelineRetryLimit) }, apply: int(0...Int(Int32.max)) { $0.pipelineRetryLimit = $1 }),
+        Setting(
+            key: "pipeline_watchdog", allowed: "seconds, at least 1",
+            help: "how long a pipeline worker may be silent before it is restarted", reload: .live,
+            value: { number($0.pipelineWatchdog) }
+        ) { c, v in
+            guard let n = Double(v), n >= 1, n.isFinite else { return false }
+            c.pipelineWatchdog = n
+            return true
+        },
+        Setting(
             key: "log_level", allowed: "trace, debug, info, notice, warning, error or critical", help: "log level",
             reload: .live, value: { $0.logLevel }
         ) { c, v in
@@ -214,15 +227,34 @@ public enum Settings {
         }
     }
 
+    /// `pipeline.<name> = a, b`: a pipeline and its plugins, in order.
+    static func pipelineSetting(_ name: String) -> Setting {
+        Setting(
+            key: "pipeline.\(name)", allowed: "plugin names separated by ','", help: "pipeline \(name)",
+            reload: .live, value: { $0.pipelines[name]?.joined(separator: ",") ?? "" }
+        ) { c, v in
+            let plugins = v.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+            guard
+                name.utf8.allSatisfy({
+                    $0 == 0x2D || $0 == 0x5F || (0x30...0x39).contains($0) || (0x61...0x7A).contains($0)
+                })
+            else { return false }
+            c.pipelines[name] = plugins.isEmpty ? nil : plugins
+            return true
+        }
+    }
+
     static func setting(_ key: String) -> Setting? {
         if key.hasPrefix("plugin."), key.count > 7 { return pluginSetting(String(key.dropFirst(7))) }
+        if key.hasPrefix("pipeline."), key.count > 9 { return pipelineSetting(String(key.dropFirst(9))) }
         return all.first { $0.key == key }
     }
 
     /// The fixed settings and one for each plugin configured in either configuration.
     static func settings(of configurations: DaemonConfiguration...) -> [Setting] {
         let plugins = Set(configurations.flatMap { $0.pluginConfigurations.keys }).sorted()
-        return all + plugins.map(pluginSetting)
+        let pipelines = Set(configurations.flatMap { $0.pipelines.keys }).sorted()
+        return all + plugins.map(pluginSetting) + pipelines.map(pipelineSetting)
     }
 
     /// The settings whose values differ between two configurations.
@@ -258,7 +290,7 @@ public enum Settings {
             guard let setting = setting(v.key) else {
                 throw SettingError(
                     description:
-                        "\(v.source): unknown key \"\(v.key)\"; the keys are \(all.map(\.key).joined(separator: ", ")) and plugin.<name>"
+                        "\(v.source): unknown key \"\(v.key)\"; the keys are \(all.map(\.key).joined(separator: ", ")) plugin.<name> and pipeline.<name>"
                 )
             }
             guard setting.apply(&configuration, v.value) else {

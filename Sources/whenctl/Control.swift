@@ -18,11 +18,14 @@ struct ControlOptions: ParsableArguments {
     }
 
     /// Sends one command and returns the reply; exits 2, saying why, when whend cannot be asked.
-    func request(_ command: String, as name: String) throws -> [String: Any] {
+    func request(_ command: String, as name: String, _ arguments: [String: String] = [:]) throws -> [String: Any] {
         let path = self.path
         do {
             let connection = try BlockingSocket(path: path)
-            try connection.send(#"{"command":"\#(command)"}"# + "\n")
+            var request: [String: String] = arguments
+            request["command"] = command
+            let data = try JSONSerialization.data(withJSONObject: request)
+            try connection.send(Array(data) + [0x0A])
             connection.finishSending()
             var reply: [String: Any]?
             try connection.receiveLines { line in
@@ -140,23 +143,46 @@ struct Metrics: ParsableCommand {
 
 struct Plugins: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "List the plugins the running whend has loaded.")
+        abstract: "List the running whend's plugins and pipelines, or restart a pipeline's worker.",
+        discussion:
+            "whenctl plugins [--json] lists; whenctl plugins restart PIPELINE restarts its worker from its cursor.")
 
     @OptionGroup var options: ControlOptions
+
+    @Argument(help: "restart PIPELINE, or nothing to list")
+    var action: [String] = []
 
     @Flag(name: .long, help: "Print the list as JSON.")
     var json = false
 
     func run() throws {
+        if action.first == "restart" {
+            guard action.count == 2 else { throw ValidationError("whenctl plugins restart PIPELINE") }
+            let reply = try options.request("restart", as: "plugins restart", ["pipeline": action[1]])
+            try failIfRefused(reply, as: "plugins restart")
+            print("restarting pipeline \(action[1]) from its cursor")
+            return
+        }
+        guard action.isEmpty else {
+            throw ValidationError("unknown action \(action[0]); try whenctl plugins restart PIPELINE")
+        }
         let reply = try options.request("plugins", as: "plugins")
         try failIfRefused(reply, as: "plugins")
         let plugins = reply["plugins"] as? [[String: Any]] ?? []
+        let pipelines = reply["pipelines"] as? [[String: Any]] ?? []
         if json {
-            let data = try JSONSerialization.data(withJSONObject: plugins, options: [.sortedKeys, .prettyPrinted])
+            let data = try JSONSerialization.data(
+                withJSONObject: ["plugins": plugins, "pipelines": pipelines], options: [.sortedKeys, .prettyPrinted])
             print(String(decoding: data, as: UTF8.self))
             return
         }
-        if plugins.isEmpty { print("no plugins loaded") }
+        if plugins.isEmpty && pipelines.isEmpty { print("no plugins loaded") }
+        for p in pipelines {
+            let stages = (p["plugins"] as? [String] ?? []).joined(separator: " → ")
+            print(
+                "pipeline \(p["name"] ?? "?"): \(stages); \(p["state"] ?? "?") (pid \(p["pid"] ?? "-")), cursor \(p["cursor"] ?? 0), lag \(p["lag"] ?? 0), failures \(p["failures"] ?? 0), dead letters \(p["dead_letters"] ?? 0), restarts \(p["restarts"] ?? 0)"
+            )
+        }
         for p in plugins {
             let routes = (p["routes"] as? [String] ?? []).joined(separator: ", ")
             let counters = (p["counters"] as? [String: Any] ?? [:]).sorted { $0.key < $1.key }

@@ -4,12 +4,17 @@ import WhendWire
 
 /// Builds the C test plugin with the system's compiler, against the ABI header.
 func buildGatePlugin(into directory: String, name: String, defines: [String] = []) throws -> String {
+    try buildTestPlugin("gate", into: directory, name: name, defines: defines)
+}
+
+/// Builds one of the C test plugins in Tests/Fixtures as lib<name>.so.
+func buildTestPlugin(_ source: String, into directory: String, name: String, defines: [String] = []) throws -> String {
     let root = DocumentationTests.root
     let output = directory + "/lib\(name).so"
     let r = try runCommand(
         "/usr/bin/cc",
         ["-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-I", root + "/Sources/CWhendPlugin/include"] + defines + [
-            root + "/Tests/Fixtures/gate.c", "-o", output,
+            root + "/Tests/Fixtures/\(source).c", "-o", output,
         ])
     guard r.status == 0 else { throw TestFailure(description: "cc failed: \(r.error)") }
     return output
@@ -96,5 +101,123 @@ func buildGatePlugin(into directory: String, name: String, defines: [String] = [
             environment: ["WHEND_PLUGIN_DIRS": builtPlugins, "WHEND_INGEST": "redact"])
         #expect(r.status == 1)
         #expect(r.error.contains("plugin redact would not start") && r.error.contains("fields"), "\(r.error)")
+    }
+}
+
+/// A daemon with one pipeline, `rec`, of the C recorder plugin.
+func pipelineDaemon(_ name: String, settings: String = "") throws -> (DaemonProcess, seen: String) {
+    let daemon = DaemonProcess(name)
+    let plugins = daemon.directory + "/plugins"
+    try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
+    chmod(plugins, 0o755)
+    _ = try buildTestPlugin("recorder", into: plugins, name: "recorder")
+    let config = daemon.directory + "/whend.conf"
+    try "plugin_dirs = \(plugins)\npipeline.rec = recorder\n\(settings)".write(
+        toFile: config, atomically: true, encoding: .utf8)
+    daemon.environment = ["WHEND_CONFIG": config]
+    let state = daemon.stateDirectory + "/plugins/recorder"
+    try FileManager.default.createDirectory(atPath: state, withIntermediateDirectories: true)
+    return (daemon, state + "/seen")
+}
+
+extension DaemonProcess {
+    /// The pipeline's entry in `whenctl status`.
+    func pipeline(_ name: String) throws -> [String: Any]? {
+        (try status()["pipelines"] as? [[String: Any]])?.first { $0["name"] as? String == name }
+    }
+
+    /// Waits until the pipeline's cursor reaches `seq`.
+    func waitForPipeline(_ name: String, cursor seq: Int, seconds: Double = 60) throws -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            if let cursor = try pipeline(name)?["cursor"] as? Int, cursor >= seq { return true }
+            usleep(100_000)
+        }
+        return false
+    }
+}
+
+func seenSeqs(_ path: String) -> [Int] {
+    ((try? String(contentsOfFile: path, encoding: .utf8)) ?? "").split(separator: "\n").compactMap { Int($0) }
+}
+
+/// In order, at least once: every `_seq` from 1 to n appears, and the list only ever goes back
+/// to repeat (after a restart), never forward past one it has not seen.
+func isInOrderAtLeastOnce(_ seqs: [Int], upTo n: Int) -> Bool {
+    var highest = 0
+    for seq in seqs {
+        if seq > highest + 1 { return false }
+        highest = max(highest, seq)
+    }
+    return highest == n && Set(seqs) == Set(1...n)
+}
+
+@Suite(.serialized) struct PipelineTests {
+    /// A C plugin that segfaults on _seq 1000: ingestion goes on, the worker restarts from its
+    /// cursor, and the pipeline sees every record, in order, at least once.
+    @Test func aPluginThatCrashesOnItsThousandthRecordLosesNothing() throws {
+        let (daemon, seen) = try pipelineDaemon("pipe-crash", settings: #"plugin.recorder = {"crash_at": 1000}"#)
+        try daemon.start()
+        for part in 0..<6 {
+            let events = (1...500).map { #"{"type":"when","name":"tap","id":"\#(part)-\#($0)"}"# }
+            #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 500)
+        }
+        #expect(try daemon.waitForPipeline("rec", cursor: 3000))
+        let pipeline = try daemon.pipeline("rec")
+        #expect((pipeline?["restarts"] as? Int ?? 0) >= 1)
+        #expect(daemon.log.contains("killed by signal 11"))
+        let seqs = seenSeqs(seen)
+        #expect(isInOrderAtLeastOnce(seqs, upTo: 3000), "\(seqs.count) seen")
+        #expect(daemon.stop() == 0)
+    }
+
+    /// A destination that is down: the pipeline retries and does not move on; whend restarts;
+    /// when the destination is back, the pipeline catches up from its cursor. Derived records
+    /// land in the journal with their origin and cause.
+    @Test func aPipelineWhoseDestinationIsDownCatchesUpAcrossARestart() throws {
+        let (daemon, seen) = try pipelineDaemon("pipe-down")
+        let down = (seen as NSString).deletingLastPathComponent + "/down"
+        FileManager.default.createFile(atPath: down, contents: nil)
+        try daemon.start()
+        let first = (1...50).map { #"{"type":"when","name":"tap","id":"a\#($0)"}"# }
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + first).acks.last == 50)
+        usleep(800_000)
+        let stuck = try daemon.pipeline("rec")
+        #expect(stuck?["cursor"] as? Int == 0)
+        #expect((stuck?["failures"] as? Int ?? 0) > 0)
+        #expect(stuck?["lag"] as? Int == 50)
+        #expect(daemon.stop() == 0)
+
+        try daemon.start()
+        let second =
+            (1...49).map { #"{"type":"when","name":"tap","id":"b\#($0)"}"# } + [#"{"type":"when","name":"derive"}"#]
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + second).acks.last == 50)
+        unlink(down)
+        // 100 records, then the derived one (seen by the pipeline like any other).
+        #expect(try daemon.waitForPipeline("rec", cursor: 101))
+        #expect(seenSeqs(seen) == Array(1...101))
+        #expect(daemon.stop() == 0)
+        let derived = daemon.records().first { $0["name"] as? String == "derived" }
+        #expect(derived?["_origin"] as? String == "rec/recorder")
+        #expect(derived?["_cause"] as? Int == 100)
+        #expect(derived?["_seq"] as? Int == 101)
+    }
+
+    /// With a retry limit, a record that always fails goes to the dead letters and the
+    /// pipeline moves on.
+    @Test func aRecordThatAlwaysFailsGoesToTheDeadLettersAfterTheRetryLimit() throws {
+        let (daemon, seen) = try pipelineDaemon("pipe-dead", settings: "pipeline_retry_limit = 3")
+        try daemon.start()
+        let events = [
+            #"{"type":"when","name":"tap"}"#, #"{"type":"when","name":"poison"}"#, #"{"type":"when","name":"tap"}"#,
+        ]
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 3)
+        #expect(try daemon.waitForPipeline("rec", cursor: 3))
+        #expect(seenSeqs(seen) == [1, 3])
+        let dead = try String(
+            contentsOfFile: daemon.stateDirectory + "/pipelines/rec/dead-letter.jsonl", encoding: .utf8)
+        #expect(dead.contains(#""_seq":2"#) && dead.contains("cannot digest this record") && dead.contains("poison"))
+        #expect(try daemon.pipeline("rec")?["dead_letters"] as? Int == 1)
+        #expect(daemon.stop() == 0)
     }
 }

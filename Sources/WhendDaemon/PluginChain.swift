@@ -1,8 +1,8 @@
 import CWhendPlugin
 import Foundation
 
-/// What the ingest middleware made of one event.
-enum IngestOutcome {
+/// What a chain of plugins made of one record.
+enum ChainOutcome {
     /// Passed on as it came.
     case unchanged
     /// Passed on changed: the last plugin's output, one JSON object.
@@ -13,9 +13,10 @@ enum IngestOutcome {
     case rejected(String)
 }
 
-/// The ingest middleware, in order: trusted plugins that see each event in the daemon, after
-/// validation and before the journal, in the seed's middleware shape.
-final class IngestChain: Sendable {
+/// Plugins in order, in the seed's middleware shape: each gets the record and `next`. The
+/// ingest middleware is one (in the daemon, before the journal); each pipeline is one (in its
+/// worker, after the journal).
+final class PluginChain: Sendable {
     let plugins: [PluginInstance]
 
     init(_ plugins: [PluginInstance]) {
@@ -24,13 +25,13 @@ final class IngestChain: Sendable {
 
     var isEmpty: Bool { plugins.isEmpty }
 
-    /// Runs `record` (a JSON object as it would be stored, without `_seq`) through the chain.
-    func run(_ record: UnsafeBufferPointer<UInt8>) -> IngestOutcome {
-        let call = ChainCall(chain: self, original: record)
-        var r = whend_record(json: record.baseAddress, length: record.count, seq: 0)
+    /// Runs `record` (a JSON object) through the chain; `seq` is its `_seq`, 0 before the journal.
+    func run(_ record: UnsafeBufferPointer<UInt8>, seq: UInt64 = 0) -> ChainOutcome {
+        let call = ChainCall(chain: self, original: record, seq: seq)
+        var r = whend_record(json: record.baseAddress, length: record.count, seq: seq)
         let rc = withExtendedLifetime(call) { call.invoke(0, &r) }
         if let rejection = call.rejection { return .rejected(rejection) }
-        if rc != WHEND_OK { return .rejected("an ingest plugin failed") }
+        if rc != WHEND_OK { return .rejected("a plugin failed") }
         guard call.reachedEnd else { return .dropped }
         return call.changed.map { .changed($0) } ?? .unchanged
     }
@@ -39,8 +40,9 @@ final class IngestChain: Sendable {
 /// One record's way through the chain. A class, so that the plugins' nested `next` calls reach
 /// the same state through a plain pointer without overlapping Swift accesses.
 private final class ChainCall {
-    let chain: IngestChain
+    let chain: PluginChain
     let original: UnsafeBufferPointer<UInt8>
+    let seq: UInt64
     var index = 0
     var reachedEnd = false
     var changed: [UInt8]?
@@ -48,9 +50,10 @@ private final class ChainCall {
     /// rest of the chain refused.
     var rejection: String?
 
-    init(chain: IngestChain, original: UnsafeBufferPointer<UInt8>) {
+    init(chain: PluginChain, original: UnsafeBufferPointer<UInt8>, seq: UInt64) {
         self.chain = chain
         self.original = original
+        self.seq = seq
     }
 
     func invoke(_ index: Int, _ record: UnsafePointer<whend_record>) -> Int32 {
@@ -66,7 +69,7 @@ private final class ChainCall {
         if rc != WHEND_OK && rejection == nil {
             let text = String(decoding: message.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
             let verb = rc == WHEND_REJECT ? "rejected the event" : "failed"
-            rejection = "ingest plugin \(plugin.name) \(verb)\(text.isEmpty ? "" : ": \(text)")"
+            rejection = "plugin \(plugin.name) \(verb)\(text.isEmpty ? "" : ": \(text)")"
         }
         return rc
     }
@@ -78,7 +81,7 @@ private let ingestNext: whend_next_fn = { context, json, length in
     let call = Unmanaged<ChainCall>.fromOpaque(context).takeUnretainedValue()
     let following = call.index + 1
     if following < call.chain.plugins.count {
-        var record = whend_record(json: json, length: length, seq: 0)
+        var record = whend_record(json: json, length: length, seq: call.seq)
         return call.invoke(following, &record)
     }
     call.reachedEnd = true

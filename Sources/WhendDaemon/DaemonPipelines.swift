@@ -1,0 +1,123 @@
+import CWhendPlugin
+import Foundation
+import Logging
+import WhendJournal
+import WhendWire
+
+extension Daemon {
+    /// The worker specs that `configuration` asks for, by pipeline name. Each stage's library is
+    /// loaded and checked (ABI, role, where it lives) here, so that a bad pipeline is refused at
+    /// start or reload rather than found by a worker that keeps failing.
+    func pipelineSpecs(_ configuration: DaemonConfiguration) throws(PluginLoadError) -> [String: PipelineSpec] {
+        var specs: [String: PipelineSpec] = [:]
+        for (name, plugins) in configuration.pipelines {
+            var stages: [PipelineSpec.Stage] = []
+            for plugin in plugins {
+                let library = try PluginLibrary.load(name: plugin, directories: configuration.pluginDirectories)
+                guard library.roles & WHEND_ROLE_PIPELINE != 0 else {
+                    throw PluginLoadError(
+                        description: "plugin \(plugin) (\(library.path)) cannot be a pipeline stage (pipeline \(name))")
+                }
+                stages.append(
+                    PipelineSpec.Stage(
+                        plugin: plugin, configuration: configuration.pluginConfigurations[plugin] ?? "{}"))
+            }
+            specs[name] = PipelineSpec(
+                name: name, stages: stages, journalDirectory: configuration.journal.directory.path,
+                directory: configuration.stateDirectory + "/pipelines/" + name,
+                pluginStateRoot: configuration.stateDirectory + "/plugins",
+                pluginDirectories: configuration.pluginDirectories,
+                retryLimit: configuration.pipelineRetryLimit)
+        }
+        return specs
+    }
+
+    /// Starts, keeps or stops supervised workers so that the pipelines running are `specs`. A
+    /// pipeline whose spec did not change keeps its worker.
+    func runPipelines(_ specs: [String: PipelineSpec], watchdog: TimeInterval) {
+        let executable =
+            (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        var stopping: [PipelineSupervisor] = []
+        var starting: [PipelineSupervisor] = []
+        supervisors.withLockedValue { running in
+            for (name, supervisor) in running where specs[name] != supervisor.spec {
+                stopping.append(supervisor)
+                running[name] = nil
+            }
+            for (name, spec) in specs where running[name] == nil {
+                let supervisor = PipelineSupervisor(
+                    spec: spec, executable: executable, watchdog: watchdog, logger: logger
+                ) { [weak self] record, origin, cause in
+                    self?.appendDerived(record, origin: origin, cause: cause)
+                }
+                running[name] = supervisor
+                starting.append(supervisor)
+            }
+        }
+        for supervisor in stopping { supervisor.stop() }
+        for supervisor in starting { supervisor.start() }
+    }
+
+    func stopPipelines() {
+        let all = supervisors.withLockedValue { running in
+            defer { running.removeAll() }
+            return Array(running.values)
+        }
+        for supervisor in all { supervisor.stop() }
+    }
+
+    /// Appends a record a pipeline plugin derived, with `_origin` (pipeline/plugin) and `_cause`
+    /// (the `_seq` it was derived from). Pipelines then see it like any other record.
+    func appendDerived(_ record: [UInt8], origin: String, cause: UInt64) {
+        var trusted = Array(#"{"_origin":"#.utf8)
+        appendJSONString(Array(origin.utf8), to: &trusted)
+        trusted += Array(#","_cause":\#(cause),"_rt":""#.utf8)
+        var clock = RFC3339Clock()
+        clock.appendNow(to: &trusted)
+        trusted += Array(#""}"#.utf8)
+        let body: [UInt8]
+        do {
+            body = try record.withUnsafeBufferPointer { out in
+                try trusted.withUnsafeBufferPointer { try IngestRewrite.body(output: out, original: $0) }
+            }
+        } catch {
+            logger.error("pipeline \(origin): a derived record was refused: \(error)")
+            return
+        }
+        var batch = JournalBatch()
+        batch.bodies = body
+        batch.ends = [body.count]
+        let now = Int64(Date().timeIntervalSince1970 * 1e6)
+        batch.minReceivedMicros = now
+        batch.maxReceivedMicros = now
+        let log = logger
+        writer.submit(batch) { result in
+            if case .failed(let why) = result {
+                log.error("pipeline \(origin): a derived record was not stored: \(why)")
+            }
+        }
+    }
+
+    func pipelineList() -> [[String: Any]] {
+        let lastSeq = writer.statistics.lastSeq
+        return supervisors.withLockedValue { $0 }.sorted { $0.key < $1.key }.map { name, supervisor in
+            let s = supervisor.state.withLockedValue { $0 }
+            var entry: [String: Any] = [
+                "name": name, "plugins": supervisor.spec.stages.map(\.plugin),
+                "state": s.running ? "running" : "restarting",
+                "pid": Int(s.pid), "cursor": s.cursor, "lag": lastSeq > s.cursor ? lastSeq - s.cursor : 0,
+                "failures": s.failures, "dead_letters": s.deadLetters, "restarts": s.restarts,
+            ]
+            if let exit = s.lastExit { entry["last_exit"] = exit }
+            return entry
+        }
+    }
+
+    /// The largest number of records any pipeline still has to process.
+    var pipelineLag: UInt64? {
+        let lastSeq = writer.statistics.lastSeq
+        let cursors = supervisors.withLockedValue { $0.values.map { $0.state.withLockedValue { $0.cursor } } }
+        guard !cursors.isEmpty else { return nil }
+        return cursors.map { lastSeq > $0 ? lastSeq - $0 : 0 }.max()
+    }
+}

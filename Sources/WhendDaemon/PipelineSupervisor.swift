@@ -1,0 +1,185 @@
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+import WhendJournal
+import WhendWire
+
+/// Runs one pipeline's worker process and keeps it running: restarts it with backoff when it
+/// exits or crashes, and kills and restarts it when it stops reporting (its watchdog). The
+/// worker resumes from its durable cursor, so a restart loses nothing.
+final class PipelineSupervisor: @unchecked Sendable {
+    // Unchecked: mutable state is in `state`, under its lock; the rest is set once.
+    struct State {
+        var pid: pid_t = 0
+        var cursor: UInt64 = 0
+        var failures = 0
+        var deadLetters = 0
+        var restarts = 0
+        var running = false
+        var stopping = false
+        var lastReport = Date()
+        var lastExit: String?
+    }
+
+    let spec: PipelineSpec
+    private let executable: String
+    private let watchdog: TimeInterval
+    private let logger: Logger
+    private let appendDerived: @Sendable (_ record: [UInt8], _ origin: String, _ cause: UInt64) -> Void
+    let state = NIOLockedValueBox(State())
+    private let finished = DispatchSemaphore(value: 0)
+
+    init(
+        spec: PipelineSpec, executable: String, watchdog: TimeInterval, logger: Logger,
+        appendDerived: @escaping @Sendable ([UInt8], String, UInt64) -> Void
+    ) {
+        self.spec = spec
+        self.executable = executable
+        self.watchdog = watchdog
+        self.logger = logger
+        self.appendDerived = appendDerived
+        state.withLockedValue { $0.cursor = PipelineSpec.savedCursor(at: spec.cursorPath) }
+    }
+
+    func start() {
+        let thread = Thread { [self] in supervise() }
+        thread.name = "whend-pipeline-\(spec.name)"
+        thread.start()
+    }
+
+    /// Asks the worker to stop (SIGTERM, then SIGKILL after `grace`) and waits for it.
+    func stop(grace: TimeInterval = 2) {
+        let pid = state.withLockedValue {
+            $0.stopping = true
+            return $0.pid
+        }
+        if pid > 0 { kill(pid, SIGTERM) }
+        if finished.wait(timeout: .now() + grace) == .timedOut {
+            let pid = state.withLockedValue { $0.pid }
+            if pid > 0 { kill(pid, SIGKILL) }
+            finished.wait()
+        }
+    }
+
+    /// Kills the worker; the supervisor starts it again from its cursor.
+    func restart() {
+        let pid = state.withLockedValue { $0.pid }
+        if pid > 0 { kill(pid, SIGKILL) }
+    }
+
+    private func supervise() {
+        var backoff: TimeInterval = 0.1
+        while !state.withLockedValue({ $0.stopping }) {
+            let started = Date()
+            let exit = runWorkerOnce()
+            let stopping = state.withLockedValue {
+                $0.running = false
+                $0.pid = 0
+                $0.lastExit = exit
+                return $0.stopping
+            }
+            if stopping { break }
+            // A worker that ran a good while earns a fresh backoff.
+            if Date().timeIntervalSince(started) > 60 { backoff = 0.1 }
+            logger.error("pipeline \(spec.name): worker \(exit); restarting in \(String(format: "%.1f", backoff)) s")
+            state.withLockedValue { $0.restarts += 1 }
+            Thread.sleep(forTimeInterval: backoff)
+            backoff = min(10, backoff * 2)
+        }
+        finished.signal()
+    }
+
+    /// Starts the worker, reads its reports until it exits, and says how it ended.
+    private func runWorkerOnce() -> String {
+        var fds: [Int32] = [0, 0]
+        guard pipe(&fds) == 0 else { return "could not start (pipe: \(String(cString: strerror(errno))))" }
+        // Neither end may leak into other children; dup2 gives the worker its own stdout.
+        _ = fcntl(fds[0], F_SETFD, FD_CLOEXEC)
+        _ = fcntl(fds[1], F_SETFD, FD_CLOEXEC)
+        let specJSON = String(decoding: (try? JSONEncoder().encode(spec)) ?? Data(), as: UTF8.self)
+        let arguments: [String] = [executable, "--pipeline-worker", specJSON]
+        let argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
+        var environment = ProcessInfo.processInfo.environment
+        // The worker is not the service: it must not speak to the service manager.
+        for key in ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"] {
+            environment[key] = nil
+        }
+        let envp: [UnsafeMutablePointer<CChar>?] = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        defer {
+            argv.forEach { free($0) }
+            envp.forEach { free($0) }
+        }
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_adddup2(&actions, fds[1], 1)
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        var pid: pid_t = 0
+        let rc = posix_spawn(&pid, executable, &actions, nil, argv, envp)
+        close(fds[1])
+        guard rc == 0 else {
+            close(fds[0])
+            return "could not start (\(String(cString: strerror(rc))))"
+        }
+        state.withLockedValue {
+            $0.pid = pid
+            $0.running = true
+            $0.lastReport = Date()
+        }
+        let watchdogTimer = DispatchSource.makeTimerSource(queue: .global())
+        watchdogTimer.schedule(deadline: .now() + 1, repeating: 1)
+        watchdogTimer.setEventHandler { [self] in
+            let silent = state.withLockedValue { Date().timeIntervalSince($0.lastReport) }
+            if silent > watchdog {
+                logger.error("pipeline \(spec.name): worker \(pid) silent for \(Int(silent)) s; killing it")
+                kill(pid, SIGKILL)
+            }
+        }
+        watchdogTimer.resume()
+        readReports(from: fds[0])
+        watchdogTimer.cancel()
+        close(fds[0])
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+        let signalled = status & 0x7F
+        if signalled != 0 { return "killed by signal \(signalled)" }
+        return "exited with status \((status >> 8) & 0xFF)"
+    }
+
+    private func readReports(from fd: Int32) {
+        var pending: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = read(fd, &buffer, buffer.count)
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else { return }
+            pending += buffer[0..<n]
+            var start = 0
+            while let newline = pending[start...].firstIndex(of: 0x0A) {
+                handleReport(Array(pending[start..<newline]))
+                start = newline + 1
+            }
+            pending.removeFirst(start)
+            // A report is short; a worker that writes an endless line is broken.
+            if pending.count > 32 << 20 { pending.removeAll() }
+        }
+    }
+
+    private func handleReport(_ line: [UInt8]) {
+        guard let object = try? JSONSerialization.jsonObject(with: Data(line)) as? [String: Any] else { return }
+        if let progress = object["progress"] as? [String: Any] {
+            state.withLockedValue {
+                $0.lastReport = Date()
+                if let c = progress["cursor"] as? NSNumber { $0.cursor = c.uint64Value }
+                $0.failures = (progress["failures"] as? Int) ?? $0.failures
+                $0.deadLetters = (progress["dead_letters"] as? Int) ?? $0.deadLetters
+            }
+        } else if let emit = object["emit"] as? [String: Any], let record = emit["record"] as? [String: Any],
+            let origin = emit["origin"] as? String, let cause = (emit["cause"] as? NSNumber)?.uint64Value,
+            let bytes = try? JSONSerialization.data(withJSONObject: record)
+        {
+            state.withLockedValue { $0.lastReport = Date() }
+            appendDerived(Array(bytes), origin, cause)
+        }
+    }
+}
