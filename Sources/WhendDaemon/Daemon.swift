@@ -46,6 +46,8 @@ public final class Daemon: Sendable {
     private let lastRateReport = NIOLockedValueBox<Date>(Date())
     private let nextConnectionID = NIOLockedValueBox<UInt64>(0)
     let supervisors = NIOLockedValueBox<[String: PipelineSupervisor]>([:])
+    /// Plugins `whenctl plugins unload` took out of routing, until `load` puts them back.
+    let unloaded = NIOLockedValueBox<Set<String>>([])
 
     /// The configuration in force (it changes on reload).
     public var configuration: DaemonConfiguration { live.current }

@@ -18,7 +18,7 @@ public struct ReloadOutcome: Sendable {
 
 extension Daemon {
     /// The commands of the control socket.
-    static let controlCommands = ["status", "reload", "metrics", "plugins", "restart"]
+    static let controlCommands = ["status", "reload", "metrics", "plugins", "load", "unload", "restart"]
 
     func handleControlRequest(_ line: [UInt8]) -> [UInt8] {
         guard
@@ -39,6 +39,9 @@ extension Daemon {
             return ControlReply.encode(["ok": true, "metrics": text])
         case "plugins":
             return ControlReply.encode(["ok": true, "plugins": pluginList(), "pipelines": pipelineList()])
+        case "load", "unload":
+            guard let name = object["plugin"] as? String else { return ControlReply.failure("name the plugin") }
+            return setUnloaded(name, command == "unload")
         case "restart":
             guard let name = object["pipeline"] as? String,
                 let supervisor = supervisors.withLockedValue({ $0[name] })
@@ -193,7 +196,8 @@ extension Daemon {
         -> PluginChain
     {
         var plugins: [PluginInstance] = []
-        for name in configuration.ingestPlugins {
+        let unloaded = self.unloaded.withLockedValue { $0 }
+        for name in configuration.ingestPlugins where !unloaded.contains(name) {
             let library = try PluginLibrary.load(name: name, directories: configuration.pluginDirectories)
             guard library.roles & WHEND_ROLE_INGEST != 0 else {
                 throw PluginLoadError(
@@ -213,13 +217,18 @@ extension Daemon {
     }
 
     func pluginList() -> [[String: Any]] {
-        live.ingest.plugins.map { p in
-            [
-                "name": p.name, "version": p.library.version, "abi": Int(p.library.abiVersion), "path": p.library.path,
-                "roles": (p.library.roles & WHEND_ROLE_INGEST != 0 ? ["ingest"] : [])
-                    + (p.library.roles & WHEND_ROLE_PIPELINE != 0 ? ["pipeline"] : []),
-                "routes": ["ingest"], "state": "running", "counters": p.counters,
-            ]
+        let unloaded = self.unloaded.withLockedValue { $0 }.sorted().map {
+            ["name": $0, "state": "unloaded"] as [String: Any]
         }
+        return unloaded
+            + live.ingest.plugins.map { p in
+                [
+                    "name": p.name, "version": p.library.version, "abi": Int(p.library.abiVersion),
+                    "path": p.library.path,
+                    "roles": (p.library.roles & WHEND_ROLE_INGEST != 0 ? ["ingest"] : [])
+                        + (p.library.roles & WHEND_ROLE_PIPELINE != 0 ? ["pipeline"] : []),
+                    "routes": ["ingest"], "state": "running", "counters": p.counters,
+                ]
+            }
     }
 }

@@ -10,7 +10,9 @@ extension Daemon {
     /// start or reload rather than found by a worker that keeps failing.
     func pipelineSpecs(_ configuration: DaemonConfiguration) throws(PluginLoadError) -> [String: PipelineSpec] {
         var specs: [String: PipelineSpec] = [:]
-        for (name, plugins) in configuration.pipelines {
+        let unloaded = self.unloaded.withLockedValue { $0 }
+        // A pipeline with an unloaded plugin waits at its cursor: it never skips a stage.
+        for (name, plugins) in configuration.pipelines where unloaded.isDisjoint(with: plugins) {
             var stages: [PipelineSpec.Stage] = []
             for plugin in plugins {
                 let library = try PluginLibrary.load(name: plugin, directories: configuration.pluginDirectories)
@@ -119,5 +121,36 @@ extension Daemon {
         let cursors = supervisors.withLockedValue { $0.values.map { $0.state.withLockedValue { $0.cursor } } }
         guard !cursors.isEmpty else { return nil }
         return cursors.map { lastSeq > $0 ? lastSeq - $0 : 0 }.max()
+    }
+}
+
+extension Daemon {
+    /// `whenctl plugins unload|load NAME`: stops routing records to a plugin (its ingest stage is
+    /// skipped, its pipelines wait at their cursors), or routes them to it again. The library
+    /// stays loaded: a Swift library cannot be closed safely.
+    func setUnloaded(_ name: String, _ unload: Bool) -> [UInt8] {
+        let configuration = self.configuration
+        let known =
+            configuration.ingestPlugins.contains(name) || configuration.pipelines.values.contains { $0.contains(name) }
+        guard known else {
+            return ControlReply.failure("no plugin \(name) is configured; whenctl plugins lists them")
+        }
+        return reloadQueue.sync {
+            let before = unloaded.withLockedValue { $0 }
+            unloaded.withLockedValue { if unload { $0.insert(name) } else { $0.remove(name) } }
+            do {
+                let ingest = try buildPluginChain(configuration, reusing: live.ingest)
+                let specs = try pipelineSpecs(configuration)
+                live.replace(configuration, ingest: ingest)
+                runPipelines(specs, watchdog: configuration.pipelineWatchdog)
+            } catch {
+                unloaded.withLockedValue { $0 = before }
+                return ControlReply.failure("\(error)")
+            }
+            logger.notice(
+                "plugin \(name) \(unload ? "unloaded: no records are routed to it" : "loaded: records are routed to it again")"
+            )
+            return ControlReply.encode(["ok": true])
+        }
     }
 }

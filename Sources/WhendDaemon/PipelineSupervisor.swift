@@ -114,6 +114,9 @@ final class PipelineSupervisor: @unchecked Sendable {
         defer { posix_spawn_file_actions_destroy(&actions) }
         posix_spawn_file_actions_adddup2(&actions, fds[1], 1)
         posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        // Nothing else of the daemon's: an inherited client or control connection would stay
+        // open in the worker after the daemon closed it, and its peer would never see the end.
+        _ = spawnActionsCloseFrom(&actions, 3)
         var pid: pid_t = 0
         let rc = posix_spawn(&pid, executable, &actions, nil, argv, envp)
         close(fds[1])
@@ -183,3 +186,9 @@ final class PipelineSupervisor: @unchecked Sendable {
         }
     }
 }
+
+/// glibc's posix_spawn_file_actions_addclosefrom_np (2.34 and later), which Swift's Glibc
+/// module does not import: closes every descriptor from `lowest` up in the child.
+@_silgen_name("posix_spawn_file_actions_addclosefrom_np")
+private func spawnActionsCloseFrom(_ actions: UnsafeMutablePointer<posix_spawn_file_actions_t>, _ lowest: Int32)
+    -> Int32

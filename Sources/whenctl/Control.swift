@@ -149,13 +149,20 @@ struct Plugins: ParsableCommand {
 
     @OptionGroup var options: ControlOptions
 
-    @Argument(help: "restart PIPELINE, or nothing to list")
+    @Argument(help: "load PLUGIN, unload PLUGIN, restart PIPELINE, or nothing to list")
     var action: [String] = []
 
     @Flag(name: .long, help: "Print the list as JSON.")
     var json = false
 
     func run() throws {
+        if let verb = action.first, verb == "load" || verb == "unload" {
+            guard action.count == 2 else { throw ValidationError("whenctl plugins \(verb) PLUGIN") }
+            let reply = try options.request(verb, as: "plugins \(verb)", ["plugin": action[1]])
+            try failIfRefused(reply, as: "plugins \(verb)")
+            print(verb == "unload" ? "\(action[1]) unloaded: no records are routed to it" : "\(action[1]) loaded")
+            return
+        }
         if action.first == "restart" {
             guard action.count == 2 else { throw ValidationError("whenctl plugins restart PIPELINE") }
             let reply = try options.request("restart", as: "plugins restart", ["pipeline": action[1]])
@@ -187,6 +194,10 @@ struct Plugins: ParsableCommand {
             let routes = (p["routes"] as? [String] ?? []).joined(separator: ", ")
             let counters = (p["counters"] as? [String: Any] ?? [:]).sorted { $0.key < $1.key }
                 .map { "\($0.key) \($0.value)" }.joined(separator: ", ")
+            if p["state"] as? String == "unloaded" {
+                print("\(p["name"] ?? "?") unloaded (no records routed to it)")
+                continue
+            }
             print(
                 "\(p["name"] ?? "?") \(p["version"] ?? "?") (ABI \(p["abi"] ?? "?")) \(p["state"] ?? "?") in \(routes)\(counters.isEmpty ? "" : "; \(counters)")"
             )

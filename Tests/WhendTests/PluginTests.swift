@@ -220,4 +220,22 @@ func isInOrderAtLeastOnce(_ seqs: [Int], upTo n: Int) -> Bool {
         #expect(try daemon.pipeline("rec")?["dead_letters"] as? Int == 1)
         #expect(daemon.stop() == 0)
     }
+
+    /// `unload` stops routing to a plugin without closing it: its pipeline waits at its
+    /// cursor; `load` routes to it again and the pipeline catches up.
+    @Test func unloadStopsRoutingAndLoadResumesFromTheCursor() throws {
+        let (daemon, seen) = try pipelineDaemon("pipe-unload")
+        try daemon.start()
+        #expect(try daemon.whenctl(["plugins", "unload", "recorder"]).status == 0)
+        #expect(try daemon.whenctl(["plugins"]).output.contains("recorder unloaded"))
+        let events = (1...5).map { #"{"type":"when","name":"tap","id":"u\#($0)"}"# }
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 5)
+        usleep(500_000)
+        #expect(seenSeqs(seen).isEmpty)
+        #expect(try daemon.whenctl(["plugins", "load", "recorder"]).status == 0)
+        #expect(try daemon.waitForPipeline("rec", cursor: 5))
+        #expect(seenSeqs(seen) == [1, 2, 3, 4, 5])
+        #expect(try daemon.whenctl(["plugins", "unload", "nosuch"]).status == 1)
+        #expect(daemon.stop() == 0)
+    }
 }
