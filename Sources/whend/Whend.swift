@@ -95,6 +95,16 @@ struct Whend: ParsableCommand {
     @Option(name: .long, help: "The ingest middleware, plugin names in order, separated by ','. (ingest)")
     var ingest: String?
 
+    @Option(
+        name: .long,
+        help: "Attempts at one record before a pipeline dead-letters it; default 0: forever. (pipeline_retry_limit)")
+    var pipelineRetryLimit: String?
+
+    @Option(
+        name: .long, help: "Seconds a silent pipeline worker is given before a restart; default 30. (pipeline_watchdog)"
+    )
+    var pipelineWatchdog: String?
+
     @Option(name: .long, help: "trace, debug, info (default), notice, warning, error, critical. (log_level)")
     var logLevel: String?
 
@@ -112,7 +122,8 @@ struct Whend: ParsableCommand {
             ("rate_burst", rateBurst), ("rate_limit_by", rateLimitBy),
             ("rate_limit_report_interval", rateLimitReportInterval), ("max_pending_bytes", maxPendingBytes),
             ("shutdown_timeout", shutdownTimeout),
-            ("plugin_dirs", pluginDirs), ("ingest", ingest), ("log_level", logLevel),
+            ("plugin_dirs", pluginDirs), ("ingest", ingest), ("pipeline_retry_limit", pipelineRetryLimit),
+            ("pipeline_watchdog", pipelineWatchdog), ("log_level", logLevel),
         ]
         return pairs.compactMap { key, value in
             value.map { SettingValue(key: key, value: $0, source: "--" + key.replacingOccurrences(of: "_", with: "-")) }
