@@ -33,9 +33,15 @@ extension Daemon {
         case "status":
             return ControlReply.encode(["ok": true, "status": status()])
         case "metrics":
+            let pipelines = pipelineList().map { p in
+                DaemonMetrics.PipelineFigures(
+                    name: p["name"] as? String ?? "", lag: p["lag"] as? UInt64 ?? 0,
+                    failures: p["failures"] as? Int ?? 0,
+                    deadLetters: p["dead_letters"] as? Int ?? 0, restarts: p["restarts"] as? Int ?? 0)
+            }
             let text = metrics.prometheusText(
                 journal: writer.statistics, pendingBytes: writer.pendingBytes,
-                directory: configuration.journal.directory)
+                directory: configuration.journal.directory, pipelines: pipelines)
             return ControlReply.encode(["ok": true, "metrics": text])
         case "plugins":
             return ControlReply.encode(["ok": true, "plugins": pluginList(), "pipelines": pipelineList()])

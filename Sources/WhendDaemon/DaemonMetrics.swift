@@ -33,6 +33,8 @@ final class DaemonMetrics: Sendable {
     private let lastSeqGauge: CoreMetrics.Gauge
     private let journalBytesGauge: CoreMetrics.Gauge
     private let journalSegmentsGauge: CoreMetrics.Gauge
+    private let factory: PrometheusMetricsFactory
+    private let pipelineGauges = NIOLockedValueBox<[String: [CoreMetrics.Gauge]]>([:])
 
     init() {
         var factory = PrometheusMetricsFactory(registry: registry)
@@ -42,6 +44,7 @@ final class DaemonMetrics: Sendable {
             .milliseconds(2), .milliseconds(5), .milliseconds(10), .milliseconds(25), .milliseconds(50),
             .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1), .seconds(5),
         ]
+        self.factory = factory
         bytesInCounter = CoreMetrics.Counter(label: "whend_bytes_received_total", factory: factory)
         receivedCounter = CoreMetrics.Counter(label: "whend_events_received_total", factory: factory)
         storedCounter = CoreMetrics.Counter(label: "whend_events_stored_total", factory: factory)
@@ -108,7 +111,33 @@ final class DaemonMetrics: Sendable {
     var connections: Int { state.withLockedValue { $0.connections } }
 
     /// The Prometheus text exposition of every metric, with the gauges read at this moment.
-    func prometheusText(journal: JournalStatistics, pendingBytes: Int, directory: JournalDirectory) -> String {
+    /// One pipeline's figures at scrape time.
+    struct PipelineFigures {
+        var name: String
+        var lag: UInt64
+        var failures: Int
+        var deadLetters: Int
+        var restarts: Int
+    }
+
+    func prometheusText(
+        journal: JournalStatistics, pendingBytes: Int, directory: JournalDirectory, pipelines: [PipelineFigures]
+    ) -> String {
+        for p in pipelines {
+            let gauges = pipelineGauges.withLockedValue { known in
+                if let g = known[p.name] { return g }
+                let g = [
+                    "whend_pipeline_lag_records", "whend_pipeline_failures", "whend_pipeline_dead_letters",
+                    "whend_pipeline_restarts",
+                ].map { CoreMetrics.Gauge(label: $0, dimensions: [("pipeline", p.name)], factory: factory) }
+                known[p.name] = g
+                return g
+            }
+            gauges[0].record(Int64(p.lag))
+            gauges[1].record(p.failures)
+            gauges[2].record(p.deadLetters)
+            gauges[3].record(p.restarts)
+        }
         pendingGauge.record(pendingBytes)
         lastSeqGauge.record(Int64(journal.lastSeq))
         let usage = directory.usage()

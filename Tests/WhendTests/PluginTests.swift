@@ -186,6 +186,7 @@ func isInOrderAtLeastOnce(_ seqs: [Int], upTo n: Int) -> Bool {
         #expect(stuck?["cursor"] as? Int == 0)
         #expect((stuck?["failures"] as? Int ?? 0) > 0)
         #expect(stuck?["lag"] as? Int == 50)
+        #expect(try daemon.whenctl(["metrics"]).output.contains(#"whend_pipeline_lag_records{pipeline="rec"} 50"#))
         #expect(daemon.stop() == 0)
 
         try daemon.start()
