@@ -1,8 +1,8 @@
 /* A C pipeline plugin for the tests. It appends each record's _seq to "seen" in its state
  * directory and passes the record on. While a file "down" exists there, it fails every record
  * (a destination that is down). Records named "poison" always fail. With {"crash_at": N} in
- * its configuration it crashes (a segfault) on _seq N, once. A record named "derive" makes it
- * emit a derived record. */
+ * its configuration it crashes (a segfault) on _seq N, once; with {"hang_at": N} it hangs there,
+ * once. A record named "derive" makes it emit a derived record. */
 #define _GNU_SOURCE /* memmem */
 #include "whend_plugin.h"
 #include <fcntl.h>
@@ -16,8 +16,8 @@ const uint32_t whend_plugin_abi_version = WHEND_PLUGIN_ABI_VERSION;
 
 typedef struct {
     const whend_host *host;
-    unsigned long long crash_at;
-    char seen[4096], down[4096], crashed[4096];
+    unsigned long long crash_at, hang_at;
+    char seen[4096], down[4096], crashed[4096], hung[4096];
 } recorder;
 
 static void *create(const whend_host *host, const char *config, size_t length, char *error, size_t capacity) {
@@ -29,9 +29,12 @@ static void *create(const whend_host *host, const char *config, size_t length, c
     r->host = host;
     const char *crash = memmem(config, length, "\"crash_at\":", 11);
     if (crash) r->crash_at = strtoull(crash + 11, NULL, 10);
+    const char *hang = memmem(config, length, "\"hang_at\":", 10);
+    if (hang) r->hang_at = strtoull(hang + 10, NULL, 10);
     snprintf(r->seen, sizeof r->seen, "%s/seen", host->state_directory);
     snprintf(r->down, sizeof r->down, "%s/down", host->state_directory);
     snprintf(r->crashed, sizeof r->crashed, "%s/crashed", host->state_directory);
+    snprintf(r->hung, sizeof r->hung, "%s/hung", host->state_directory);
     return r;
 }
 
@@ -62,6 +65,10 @@ static int handle(void *instance, const whend_record *record, whend_next_fn next
     if (r->crash_at && record->seq == r->crash_at && !exists(r->crashed)) {
         close(open(r->crashed, O_CREAT | O_WRONLY, 0600));
         *(volatile int *)0 = 1; /* a segfault, as a buggy C plugin would have */
+    }
+    if (r->hang_at && record->seq == r->hang_at && !exists(r->hung)) {
+        close(open(r->hung, O_CREAT | O_WRONLY, 0600));
+        for (;;) pause(); /* stuck, as on a call that never returns */
     }
     char line[32];
     int n = snprintf(line, sizeof line, "%llu\n", (unsigned long long)record->seq);

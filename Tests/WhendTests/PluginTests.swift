@@ -171,6 +171,20 @@ func isInOrderAtLeastOnce(_ seqs: [Int], upTo n: Int) -> Bool {
         #expect(daemon.stop() == 0)
     }
 
+    /// A plugin that hangs: the worker stops reporting, the watchdog kills it, and the new
+    /// worker goes on from the cursor.
+    @Test func aWorkerThatHangsIsKilledByItsWatchdogAndResumes() throws {
+        let (daemon, seen) = try pipelineDaemon(
+            "pipe-hang", settings: "pipeline_watchdog = 1\nplugin.recorder = {\"hang_at\": 20}")
+        try daemon.start()
+        let events = (1...40).map { #"{"type":"when","name":"tap","id":"h\#($0)"}"# }
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 40)
+        #expect(try daemon.waitForPipeline("rec", cursor: 40, seconds: 30))
+        #expect(daemon.log.contains("silent for"))
+        #expect(isInOrderAtLeastOnce(seenSeqs(seen), upTo: 40))
+        #expect(daemon.stop() == 0)
+    }
+
     /// A destination that is down: the pipeline retries and does not move on; whend restarts;
     /// when the destination is back, the pipeline catches up from its cursor. Derived records
     /// land in the journal with their origin and cause.
