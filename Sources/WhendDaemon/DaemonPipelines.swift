@@ -68,7 +68,7 @@ extension Daemon {
         for supervisor in all { supervisor.stop() }
     }
 
-    /// Appends a record a pipeline plugin derived, with `_origin` (pipeline/plugin) and `_cause`
+    /// Appends a record a pipeline plugin derived, with `_origin` (the plugin's name) and `_cause`
     /// (the `_seq` it was derived from). Pipelines then see it like any other record.
     func appendDerived(_ record: [UInt8], origin: String, cause: UInt64) {
         var trusted = Array(#"{"_origin":"#.utf8)

@@ -53,7 +53,7 @@ public enum PipelineWorker {
                     try PluginInstance(
                         library: library, configuration: stage.configuration,
                         stateDirectory: spec.pluginStateRoot + "/" + stage.plugin, logger: logger,
-                        emit: { plugin, json in output.emit(json, origin: "\(spec.name)/\(plugin)") }))
+                        emit: { plugin, json in output.emit(json, origin: plugin) }))
             }
             chain = PluginChain(instances)
         } catch {

@@ -213,7 +213,7 @@ func isInOrderAtLeastOnce(_ seqs: [Int], upTo n: Int) -> Bool {
         #expect(seenSeqs(seen) == Array(1...101))
         #expect(daemon.stop() == 0)
         let derived = daemon.records().first { $0["name"] as? String == "derived" }
-        #expect(derived?["_origin"] as? String == "rec/recorder")
+        #expect(derived?["_origin"] as? String == "recorder")
         #expect(derived?["_cause"] as? Int == 100)
         #expect(derived?["_seq"] as? Int == 101)
     }
