@@ -10,6 +10,10 @@ let package = Package(
         .library(name: "WhendWire", targets: ["WhendWire"]),
         .library(name: "WhendJournal", targets: ["WhendJournal"]),
         .library(name: "WhendDaemon", targets: ["WhendDaemon"]),
+        // For apps: emit to whend without ever blocking.
+        .library(name: "WhenClient", targets: ["WhenClient"]),
+        // For app tests: the GIVEN/WHEN/THEN runner, from Swift Testing or XCTest.
+        .library(name: "WhenTesting", targets: ["WhenTesting"]),
         // For plugin authors: the Swift SDK over the C ABI (Sources/CWhendPlugin/include).
         .library(name: "WhendPluginSDK", targets: ["WhendPluginSDK"]),
         // Plugins, as shared libraries loaded with dlopen.
@@ -27,6 +31,9 @@ let package = Package(
         .systemLibrary(name: "CZstd", pkgConfig: "libzstd", providers: [.apt(["libzstd-dev"])]),
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
 
+        // The client library apps emit with, in the seeds' idioms. No NIO.
+        .target(name: "WhenClient", dependencies: ["WhendWire"]),
+        .target(name: "WhenTesting", dependencies: ["WhenClient"]),
         // The plugin ABI: a C header, checked by the host before it calls anything.
         .target(name: "CWhendPlugin"),
         // The ABI version as exported data, linked into every plugin built with the SDK.
@@ -72,7 +79,8 @@ let package = Package(
         // End to end: real whend and whenctl processes on real sockets. Depends on the
         // executables so that `swift test` builds them beside the test bundle.
         .testTarget(
-            name: "WhendTests", dependencies: ["WhendWire", "WhendJournal", "WhendDaemon", "whend", "whenctl"]),
+            name: "WhendTests",
+            dependencies: ["WhendWire", "WhendJournal", "WhendDaemon", "WhenClient", "WhenTesting", "whend", "whenctl"]),
     ],
     swiftLanguageModes: [.v6]
 )

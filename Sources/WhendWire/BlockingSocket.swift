@@ -73,6 +73,17 @@ public final class BlockingSocket: @unchecked Sendable {
         }
     }
 
+    /// Waits until there is something to read (or the peer closed), at most `timeout` seconds.
+    public func waitReadable(timeout: TimeInterval) -> Bool {
+        var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        let milliseconds = Int32(max(0, min(timeout, 3600)) * 1000)
+        while true {
+            let rc = poll(&pfd, 1, milliseconds)
+            if rc < 0 && errno == EINTR { continue }
+            return rc > 0
+        }
+    }
+
     /// Reads lines until the daemon closes, calling `body` for each.
     public func receiveLines(_ body: (String) -> Void) throws {
         var pending: [UInt8] = []
