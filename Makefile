@@ -6,7 +6,7 @@ DEBIAN_PACKAGES := libzstd-dev libsystemd-dev zstd pkg-config
 # ext4 filesystem to freeze (e2fsprogs, util-linux), strip for the .deb (binutils).
 TEST_PACKAGES := systemd e2fsprogs util-linux binutils
 
-.PHONY: deps test-deps build release run test soak lint bench fuzz deb package-check clean
+.PHONY: deps test-deps build release run test soak lint bench bench-client fuzz deb package-check clean
 
 # Installs what is missing, and nothing when all is there (so `make run` needs no root twice).
 define install_missing
@@ -54,6 +54,14 @@ bench: deps
 	$(SWIFT) build -c release --package-path Benchmarks
 	Benchmarks/.build/release/whend-bench --whend .build/release/whend --whenctl .build/release/whenctl \
 		--rsyslog-root Benchmarks/.peer/root --events $(BENCH_EVENTS) --rounds $(BENCH_ROUNDS)
+
+# What WhenClient.emit costs the app's thread with the daemon up, down and stopped, against one
+# blocking send(2) per event in the same run.
+CLIENT_BENCH_EVENTS ?= 200000
+bench-client: deps
+	$(SWIFT) build -c release
+	$(SWIFT) build -c release --package-path Benchmarks --product whenclient-bench
+	Benchmarks/.build/release/whenclient-bench --whend .build/release/whend --events $(CLIENT_BENCH_EVENTS) --rounds $(BENCH_ROUNDS)
 
 # libFuzzer over each input format, FUZZ_SECONDS per target. Findings are written to
 # Fuzz/findings/ (crash-*); the growing corpus lives in Fuzz/.corpus/ beside the seeds.

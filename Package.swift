@@ -7,6 +7,8 @@ let package = Package(
     products: [
         .executable(name: "whend", targets: ["whend"]),
         .executable(name: "whenctl", targets: ["whenctl"]),
+        // App sessions simulated through WhenClient, for the tour and the benchmarks.
+        .executable(name: "whend-demo", targets: ["whend-demo"]),
         .library(name: "WhendWire", targets: ["WhendWire"]),
         .library(name: "WhendJournal", targets: ["WhendJournal"]),
         .library(name: "WhendDaemon", targets: ["WhendDaemon"]),
@@ -34,6 +36,7 @@ let package = Package(
         // The client library apps emit with, in the seeds' idioms. No NIO.
         .target(name: "WhenClient", dependencies: ["WhendWire"]),
         .target(name: "WhenTesting", dependencies: ["WhenClient"]),
+        .executableTarget(name: "whend-demo", dependencies: ["WhenClient"]),
         // The plugin ABI: a C header, checked by the host before it calls anything.
         .target(name: "CWhendPlugin"),
         // The ABI version as exported data, linked into every plugin built with the SDK.
@@ -80,7 +83,10 @@ let package = Package(
         // executables so that `swift test` builds them beside the test bundle.
         .testTarget(
             name: "WhendTests",
-            dependencies: ["WhendWire", "WhendJournal", "WhendDaemon", "WhenClient", "WhenTesting", "whend", "whenctl"]),
+            dependencies: [
+                "WhendWire", "WhendJournal", "WhendDaemon", "WhenClient", "WhenTesting", "whend", "whenctl",
+                "whend-demo",
+            ]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// JSON text that is already encoded (a `Codable` value's form), spliced into an event as is.
 public struct RawJSON: Sendable, Equatable {
@@ -14,8 +15,10 @@ enum EventEncoding {
         var description: String
     }
 
-    /// One event line: `type` first (easier to read in a journal), the other keys sorted.
-    static func line(_ event: [String: Any]) throws -> [UInt8] {
+    /// One event line: `type` first (easier to read in a journal), the other keys sorted, then
+    /// the `extra` string members the event does not have itself. (Extra members are written
+    /// rather than added to the dictionary: that would copy the caller's dictionary.)
+    static func line(_ event: [String: Any], extra: KeyValuePairs<String, String?> = [:]) throws -> [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(256)
         out.append(UInt8(ascii: "{"))
@@ -25,6 +28,9 @@ enum EventEncoding {
         }
         for key in event.keys.sorted() where key != "type" {
             try member(key, event[key]!, into: &out, first: &first)
+        }
+        for (key, value) in extra where event[key] == nil {
+            if let value { try member(key, value, into: &out, first: &first) }
         }
         out.append(UInt8(ascii: "}"))
         out.append(0x0A)
@@ -40,34 +46,35 @@ enum EventEncoding {
     }
 
     static func encode(_ value: Any, into out: inout [UInt8]) throws {
-        switch value {
-        case let s as String: string(s, into: &out)
-        // Values from JSONSerialization: their type code tells a bool from a number.
-        case let n as NSNumber where type(of: value) is NSNumber.Type:
+        // Classes are told by their metatype first: a value cast to a class is bridged (a whole
+        // dictionary turned into an NSDictionary), and an NSNumber would match `as Int` and
+        // `as Bool` alike.
+        let valueType = type(of: value)
+        if valueType is NSNumber.Type, let n = value as? NSNumber {
+            // Values from JSONSerialization: their type code tells a bool from a number.
             switch String(cString: n.objCType) {
             case "c", "B": out += n.boolValue ? Array("true".utf8) : Array("false".utf8)
             case "f", "d": try encode(n.doubleValue, into: &out)
             default: out += Array(n.stringValue.utf8)
             }
-        // Exact types first: a bridged NSNumber matches `as Bool` and `as Int` alike.
-        case let b as Bool where type(of: value) == Bool.self: out += b ? Array("true".utf8) : Array("false".utf8)
+            return
+        }
+        if valueType is NSNull.Type {
+            out += Array("null".utf8)
+            return
+        }
+        switch value {
+        case let s as String: string(s, into: &out)
         case let i as Int: out += Array(String(i).utf8)
-        case let i as Int64: out += Array(String(i).utf8)
-        case let i as Int32: out += Array(String(i).utf8)
-        case let i as UInt: out += Array(String(i).utf8)
-        case let i as UInt64: out += Array(String(i).utf8)
-        case let d as Double:
-            guard d.isFinite else { throw Unencodable(description: "\(d) has no JSON form") }
-            out += Array((d == d.rounded() && abs(d) < 1e15 ? String(Int64(d)) : "\(d)").utf8)
-        case let f as Float: try encode(Double(f), into: &out)
-        case let raw as RawJSON: out += raw.bytes
-
-        case is NSNull: out += Array("null".utf8)
         case let object as [String: Any]:
             out.append(UInt8(ascii: "{"))
             var first = true
             for key in object.keys.sorted() { try member(key, object[key]!, into: &out, first: &first) }
             out.append(UInt8(ascii: "}"))
+        case let b as Bool: out += b ? Array("true".utf8) : Array("false".utf8)
+        case let d as Double:
+            guard d.isFinite else { throw Unencodable(description: "\(d) has no JSON form") }
+            out += Array((d == d.rounded() && abs(d) < 1e15 ? String(Int64(d)) : "\(d)").utf8)
         case let array as [Any]:
             out.append(UInt8(ascii: "["))
             for (i, element) in array.enumerated() {
@@ -75,6 +82,12 @@ enum EventEncoding {
                 try encode(element, into: &out)
             }
             out.append(UInt8(ascii: "]"))
+        case let raw as RawJSON: out += raw.bytes
+        case let i as Int64: out += Array(String(i).utf8)
+        case let i as Int32: out += Array(String(i).utf8)
+        case let i as UInt: out += Array(String(i).utf8)
+        case let i as UInt64: out += Array(String(i).utf8)
+        case let f as Float: try encode(Double(f), into: &out)
         default:
             throw Unencodable(description: "a value of type \(type(of: value)) has no JSON form")
         }
@@ -98,19 +111,52 @@ enum EventEncoding {
         out.append(UInt8(ascii: "\""))
     }
 
-    /// RFC 3339 in UTC with milliseconds, from the realtime clock (no formatter objects).
+    /// RFC 3339 in UTC with milliseconds, from the realtime clock; the part up to the seconds
+    /// is formatted once a second.
     static func timestamp() -> String {
         var now = timespec()
         clock_gettime(CLOCK_REALTIME, &now)
-        var seconds = now.tv_sec
+        let prefix = secondsPrefix.withLock { cache -> [UInt8] in
+            if cache.second != now.tv_sec {
+                cache = (now.tv_sec, formatSeconds(now.tv_sec))
+            }
+            return cache.text
+        }
+        let millis = Int(now.tv_nsec / 1_000_000)
+        return String(unsafeUninitializedCapacity: prefix.count + 5) { buffer in
+            var i = 0
+            for byte in prefix {
+                buffer[i] = byte
+                i += 1
+            }
+            buffer[i] = UInt8(ascii: ".")
+            buffer[i + 1] = UInt8(48 + millis / 100)
+            buffer[i + 2] = UInt8(48 + millis / 10 % 10)
+            buffer[i + 3] = UInt8(48 + millis % 10)
+            buffer[i + 4] = UInt8(ascii: "Z")
+            return i + 5
+        }
+    }
+
+    private static let secondsPrefix = Mutex<(second: Int, text: [UInt8])>((-1, []))
+
+    private static func formatSeconds(_ second: Int) -> [UInt8] {
+        var seconds = time_t(second)
         var parts = tm()
         gmtime_r(&seconds, &parts)
-        func pad(_ n: Int32, _ width: Int) -> String {
-            let s = String(n)
-            return String(repeating: "0", count: max(0, width - s.count)) + s
+        func digits(_ n: Int32, _ width: Int) -> [UInt8] {
+            var out = [UInt8](repeating: 48, count: width)
+            var n = Int(n)
+            for i in stride(from: width - 1, through: 0, by: -1) {
+                out[i] = UInt8(48 + n % 10)
+                n /= 10
+            }
+            return out
         }
-        return "\(pad(parts.tm_year + 1900, 4))-\(pad(parts.tm_mon + 1, 2))-\(pad(parts.tm_mday, 2))T"
-            + "\(pad(parts.tm_hour, 2)):\(pad(parts.tm_min, 2)):\(pad(parts.tm_sec, 2))."
-            + "\(pad(Int32(now.tv_nsec / 1_000_000), 3))Z"
+        let dash = UInt8(ascii: "-")
+        let colon = UInt8(ascii: ":")
+        return digits(parts.tm_year + 1900, 4) + [dash] + digits(parts.tm_mon + 1, 2) + [dash]
+            + digits(parts.tm_mday, 2) + [UInt8(ascii: "T")] + digits(parts.tm_hour, 2) + [colon]
+            + digits(parts.tm_min, 2) + [colon] + digits(parts.tm_sec, 2)
     }
 }

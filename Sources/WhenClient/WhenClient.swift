@@ -58,12 +58,21 @@ public final class WhenClient: Sendable {
     /// full (counted and later reported), or the value has no JSON form.
     @discardableResult
     public func emit(_ event: [String: Any]) -> Bool {
-        var event = event
-        if event["id"] == nil { event["id"] = delivery.nextID() }
-        if event["ts"] == nil { event["ts"] = EventEncoding.timestamp() }
-        if let user = configuration.user, event["user"] == nil { event["user"] = user }
-        guard let line = try? EventEncoding.line(event) else { return false }
+        guard let line = line(for: event) else { return false }
         return delivery.enqueue(line)
+    }
+
+    /// The line `emit` would queue for `event`: with `id`, `ts`, `user` and `session` added,
+    /// encoded. Nil when a value has no JSON form.
+    public func line(for event: [String: Any]) -> [UInt8]? {
+        let session = delivery.session
+        return try? EventEncoding.line(
+            event,
+            extra: [
+                "id": event["id"] == nil ? delivery.nextID() : nil,
+                "ts": event["ts"] == nil ? EventEncoding.timestamp() : nil,
+                "user": configuration.user, "session": session.isEmpty ? nil : session,
+            ])
     }
 
     public func emit(_ lifecycle: ScreenLifecycleEvent) {
@@ -75,12 +84,39 @@ public final class WhenClient: Sendable {
         emit(event)
     }
 
+    /// The session events are stamped with from now on (`emit` adds it unless the event has
+    /// one). Starts as the configuration's; apps start a new one after, say, a long pause.
+    public var session: String {
+        get { delivery.session }
+        set { delivery.session = newValue }
+    }
+
+    /// What the client has done since it started.
+    public struct Statistics: Sendable, Equatable {
+        /// Events accepted by `emit` into the queue.
+        public var enqueued = 0
+        /// Events the daemon acknowledged (stored, or refused for good).
+        public var delivered = 0
+        /// Events dropped because the queue was full.
+        public var dropped = 0
+        /// Events the daemon refused for good.
+        public var refused = 0
+
+        public init() {}
+    }
+
+    public var statistics: Statistics { delivery.statistics }
+
+    /// Why the client cannot deliver right now (the daemon is not running, refused the hello,
+    /// …), or nil while it delivers. For an app's diagnostics; the client keeps trying.
+    public var lastProblem: String? { delivery.lastProblem }
+
     /// Events waiting for an ack, and events dropped since the daemon was last told.
     public var pending: (queued: Int, dropped: Int) { delivery.pending }
 
     /// How many events the daemon refused for good (each answered with an error such as
     /// `invalid_field`); they are not sent again.
-    public var refused: Int { delivery.refusedCount }
+    public var refused: Int { delivery.statistics.refused }
 
     /// Waits until every queued event is acknowledged (and any drop count reported), or the
     /// timeout passes. For an app's shutdown. Returns true when all is delivered.
@@ -101,7 +137,7 @@ final class Delivery: @unchecked Sendable {
     private var droppedSince: String?
     private var stopped = false
     private var idCounter: UInt64 = 0
-    private var refused = 0
+    private var totals = WhenClient.Statistics()
     private let idPrefix = String(UInt64.random(in: 0...UInt64.max), radix: 36) + "-"
     /// Lines sent and not yet acknowledged at most (the sender thread's alone). It shrinks to
     /// what got through when the daemon asks to retry later, and grows again with every ack,
@@ -109,7 +145,17 @@ final class Delivery: @unchecked Sendable {
     private var window = Delivery.maxWindow
     static let maxWindow = 4096
 
-    init(_ configuration: WhenClient.Configuration) { self.configuration = configuration }
+    private var currentSession: String
+
+    init(_ configuration: WhenClient.Configuration) {
+        self.configuration = configuration
+        currentSession = configuration.session
+    }
+
+    var session: String {
+        get { condition.withLock { currentSession } }
+        set { condition.withLock { currentSession = newValue } }
+    }
 
     func nextID() -> String {
         condition.lock()
@@ -127,8 +173,10 @@ final class Delivery: @unchecked Sendable {
         else {
             if dropped == 0 { droppedSince = EventEncoding.timestamp() }
             dropped += 1
+            totals.dropped += 1
             return false
         }
+        totals.enqueued += 1
         queue.append(line)
         queuedBytes += line.count
         condition.signal()
@@ -141,11 +189,11 @@ final class Delivery: @unchecked Sendable {
         return (queue.count - queueHead, dropped)
     }
 
-    var refusedCount: Int {
-        condition.lock()
-        defer { condition.unlock() }
-        return refused
-    }
+    var statistics: WhenClient.Statistics { condition.withLock { totals } }
+
+    private var problem: String?
+    var lastProblem: String? { condition.withLock { problem } }
+    private func noteProblem(_ text: String?) { condition.withLock { problem = text } }
 
     func flush(timeout: TimeInterval) -> Bool {
         let deadline = Date().addingTimeInterval(timeout)
@@ -177,7 +225,8 @@ final class Delivery: @unchecked Sendable {
         var backoff = initialBackoff
         while !isStopped {
             let path = configuration.socketPath ?? SocketLocation.eventSocket()
-            if let connection = try? BlockingSocket(path: path) {
+            do {
+                let connection = try BlockingSocket(path: path)
                 switch deliver(over: connection) {
                 case .closed: backoff = initialBackoff
                 case .noWelcome, .retryLater(progressed: false): break
@@ -185,6 +234,8 @@ final class Delivery: @unchecked Sendable {
                 case .retryLater(progressed: true): backoff = initialBackoff
                 case .stopped: return
                 }
+            } catch {
+                noteProblem("\(error)")
             }
             // Disconnected or never connected: everything in flight goes again, in order.
             condition.lock()
@@ -211,17 +262,20 @@ final class Delivery: @unchecked Sendable {
 
     /// One connection's life: hello, then send and read acks until it breaks.
     private func deliver(over connection: BlockingSocket) -> End {
-        var hello: [String: Any] = [
-            "protocol": 1, "app": configuration.app, "session": configuration.session, "acks": true,
-        ]
-        hello["client"] = "WhenClient"
+        // Empty means "not set": the daemon then uses the process name (app) or none (session).
+        var hello: [String: Any] = ["protocol": 1, "acks": true]
+        if !configuration.app.isEmpty { hello["app"] = configuration.app }
+        if !configuration.session.isEmpty { hello["session"] = configuration.session }
         guard let helloLine = try? EventEncoding.line(["hello": hello]), (try? connection.send(helloLine)) != nil else {
+            noteProblem("the daemon closed the connection before the hello")
             return .noWelcome
         }
         var reader = LineReader()
         guard let welcome = reader.next(from: connection, timeout: 5), welcome.contains("\"welcome\"") else {
+            noteProblem("the daemon did not welcome the hello: \(reader.lastLine ?? "no answer within 5 s")")
             return .noWelcome
         }
+        noteProblem(nil)
         // What was sent on this connection and not yet acknowledged, in line order; line
         // numbers count from 1 on each connection (PROTOCOL.md §4).
         var unacked: [SentLine] = []
@@ -300,11 +354,10 @@ final class Delivery: @unchecked Sendable {
                         retryFrom = min(retryFrom ?? event, event)
                     }
                 } else if Self.number(after: #""event":"#, in: line) != nil {
-                    condition.lock()
-                    refused += 1
-                    condition.unlock()
+                    condition.withLock { totals.refused += 1 }
                 } else {
                     // An error about the connection itself (unsupported protocol …): start again.
+                    noteProblem("the daemon refused the connection: \(line)")
                     return .retryLater(progressed: false)
                 }
             }
@@ -316,6 +369,7 @@ final class Delivery: @unchecked Sendable {
         condition.lock()
         for i in queueHead..<(queueHead + events) { queuedBytes -= queue[i].count }
         queueHead += events
+        totals.delivered += events
         dropped -= dropsReported
         if dropped == 0 { droppedSince = nil }
         if queueHead > 4096 && queueHead * 2 > queue.count {
@@ -349,6 +403,8 @@ final class Delivery: @unchecked Sendable {
 struct LineReader {
     private var pending: [UInt8] = []
     private(set) var closed = false
+    /// The last line returned, for diagnostics.
+    private(set) var lastLine: String?
 
     mutating func next(from connection: BlockingSocket, timeout: TimeInterval) -> String? {
         let deadline = Date().addingTimeInterval(timeout)
@@ -356,6 +412,7 @@ struct LineReader {
             if let newline = pending.firstIndex(of: 0x0A) {
                 let line = String(decoding: pending[..<newline], as: UTF8.self)
                 pending.removeSubrange(...newline)
+                lastLine = line
                 return line
             }
             guard !closed else { return nil }

@@ -193,6 +193,65 @@ private func records(of app: String, in daemon: DaemonProcess) -> [[String: Any]
         #expect(records(of: "refused-test", in: daemon).map { $0["name"] as? String } == ["fine"])
     }
 
+    @Test func valuesOfEveryKindArriveAsSent() throws {
+        let daemon = DaemonProcess("client-values")
+        try daemon.start()
+        let client = WhenClient(.init(app: "values-test", session: "v", socketPath: daemon.socketPath))
+        // As an app might have them: native values, and values that came out of JSONSerialization.
+        let parsed = try JSONSerialization.jsonObject(with: Data(#"{"flag":true,"n":7,"x":0.25,"none":null}"#.utf8))
+        let context: [String: Any] = [
+            "text": "quote \" backslash \\ newline \n tab \t bell \u{7} é 😀", "int": -42, "big": Int64(1) << 60,
+            "double": 1.5, "whole": 3.0, "bool": false, "list": [1, "two", [true], ["k": "v"]] as [Any],
+            "empty": [String: Any](), "parsed": parsed,
+        ]
+        #expect(client.emit(["type": "when", "name": "values", "context": context]))
+        #expect(!client.emit(["type": "when", "name": "bad", "context": ["nan": Double.nan]]))
+        #expect(!client.emit(["type": "when", "name": "bad", "context": ["date": Date()]]))
+        #expect(client.flush(timeout: 10))
+        #expect(client.refused == 0)
+        daemon.stop()
+        let stored = try #require(records(of: "values-test", in: daemon).first?["context"] as? [String: Any])
+        #expect(stored["text"] as? String == "quote \" backslash \\ newline \n tab \t bell \u{7} é 😀")
+        #expect(stored["int"] as? Int == -42 && stored["big"] as? Int == 1 << 60)
+        #expect(stored["double"] as? Double == 1.5 && stored["whole"] as? Int == 3 && stored["bool"] as? Bool == false)
+        let list = try #require(stored["list"] as? [Any])
+        #expect(list.count == 4 && list[0] as? Int == 1 && list[1] as? String == "two")
+        #expect((list[2] as? [Any])?.first as? Bool == true && (list[3] as? [String: String]) == ["k": "v"])
+        #expect((stored["empty"] as? [String: Any])?.isEmpty == true)
+        let parsedBack = try #require(stored["parsed"] as? [String: Any])
+        #expect(
+            parsedBack["flag"] as? Bool == true && parsedBack["n"] as? Int == 7 && parsedBack["x"] as? Double == 0.25)
+        #expect(parsedBack["none"] is NSNull)
+    }
+
+    @Test func theDemoRunsTheSeedsThreeJourneys() throws {
+        let daemon = DaemonProcess("client-demo")
+        try daemon.start()
+        let run = try runCommand(
+            executable("whend-demo"),
+            ["--socket", daemon.socketPath, "--rate", "0", "--sessions", "30", "--fatal-one-in", "2", "--quiet"])
+        #expect(run.status == 0, "\(run.error)")
+        #expect(run.output.contains("30 sessions") && run.output.contains("dropped 0, refused 0"))
+        daemon.stop()
+        let stored = daemon.records()
+        #expect(
+            Set(stored.compactMap { $0["app"] as? String }) == [
+                "com.example.marvel", "com.example.mail", "uk.nhs.gp-onboarding",
+            ])
+        #expect(Set(stored.compactMap { $0["session"] as? String }).count == 30)
+        let whens = Set(stored.filter { $0["type"] as? String == "when" }.compactMap { $0["name"] as? String })
+        #expect(
+            whens.isSuperset(of: [
+                "userTapsCharacter", "userTypesNewEmail", "userTapsChangeEmailButton", "userSelectsPractice",
+            ]))
+        // About one onboarding in two ends in a fatal error (the seed fixes which).
+        #expect((1...9).contains(stored.filter { $0["fatal"] as? Bool == true }.count))
+        #expect(
+            Set(stored.compactMap { $0["action"] as? String }) == [
+                "root", "push", "present", "replace", "dismiss", "pop",
+            ])
+    }
+
     @Test func screenNamesFollowTheProposalsFallbacks() {
         struct Named: ScreenNaming, AccessibilityIdentifying {
             var name: String?

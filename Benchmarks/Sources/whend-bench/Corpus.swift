@@ -1,3 +1,4 @@
+import BenchSupport
 import Foundation
 
 /// A small, fast, seeded generator, so that every run sends the same corpus.

@@ -1,3 +1,4 @@
+import BenchSupport
 import Foundation
 
 // whend-bench: the ingest benchmark of whend against rsyslog (imptcp on a Unix socket → omfile

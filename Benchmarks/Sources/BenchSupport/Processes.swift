@@ -1,16 +1,16 @@
 import Foundation
 
 /// A daemon under test, spawned directly so that `wait4` reports its CPU time and peak RSS.
-final class SpawnedProcess {
-    let pid: pid_t
-    let name: String
+public final class SpawnedProcess {
+    public let pid: pid_t
+    public let name: String
 
-    struct Usage {
-        var cpuSeconds: Double
-        var exitStatus: Int32
+    public struct Usage {
+        public var cpuSeconds: Double
+        public var exitStatus: Int32
     }
 
-    init(_ path: String, _ arguments: [String], log: String, environment: [String: String] = [:]) throws {
+    public init(_ path: String, _ arguments: [String], log: String, environment: [String: String] = [:]) throws {
         var env = ProcessInfo.processInfo.environment
         for (k, v) in environment { env[k] = v }
         let argv = ([path] + arguments).map { strdup($0) } + [nil]
@@ -32,11 +32,11 @@ final class SpawnedProcess {
     }
 
     /// Current resident memory, from /proc.
-    var rssKiB: Int { procStatus("VmRSS:") }
+    public var rssKiB: Int { procStatus("VmRSS:") }
 
     /// Peak resident memory of the running program. (wait4's ru_maxrss is no use here: a
     /// spawned child's figure includes the parent's memory from before the exec.)
-    var peakRSSKiB: Int { procStatus("VmHWM:") }
+    public var peakRSSKiB: Int { procStatus("VmHWM:") }
 
     private func procStatus(_ key: String) -> Int {
         guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return 0 }
@@ -47,12 +47,12 @@ final class SpawnedProcess {
     }
 
     /// SIGTERM, then wait: the daemon flushes and closes its files before it exits.
-    func stop() -> Usage {
+    public func stop() -> Usage {
         kill(pid, SIGTERM)
         return wait()
     }
 
-    func wait() -> Usage {
+    public func wait() -> Usage {
         var status: Int32 = 0
         var usage = rusage()
         while wait4(pid, &status, 0, &usage) < 0 && errno == EINTR {}
@@ -63,12 +63,12 @@ final class SpawnedProcess {
     }
 }
 
-struct BenchError: Error, CustomStringConvertible {
-    var description: String
-    init(_ description: String) { self.description = description }
+public struct BenchError: Error, CustomStringConvertible {
+    public var description: String
+    public init(_ description: String) { self.description = description }
 }
 
-func monotonicSeconds() -> Double {
+public func monotonicSeconds() -> Double {
     var ts = timespec()
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
@@ -76,7 +76,7 @@ func monotonicSeconds() -> Double {
 
 /// Runs a shell command and returns its standard output.
 @discardableResult
-func shell(_ command: String) throws -> String {
+public func shell(_ command: String) throws -> String {
     let p = Process()
     p.executableURL = URL(fileURLWithPath: "/bin/sh")
     p.arguments = ["-c", command]
@@ -89,12 +89,12 @@ func shell(_ command: String) throws -> String {
     return String(decoding: data, as: UTF8.self)
 }
 
-func fileSize(_ path: String) -> Int {
+public func fileSize(_ path: String) -> Int {
     var st = stat()
     return stat(path, &st) == 0 ? Int(st.st_size) : 0
 }
 
-func waitForSocket(_ path: String, timeout: Double = 20) throws {
+public func waitForSocket(_ path: String, timeout: Double = 20) throws {
     let deadline = monotonicSeconds() + timeout
     while monotonicSeconds() < deadline {
         if let fd = try? connectUnix(path) {
@@ -106,7 +106,7 @@ func waitForSocket(_ path: String, timeout: Double = 20) throws {
     throw BenchError("nothing listens on \(path) after \(timeout) s")
 }
 
-func connectUnix(_ path: String) throws -> Int32 {
+public func connectUnix(_ path: String) throws -> Int32 {
     let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
     var address = sockaddr_un()
     address.sun_family = sa_family_t(AF_UNIX)
