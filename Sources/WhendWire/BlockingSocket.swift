@@ -13,8 +13,17 @@ public final class BlockingSocket: @unchecked Sendable {
     /// Connects to `path`.
     /// - Throws: `Failure` saying whether the daemon is missing or the path unreachable.
     public init(path: String) throws {
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        #if canImport(Glibc)
+            let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        #else
+            let fd = socket(AF_UNIX, SOCK_STREAM, 0)
+        #endif
         guard fd >= 0 else { throw Failure(description: "socket(): \(String(cString: strerror(errno)))") }
+        #if canImport(Darwin)
+            // No MSG_NOSIGNAL there: a closed peer must not kill the app with SIGPIPE.
+            var on: Int32 = 1
+            setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &on, socklen_t(MemoryLayout<Int32>.size))
+        #endif
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
         let bytes = Array(path.utf8)
@@ -45,7 +54,11 @@ public final class BlockingSocket: @unchecked Sendable {
         var done = 0
         while done < bytes.count {
             let n = bytes.withUnsafeBytes {
-                Glibc.send(fd, $0.baseAddress! + done, bytes.count - done, Int32(MSG_NOSIGNAL))
+                #if canImport(Glibc)
+                    Glibc.send(fd, $0.baseAddress! + done, bytes.count - done, Int32(MSG_NOSIGNAL))
+                #else
+                    Darwin.send(fd, $0.baseAddress! + done, bytes.count - done, 0)
+                #endif
             }
             if n < 0 {
                 if errno == EINTR { continue }
