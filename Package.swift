@@ -20,6 +20,10 @@ let package = Package(
         .library(name: "WhendPluginSDK", targets: ["WhendPluginSDK"]),
         // Plugins, as shared libraries loaded with dlopen.
         .library(name: "redact", type: .dynamic, targets: ["RedactPlugin"]),
+        .library(name: "screen-tracking", type: .dynamic, targets: ["ScreenTrackingPlugin"]),
+        .library(name: "crash-reports", type: .dynamic, targets: ["CrashReportsPlugin"]),
+        .library(name: "analytics", type: .dynamic, targets: ["AnalyticsPlugin"]),
+        .library(name: "session-recorder", type: .dynamic, targets: ["SessionRecorderPlugin"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.3"),
@@ -43,6 +47,20 @@ let package = Package(
         .target(name: "CWhendPluginABI", dependencies: ["CWhendPlugin"]),
         .target(name: "WhendPluginSDK", dependencies: ["CWhendPlugin", "CWhendPluginABI"]),
         .target(name: "RedactPlugin", dependencies: ["WhendPluginSDK"], path: "Plugins/Redact"),
+        // What the built-in plugins share (linked into each library).
+        .target(name: "BuiltinPluginSupport", path: "Plugins/Support"),
+        .target(
+            name: "ScreenTrackingPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport"],
+            path: "Plugins/ScreenTracking"),
+        .target(
+            name: "AnalyticsPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport"], path: "Plugins/Analytics"
+        ),
+        .target(
+            name: "CrashReportsPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport"],
+            path: "Plugins/CrashReports"),
+        .target(
+            name: "SessionRecorderPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport"],
+            path: "Plugins/SessionRecorder"),
 
         // The wire format (PROTOCOL.md): framing, the validating scanner, normalisation. No NIO.
         .target(name: "WhendWire"),
@@ -72,7 +90,7 @@ let package = Package(
         .executableTarget(
             name: "whenctl",
             dependencies: [
-                "WhendWire", "WhendJournal",
+                "WhendWire", "WhendJournal", "BuiltinPluginSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

@@ -37,14 +37,46 @@ public struct DaemonConfiguration: Sendable {
     public var shutdownTimeout: TimeInterval = 10
     /// trace, debug, info, notice, warning, error or critical.
     public var logLevel: String = "info"
-    /// Where plugin libraries may be loaded from.
-    public var pluginDirectories: [String] = []
+    /// Where plugin libraries may be loaded from: by default where whend's own plugins are
+    /// installed beside it (`<bin>/../lib/whend/plugins`, and `<bin>` itself for a build tree).
+    public var pluginDirectories: [String] = DaemonConfiguration.defaultPluginDirectories()
     /// The ingest middleware, in order, by plugin name.
     public var ingestPlugins: [String] = []
     /// Each plugin's configuration, a JSON object, by plugin name (`plugin.<name>` keys).
     public var pluginConfigurations: [String: String] = [:]
-    /// Pipelines: ordered plugin names, by pipeline name (`pipeline.<name>` keys).
+    /// Pipelines: ordered plugin names, by pipeline name (`pipeline.<name>` keys). An empty
+    /// list removes a built-in pipeline of that name.
     public var pipelines: [String: [String]] = [:]
+    /// Whether the built-in plugins run in their own pipelines unless configured otherwise.
+    public var builtinPipelines = true
+
+    /// The built-in plugins' pipelines: a newcomer sees all four at work with no configuration.
+    public static let builtinPipelineDefaults: [String: [String]] = [
+        "screens": ["screen-tracking"], "analytics": ["analytics"], "crashes": ["crash-reports"],
+        "sessions": ["session-recorder"],
+    ]
+
+    /// The pipelines to run: the built-in ones (when on) overlaid by the configured ones.
+    public var effectivePipelines: [String: [String]] {
+        var result = builtinPipelines ? Self.builtinPipelineDefaults : [:]
+        for (name, plugins) in pipelines { result[name] = plugins }
+        return result.filter { !$0.value.isEmpty }
+    }
+
+    /// Whether pipeline `name` is a built-in one that nobody configured.
+    public func isImplicitBuiltin(_ name: String) -> Bool {
+        builtinPipelines && pipelines[name] == nil && Self.builtinPipelineDefaults[name] != nil
+    }
+
+    public static func defaultPluginDirectories() -> [String] {
+        guard let executable = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") else {
+            return []
+        }
+        let bin = (executable as NSString).deletingLastPathComponent
+        return [
+            ((bin as NSString).deletingLastPathComponent as NSString).appendingPathComponent("lib/whend/plugins"), bin,
+        ]
+    }
     /// Attempts at one record before a pipeline writes it to its dead letters; 0: forever.
     public var pipelineRetryLimit: Int = 0
     /// Seconds a pipeline worker may go without reporting before it is killed and restarted.

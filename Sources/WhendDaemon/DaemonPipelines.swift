@@ -12,10 +12,17 @@ extension Daemon {
         var specs: [String: PipelineSpec] = [:]
         let unloaded = self.unloaded.withLockedValue { $0 }
         // A pipeline with an unloaded plugin waits at its cursor: it never skips a stage.
-        for (name, plugins) in configuration.pipelines where unloaded.isDisjoint(with: plugins) {
+        pipelines: for (name, plugins) in configuration.effectivePipelines where unloaded.isDisjoint(with: plugins) {
             var stages: [PipelineSpec.Stage] = []
             for plugin in plugins {
-                let library = try PluginLibrary.load(name: plugin, directories: configuration.pluginDirectories)
+                let library: PluginLibrary
+                do {
+                    library = try PluginLibrary.load(name: plugin, directories: configuration.pluginDirectories)
+                } catch  where configuration.isImplicitBuiltin(name) {
+                    // A default nobody asked for by name: its absence is worth a warning, not a refusal.
+                    logger.warning("built-in pipeline \(name) is off: \(error)")
+                    continue pipelines
+                }
                 guard library.roles & WHEND_ROLE_PIPELINE != 0 else {
                     throw PluginLoadError(
                         description: "plugin \(plugin) (\(library.path)) cannot be a pipeline stage (pipeline \(name))")
@@ -131,7 +138,8 @@ extension Daemon {
     func setUnloaded(_ name: String, _ unload: Bool) -> [UInt8] {
         let configuration = self.configuration
         let known =
-            configuration.ingestPlugins.contains(name) || configuration.pipelines.values.contains { $0.contains(name) }
+            configuration.ingestPlugins.contains(name)
+            || configuration.effectivePipelines.values.contains { $0.contains(name) }
         guard known else {
             return ControlReply.failure("no plugin \(name) is configured; whenctl plugins lists them")
         }

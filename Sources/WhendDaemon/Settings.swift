@@ -189,6 +189,15 @@ public enum Settings {
             return true
         },
         Setting(
+            key: "builtin_pipelines", allowed: "true or false",
+            help: "run the built-in plugins in pipelines screens, analytics, crashes and sessions", reload: .live,
+            value: { $0.builtinPipelines ? "true" : "false" }
+        ) { c, v in
+            guard v == "true" || v == "false" else { return false }
+            c.builtinPipelines = v == "true"
+            return true
+        },
+        Setting(
             key: "pipeline_retry_limit", allowed: "an integer, 0 to retry forever",
             help: "attempts at one record before a pipeline writes it to its dead letters", reload: .live,
             value: { String($0.pipelineRetryLimit) }, apply: int(0...Int(Int32.max)) { $0.pipelineRetryLimit = $1 }),
@@ -239,7 +248,7 @@ public enum Settings {
                     $0 == 0x2D || $0 == 0x5F || (0x30...0x39).contains($0) || (0x61...0x7A).contains($0)
                 })
             else { return false }
-            c.pipelines[name] = plugins.isEmpty ? nil : plugins
+            c.pipelines[name] = plugins
             return true
         }
     }

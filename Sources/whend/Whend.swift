@@ -97,6 +97,13 @@ struct Whend: ParsableCommand {
 
     @Option(
         name: .long,
+        help:
+            "Run the built-in plugins in pipelines screens, analytics, crashes, sessions; default true. (builtin_pipelines)"
+    )
+    var builtinPipelines: String?
+
+    @Option(
+        name: .long,
         help: "Attempts at one record before a pipeline dead-letters it; default 0: forever. (pipeline_retry_limit)")
     var pipelineRetryLimit: String?
 
@@ -122,7 +129,8 @@ struct Whend: ParsableCommand {
             ("rate_burst", rateBurst), ("rate_limit_by", rateLimitBy),
             ("rate_limit_report_interval", rateLimitReportInterval), ("max_pending_bytes", maxPendingBytes),
             ("shutdown_timeout", shutdownTimeout),
-            ("plugin_dirs", pluginDirs), ("ingest", ingest), ("pipeline_retry_limit", pipelineRetryLimit),
+            ("plugin_dirs", pluginDirs), ("ingest", ingest), ("builtin_pipelines", builtinPipelines),
+            ("pipeline_retry_limit", pipelineRetryLimit),
             ("pipeline_watchdog", pipelineWatchdog), ("log_level", logLevel),
         ]
         return pairs.compactMap { key, value in

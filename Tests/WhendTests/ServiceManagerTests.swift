@@ -152,7 +152,10 @@ final class NotifySocket {
 func spawnActivated(listeningFD: Int32, socketPath: String, stateDirectory: String, log: String) throws -> pid_t {
     let whend = executable("whend")
     let script = #"LISTEN_PID=$$ exec "$0" "$@""#
-    let args = ["/bin/sh", "-c", script, whend, "--socket", socketPath, "--state-dir", stateDirectory]
+    let args = [
+        "/bin/sh", "-c", script, whend, "--socket", socketPath, "--state-dir", stateDirectory, "--builtin-pipelines",
+        "false",
+    ]
     var env = ProcessInfo.processInfo.environment
     env["LISTEN_FDS"] = "1"
     env["LISTEN_FDNAMES"] = "events"
@@ -269,6 +272,7 @@ func waitForExit(_ pid: pid_t) -> Int32 {
             [
                 "-l", events, "-l", control, "--fdname=events:control",
                 executable("whend"), "--socket", events, "--state-dir", directory + "/state",
+                "--builtin-pipelines", "false",
             ], log: log)
         var exited = false
         defer { if !exited { kill(pid, SIGKILL) } }

@@ -48,7 +48,10 @@ final class DaemonProcess: @unchecked Sendable {
     func start() throws {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: executable("whend"))
-        p.arguments = ["--socket", socketPath, "--state-dir", stateDirectory, "--log-level", "notice"] + extraArguments
+        // The built-in pipelines only where a test asks for them: they add derived records.
+        let builtin = extraArguments.contains("--builtin-pipelines") ? [] : ["--builtin-pipelines", "false"]
+        p.arguments =
+            ["--socket", socketPath, "--state-dir", stateDirectory, "--log-level", "notice"] + builtin + extraArguments
         if !environment.isEmpty {
             var env = ProcessInfo.processInfo.environment
             for (k, v) in environment { env[k] = v }

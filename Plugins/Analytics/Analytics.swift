@@ -1,0 +1,368 @@
+import BuiltinPluginSupport
+import Foundation
+import WhendPluginSDK
+
+#if canImport(FoundationNetworking)
+    import FoundationNetworking
+#endif
+
+/// Turns `when` records into track events and screen views into screen events, in the Segment
+/// HTTP Tracking API's batch shape, and delivers the batches to an NDJSON file and/or an HTTP
+/// endpoint. Events wait in a spool file under the plugin's state directory until delivered,
+/// so a restart loses none; `messageId` is stable per record, so that what is sent twice after a
+/// failure de-duplicates downstream. The configuration keys are in the README.
+final class Analytics: WhendPlugin {
+    static let name = "analytics"
+    static let version = "1.0.0"
+    static let roles: PluginRoles = [.pipeline]
+
+    private let host: PluginHost
+    private let filter: AnalyticsFilter
+    private let eventMaxBytes: Int
+    private let spool: AnalyticsSpool
+    private let sender: AnalyticsSender
+
+    init(host: PluginHost, configuration c: [String: Any]) throws {
+        self.host = host
+        filter = AnalyticsFilter(c)
+        eventMaxBytes = c["event_max_bytes"] as? Int ?? 32_000
+        let file: String? =
+            c["file"] is NSNull ? nil : (c["file"] as? String ?? host.stateDirectory + "/events.ndjson")
+        var endpoint: URL?
+        if let text = c["endpoint"] as? String {
+            guard let url = URL(string: text), ["http", "https"].contains(url.scheme ?? "") else {
+                throw PluginError.fail("analytics: endpoint must be an http:// or https:// URL, not \(text)")
+            }
+            endpoint = url
+        }
+        guard file != nil || endpoint != nil else {
+            throw PluginError.fail(#"analytics: nowhere to send: set "file" or "endpoint""#)
+        }
+        spool = try AnalyticsSpool(
+            path: host.stateDirectory + "/spool.ndjson", maxBytes: c["spool_max_bytes"] as? Int ?? 64 << 20)
+        sender = AnalyticsSender(
+            spool: spool, host: host, file: file, endpoint: endpoint, writeKey: c["write_key"] as? String,
+            batchEvents: c["batch_events"] as? Int ?? 100, batchBytes: c["batch_max_bytes"] as? Int ?? 500_000,
+            flushInterval: c["flush_interval"] as? Double ?? 1, timeout: c["timeout"] as? Double ?? 10,
+            maxBackoff: c["max_backoff"] as? Double ?? 60)
+        sender.start()
+        host.log(.info, "analytics to \([file, endpoint?.absoluteString].compactMap { $0 }.joined(separator: " and "))")
+    }
+
+    deinit { sender.stop() }
+
+    func handle(_ record: PluginRecord, next: PluginNext) throws {
+        let text = record.text
+        if text.contains(#""type":"when""#) || text.contains(#""type":"screen""#) {
+            let fields = RecordFields(try record.object(), seq: record.seq)
+            if let event = filter.event(for: fields) {
+                let line = jsonBytes(event)
+                if line.count > eventMaxBytes {
+                    host.log(
+                        .warning,
+                        "analytics: the event of _seq \(record.seq) is \(line.count) bytes, over event_max_bytes \(eventMaxBytes); not sent"
+                    )
+                    host.count("oversized")
+                } else if !spool.append(line) {
+                    // The destination has been down for long: hold the pipeline at this record.
+                    throw PluginError.fail(
+                        "analytics: the spool is full (\(spool.maxBytes) bytes); is the destination down?")
+                }
+            }
+        }
+        try next(record)
+    }
+}
+
+/// Which records become which events.
+struct AnalyticsFilter {
+    var includeApps: Set<String>?
+    var excludeApps: Set<String>
+    var includeWhens: Set<String>?
+    var excludeWhens: Set<String>
+    /// Screen views from screen-tracking (default), or the `screen` events apps send.
+    var screensFrom: String
+
+    init(_ c: [String: Any]) {
+        includeApps = (c["include_apps"] as? [String]).map(Set.init)
+        excludeApps = Set(c["exclude_apps"] as? [String] ?? [])
+        includeWhens = (c["include_whens"] as? [String]).map(Set.init)
+        excludeWhens = Set(c["exclude_whens"] as? [String] ?? [])
+        screensFrom = c["screens_from"] as? String ?? "screen-tracking"
+    }
+
+    func event(for r: RecordFields) -> [String: Any]? {
+        guard includeApps?.contains(r.app) ?? true, !excludeApps.contains(r.app) else { return nil }
+        var event: [String: Any]
+        switch (r.type, r.origin) {
+        case ("when", nil):
+            guard let name = r["name"], includeWhens?.contains(name) ?? true, !excludeWhens.contains(name) else {
+                return nil
+            }
+            event = ["type": "track", "event": name, "properties": r.object["params"] ?? [String: Any]()]
+        case ("screen", let origin) where (origin ?? "app") == screensFrom:
+            guard let name = r["name"] else { return nil }
+            var properties: [String: Any] = [:]
+            if let previous = r["previous"] { properties["previous"] = previous }
+            event = ["type": "screen", "name": name, "properties": properties]
+        default:
+            return nil
+        }
+        if let user = r["user"] {
+            event["userId"] = user
+        } else {
+            event["anonymousId"] = r.session.isEmpty ? r.app : r.app + ":" + r.session
+        }
+        // Stable per record: sent twice, it is one event downstream.
+        event["messageId"] = "whend-\(r.seq)-" + (r["id"] ?? r.app + ":" + r.session)
+        event["timestamp"] = r.time
+        var context: [String: Any] = ["app": ["name": r.app]]
+        if !r.session.isEmpty { context["session"] = r.session }
+        if r.type == "when", let screen = r["screen"] { context["screen"] = screen }
+        event["context"] = context
+        return event
+    }
+}
+
+/// Encoded events not yet delivered: in memory for the sender, and in a file so that a restart
+/// sends them still.
+final class AnalyticsSpool: @unchecked Sendable {
+    // Unchecked: all state is guarded by `condition`.
+    private let condition = NSCondition()
+    private var events: [[UInt8]] = []
+    private var bytes = 0
+    private let file: FileHandle
+    let maxBytes: Int
+    private let path: String
+
+    init(path: String, maxBytes: Int) throws {
+        self.path = path
+        self.maxBytes = maxBytes
+        if !FileManager.default.fileExists(atPath: path) { FileManager.default.createFile(atPath: path, contents: nil) }
+        for line in (FileManager.default.contents(atPath: path) ?? Data()).split(separator: 0x0A) {
+            events.append(Array(line))
+            bytes += line.count
+        }
+        file = try FileHandle(forWritingTo: URL(fileURLWithPath: path))
+        try file.seekToEnd()
+    }
+
+    func append(_ line: [UInt8]) -> Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        guard bytes + line.count <= maxBytes else { return false }
+        try? file.write(contentsOf: line + [0x0A])
+        events.append(line)
+        bytes += line.count
+        condition.signal()
+        return true
+    }
+
+    /// Up to `maxEvents` events of at most `maxBytes` bytes in all, waiting at most `wait`
+    /// seconds for the first one.
+    func peek(maxEvents: Int, maxBytes: Int, wait: TimeInterval) -> [[UInt8]] {
+        condition.lock()
+        defer { condition.unlock() }
+        if events.isEmpty { _ = condition.wait(until: Date().addingTimeInterval(wait)) }
+        var batch: [[UInt8]] = []
+        var size = 0
+        for e in events {
+            guard batch.count < maxEvents, size + e.count + 1 <= maxBytes - 64 || batch.isEmpty else { break }
+            batch.append(e)
+            size += e.count + 1
+        }
+        return batch
+    }
+
+    var count: Int { condition.withLock { events.count } }
+
+    /// The first `n` events are delivered.
+    func remove(_ n: Int) {
+        condition.lock()
+        defer { condition.unlock() }
+        for e in events.prefix(n) { bytes -= e.count }
+        events.removeFirst(min(n, events.count))
+        // Rewritten only when it empties: what stays in it after a crash is sent again, and
+        // messageId makes that harmless.
+        if events.isEmpty {
+            try? file.truncate(atOffset: 0)
+        }
+    }
+
+    func wake() { condition.withLock { condition.broadcast() } }
+}
+
+/// The thread that forms batches and delivers them: the file first, then the endpoint, with
+/// exponential backoff and jitter on 5xx, 429 and timeouts, `Retry-After` honoured; other 4xx
+/// answers drop the batch and report it.
+final class AnalyticsSender: @unchecked Sendable {
+    // Unchecked: configuration is immutable; `stopped` is guarded by `lock`.
+    let spool: AnalyticsSpool
+    let host: PluginHost
+    let file: String?
+    let endpoint: URL?
+    let authorization: String?
+    let batchEvents: Int
+    let batchBytes: Int
+    let flushInterval: Double
+    let timeout: Double
+    let maxBackoff: Double
+    private let lock = NSLock()
+    private var stopped = false
+    private let done = DispatchSemaphore(value: 0)
+
+    init(
+        spool: AnalyticsSpool, host: PluginHost, file: String?, endpoint: URL?, writeKey: String?, batchEvents: Int,
+        batchBytes: Int, flushInterval: Double, timeout: Double, maxBackoff: Double
+    ) {
+        self.spool = spool
+        self.host = host
+        self.file = file
+        self.endpoint = endpoint
+        authorization = writeKey.map { "Basic " + Data(($0 + ":").utf8).base64EncodedString() }
+        self.batchEvents = max(1, min(batchEvents, 10_000))
+        self.batchBytes = max(1024, min(batchBytes, 500_000))
+        self.flushInterval = flushInterval
+        self.timeout = timeout
+        self.maxBackoff = maxBackoff
+    }
+
+    func start() {
+        let thread = Thread { [self] in
+            run()
+            done.signal()
+        }
+        thread.name = "analytics"
+        thread.start()
+    }
+
+    func stop() {
+        lock.withLock { stopped = true }
+        spool.wake()
+        _ = done.wait(timeout: .now() + timeout + 1)
+    }
+
+    private var isStopped: Bool { lock.withLock { stopped } }
+
+    private func run() {
+        var fileDone = 0  // events of the current batch already written to the file
+        while !isStopped {
+            // Wait for a full batch, or for the flush interval with anything at all.
+            var batch = spool.peek(maxEvents: batchEvents, maxBytes: batchBytes, wait: flushInterval)
+            if batch.isEmpty { continue }
+            if batch.count < batchEvents {
+                sleepUnlessStopped(flushInterval)
+                batch = spool.peek(maxEvents: batchEvents, maxBytes: batchBytes, wait: 0)
+            }
+            let body = Self.batchBody(batch)
+            if let file, fileDone < batch.count {
+                do {
+                    try Self.append(Self.batchBody(Array(batch[fileDone...])) + [0x0A], to: file)
+                    fileDone = batch.count
+                } catch {
+                    host.log(.error, "analytics: cannot write \(file): \(error); retrying")
+                    sleepUnlessStopped(1)
+                    continue
+                }
+            }
+            if let endpoint {
+                guard deliver(body, to: endpoint, events: batch.count) else { continue }
+            }
+            spool.remove(batch.count)
+            fileDone = 0
+            host.count("events_sent", by: Int64(batch.count))
+        }
+    }
+
+    static func batchBody(_ events: [[UInt8]]) -> [UInt8] {
+        var body = Array(#"{"batch":["#.utf8)
+        for (i, e) in events.enumerated() {
+            if i > 0 { body.append(UInt8(ascii: ",")) }
+            body += e
+        }
+        body += Array("]}".utf8)
+        return body
+    }
+
+    static func append(_ bytes: [UInt8], to path: String) throws {
+        if !FileManager.default.fileExists(atPath: path) {
+            try FileManager.default.createDirectory(
+                atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+            FileManager.default.createFile(atPath: path, contents: nil)
+        }
+        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: path))
+        defer { try? handle.close() }
+        try handle.seekToEnd()
+        try handle.write(contentsOf: bytes)
+    }
+
+    /// POSTs one batch until it is accepted (true), dropped for a 4xx (true: nothing more to
+    /// do with it), or the plugin stops (false).
+    private func deliver(_ body: [UInt8], to endpoint: URL, events: Int) -> Bool {
+        var backoff = 0.5
+        var attempt = 0
+        while !isStopped {
+            attempt += 1
+            let (status, retryAfter, problem) = post(body, to: endpoint)
+            switch status ?? 0 {
+            case 200..<300:
+                return true
+            case 0, 429, 500..<600:
+                let jitter = Double.random(in: 0.5...1.5)
+                let wait = retryAfter ?? min(maxBackoff, backoff * jitter)
+                host.log(
+                    .warning,
+                    "analytics: \(endpoint.absoluteString) answered \(status.map(String.init) ?? problem); attempt \(attempt), retrying in \(String(format: "%.1f", wait)) s"
+                )
+                host.count("retries")
+                sleepUnlessStopped(wait)
+                backoff = min(maxBackoff, backoff * 2)
+            default:
+                host.log(
+                    .error,
+                    "analytics: \(endpoint.absoluteString) refused a batch of \(events) events with HTTP \(status!); dropped"
+                )
+                host.count("events_dropped", by: Int64(events))
+                return true
+            }
+        }
+        return false
+    }
+
+    private func post(_ body: [UInt8], to endpoint: URL) -> (status: Int?, retryAfter: Double?, problem: String) {
+        var request = URLRequest(url: endpoint, timeoutInterval: timeout)
+        request.httpMethod = "POST"
+        request.httpBody = Data(body)
+        request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+        if let authorization { request.setValue(authorization, forHTTPHeaderField: "Authorization") }
+        let result = PostResult()
+        let finished = DispatchSemaphore(value: 0)
+        URLSession.shared.dataTask(with: request) { _, response, error in
+            let http = response as? HTTPURLResponse
+            result.set(
+                status: http?.statusCode,
+                retryAfter: (http?.value(forHTTPHeaderField: "Retry-After")).flatMap(Double.init),
+                problem: error.map { "\($0.localizedDescription)" } ?? "no answer")
+            finished.signal()
+        }.resume()
+        finished.wait()
+        return result.value
+    }
+
+    private func sleepUnlessStopped(_ seconds: Double) {
+        let deadline = Date().addingTimeInterval(seconds)
+        while !isStopped, Date() < deadline { usleep(UInt32(min(0.05, max(0, deadline.timeIntervalSinceNow)) * 1e6)) }
+    }
+}
+
+final class PostResult: @unchecked Sendable {
+    // Unchecked: written once by the completion handler before the semaphore is signalled.
+    private let lock = NSLock()
+    private var stored: (Int?, Double?, String) = (nil, nil, "")
+    func set(status: Int?, retryAfter: Double?, problem: String) {
+        lock.withLock { stored = (status, retryAfter, problem) }
+    }
+    var value: (status: Int?, retryAfter: Double?, problem: String) { lock.withLock { stored } }
+}
+
+@_cdecl("whend_plugin_entry") public func whendPluginEntry() -> UnsafeRawPointer { exportPlugin(Analytics.self) }

@@ -1,0 +1,168 @@
+import ArgumentParser
+import BuiltinPluginSupport
+import Foundation
+import WhendJournal
+import WhendWire
+
+/// `whenctl sessions`: the session-recorder plugin's index.
+struct Sessions: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "List the sessions the session-recorder plugin has indexed, or print one session's records.",
+        discussion:
+            "A session's records are read from its first _seq to its last, not by scanning the whole journal. The index follows the journal as fast as the `sessions` pipeline does."
+    )
+
+    @OptionGroup var location: JournalLocationOptions
+
+    @Argument(help: "A session id: print that session's records.")
+    var session: String?
+
+    @Option(name: .long, help: "Only this app's sessions.")
+    var app: String?
+
+    @Option(name: .long, help: "At most this many sessions, most recent first.")
+    var limit: Int = 50
+
+    @Flag(name: .long, help: "JSON: one object per session (or the records as stored).")
+    var json = false
+
+    func run() throws {
+        let stateDirectory = location.stateDir ?? SocketLocation.defaultStateDirectory()
+        let indexDirectory = SessionIndex.directory(stateDirectory: stateDirectory)
+        guard FileManager.default.fileExists(atPath: indexDirectory + "/sessions.json") else {
+            throw ValidationError(
+                "no session index in \(indexDirectory); is the session-recorder plugin running (pipeline `sessions`, builtin_pipelines = true)?"
+            )
+        }
+        let index = SessionIndex(directory: indexDirectory)
+        let sessions = index.sessions.filter { app == nil || $0.app == app }
+        if let session {
+            let matches = sessions.filter { $0.session == session }
+            guard !matches.isEmpty else { throw ValidationError("no session \(session) in the index") }
+            try printRecords(of: matches)
+            return
+        }
+        let out = Output()
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys]
+            for s in sessions.prefix(limit) { out.write(String(decoding: try encoder.encode(s), as: UTF8.self)) }
+        } else {
+            out.write("\(index.entries.count) session(s), indexed through _seq \(index.indexedThrough)")
+            for s in sessions.prefix(limit) {
+                let counts = s.counts.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
+                out.write(
+                    "\(s.app)/\(s.session)  \(s.records) records, _seq \(s.firstSeq)…\(s.lastSeq), \(s.firstTime) → \(s.lastTime)\(span(s))  (\(counts))"
+                )
+            }
+        }
+        out.flush()
+    }
+
+    private func span(_ s: SessionIndex.Entry) -> String {
+        guard let a = RFC3339.seconds(s.firstTime), let b = RFC3339.seconds(s.lastTime) else { return "" }
+        return String(format: " (%.1f s)", b - a)
+    }
+
+    private func printRecords(of entries: [SessionIndex.Entry]) throws {
+        let directory = try location.existingDirectory()
+        let first = entries.map(\.firstSeq).min()!
+        let last = entries.map(\.lastSeq).max()!
+        let wanted = Set(entries.map { SessionKey(app: $0.app, session: $0.session) })
+        let out = Output()
+        JournalReader(directory: directory).read(fromSeq: first) { record, _ in
+            if let seq = record.seq, seq > last { return false }
+            guard let object = try? JSONSerialization.jsonObject(with: Data(buffer: record.line)) as? [String: Any],
+                wanted.contains(
+                    SessionKey(app: object["app"] as? String ?? "", session: object["session"] as? String ?? ""))
+            else { return true }
+            emit(record, format: json ? .json : .short, to: out)
+            return true
+        } onProblem: { problem in
+            out.flush()
+            printError("whenctl sessions: warning: \(problem)")
+        }
+        out.flush()
+    }
+}
+
+/// `whenctl crashes`: the crash-reports plugin's reports.
+struct Crashes: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "List the crash reports the crash-reports plugin wrote, or show one."
+    )
+
+    @OptionGroup var location: JournalLocationOptions
+
+    @Argument(help: "A report to show: its _seq, or its file name.")
+    var report: String?
+
+    @Flag(name: .long, help: "JSON: the report as written (or one summary object per report).")
+    var json = false
+
+    func run() throws {
+        let directory = CrashReportStore.directory(
+            stateDirectory: location.stateDir ?? SocketLocation.defaultStateDirectory())
+        let files = ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? [])
+            .filter { $0.hasSuffix(".json") }.sorted()
+        let out = Output()
+        if let report {
+            let file =
+                files.first { $0 == report }
+                ?? files.first {
+                    UInt64(report) != nil
+                        && $0.hasPrefix(CrashReportStore.fileName(seq: UInt64(report)!, kind: "").dropLast(5))
+                }
+            guard let file, let data = FileManager.default.contents(atPath: directory + "/" + file),
+                let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any]
+            else { throw ValidationError("no crash report \(report) in \(directory)") }
+            if json {
+                out.write(String(decoding: data, as: UTF8.self))
+            } else {
+                describe(object, file: file, to: out)
+            }
+            out.flush()
+            return
+        }
+        if files.isEmpty && !json { out.write("no crash reports in \(directory)") }
+        for file in files {
+            guard let data = FileManager.default.contents(atPath: directory + "/" + file),
+                let r = try? JSONSerialization.jsonObject(with: data) as? [String: Any]
+            else { continue }
+            let error = r["error"] as? [String: Any] ?? [:]
+            if json {
+                let summary: [String: Any] = [
+                    "file": file, "seq": r["seq"] ?? 0, "kind": r["kind"] ?? "", "app": r["app"] ?? "",
+                    "session": r["session"] ?? "", "time": r["time"] ?? "", "screen": r["screen"] ?? NSNull(),
+                    "message": error["message"] ?? "",
+                ]
+                out.write(
+                    String(
+                        decoding: try JSONSerialization.data(withJSONObject: summary, options: [.sortedKeys]),
+                        as: UTF8.self))
+            } else {
+                out.write(
+                    "#\(r["seq"] ?? "?")  \(r["time"] ?? "")  \(r["app"] ?? "")/\(r["session"] ?? "")  on \(r["screen"] ?? "no screen"): \(error["message"] ?? "")"
+                )
+            }
+        }
+        out.flush()
+    }
+
+    private func describe(_ r: [String: Any], file: String, to out: Output) {
+        let error = r["error"] as? [String: Any] ?? [:]
+        out.write("\(file): \(r["kind"] ?? "") at _seq \(r["seq"] ?? "?"), \(r["time"] ?? "")")
+        out.write("  app      \(r["app"] ?? "")")
+        out.write("  session  \(r["session"] ?? "")")
+        out.write("  screen   \(r["screen"] ?? "unknown")")
+        out.write("  error    \(error["message"] ?? "")\(error["fatal"] as? Bool == true ? " (fatal)" : "")")
+        for frame in error["stack"] as? [String] ?? [] { out.write("           at \(frame)") }
+        let crumbs = r["breadcrumbs"] as? [[String: Any]] ?? []
+        out.write("  breadcrumbs, oldest first (\(crumbs.count)):")
+        for c in crumbs {
+            let what = ["name", "action", "screen", "status", "message"].compactMap { c[$0] as? String }.joined(
+                separator: " ")
+            out.write("    #\(c["seq"] ?? "?")  \(c["time"] ?? "")  \(c["type"] ?? ""): \(what)")
+        }
+    }
+}
