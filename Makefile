@@ -85,11 +85,13 @@ deb: test-deps
 	packaging/build-deb.sh .build-deb
 
 # The units as systemd sees them: `verify` (the binaries they name must be installed, so
-# install the .deb first) and the hardening score (exposure at most 2.0).
+# install the .deb first), the hardening score (exposure at most 2.0), and the installed
+# whend run for a few seconds with its built-in plugins.
 package-check: test-deps
 	systemd-analyze verify /lib/systemd/system/whend.service /lib/systemd/system/whend.socket \
 		/lib/systemd/system/whend-control.socket
 	systemd-analyze security --offline=yes --threshold=20 /lib/systemd/system/whend.service
+	packaging/smoke-test.sh /usr/bin
 
 lint:
 	$(SWIFT) format lint --strict --recursive Sources Tests Plugins Package.swift Benchmarks/Sources Benchmarks/Package.swift \

@@ -1,25 +1,39 @@
 #!/usr/bin/env bash
-# Builds whend_<version>_<arch>.deb from a release build: the binaries (Swift's standard
-# library linked in, so the package needs no Swift toolchain), the systemd units, the default
-# configuration and the docs. Usage: packaging/build-deb.sh [output directory]
+# Builds whend_<version>_<arch>.deb from a release build: the binaries, the built-in plugins,
+# the Swift runtime they share (in /usr/lib/whend/swift, so the package needs no Swift
+# toolchain, and Swift plugins load into the same runtime as whend), the systemd units, the
+# default configuration and the docs. Usage: packaging/build-deb.sh [output directory]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-.build-deb}
 version=$(sed -n 's/.*current = "\(.*\)".*/\1/p' Sources/WhendWire/Version.swift)
 arch=$(dpkg --print-architecture)
-scratch=.build-static
+scratch=.build-deb-release
+runtime=/usr/lib/whend/swift
+plugins="screen-tracking analytics crash-reports session-recorder redact"
+# The binaries look for the Swift runtime beside them and in $runtime only, never in the
+# toolchain that built them.
+flags=(-c release --scratch-path "$scratch" -Xswiftc -no-toolchain-stdlib-rpath -Xlinker -rpath="$runtime")
 
-echo "building whend $version (release, static Swift standard library)…"
-swift build -c release --static-swift-stdlib --scratch-path "$scratch" --product whend
-swift build -c release --static-swift-stdlib --scratch-path "$scratch" --product whenctl
-bin=$(swift build -c release --static-swift-stdlib --scratch-path "$scratch" --show-bin-path)
+echo "building whend $version (release)…"
+for product in whend whenctl $plugins; do
+    swift build "${flags[@]}" --product "$product"
+done
+bin=$(swift build "${flags[@]}" --show-bin-path)
 
 root="$out/whend_${version}_${arch}"
 rm -rf "$root"
 install -d "$root/DEBIAN" "$root/usr/bin" "$root/lib/systemd/system" "$root/etc/whend" \
     "$root/usr/share/doc/whend" "$root/usr/lib/whend/plugins"
+install -d "$root$runtime"
 install -m 0755 "$bin/whend" "$bin/whenctl" "$root/usr/bin/"
-strip --strip-unneeded "$root/usr/bin/whend" "$root/usr/bin/whenctl"
+for plugin in $plugins; do install -m 0644 "$bin/lib$plugin.so" "$root/usr/lib/whend/plugins/"; done
+# The Swift runtime libraries the binaries and plugins need, from the toolchain.
+swiftlib=$(readlink -f "$(dirname "$(readlink -f "$(command -v swift)")")/../lib/swift/linux")
+needed=$( (for f in "$root/usr/bin/"* "$root/usr/lib/whend/plugins/"*.so; do
+    LD_LIBRARY_PATH="$swiftlib" ldd "$f"; done) | awk -v dir="$swiftlib" '$3 ~ "^"dir {print $3}' | sort -u)
+for lib in $needed; do install -m 0644 "$lib" "$root$runtime/"; done
+strip --strip-unneeded "$root/usr/bin/"* "$root/usr/lib/whend/plugins/"*.so "$root$runtime/"*.so
 install -m 0644 packaging/whend.service packaging/whend.socket packaging/whend-control.socket \
     "$root/lib/systemd/system/"
 install -m 0644 packaging/whend.conf "$root/etc/whend/whend.conf"
@@ -32,7 +46,7 @@ Package: whend
 Version: $version
 Architecture: $arch
 Maintainer: whend developers <whend@localhost>
-Depends: libc6, libstdc++6, libgcc-s1, libzstd1, libsystemd0
+Depends: libc6, libstdc++6, libgcc-s1, libzstd1, libsystemd0, libcurl4
 Installed-Size: $size
 Section: admin
 Priority: optional

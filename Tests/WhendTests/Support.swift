@@ -66,7 +66,10 @@ final class DaemonProcess: @unchecked Sendable {
         process = p
         let deadline = Date().addingTimeInterval(20)
         while Date() < deadline {
-            if (try? BlockingSocket(path: socketPath)) != nil { return }
+            // Both sockets: the control socket is bound just after the event socket.
+            if (try? BlockingSocket(path: socketPath)) != nil, FileManager.default.fileExists(atPath: controlPath) {
+                return
+            }
             if !p.isRunning { throw TestFailure(description: "whend exited at start: \(self.log)") }
             usleep(20_000)
         }

@@ -1,0 +1,266 @@
+import Foundation
+import Testing
+
+/// A daemon with the built-in pipelines on, configured by `settings` (a configuration file).
+private func daemonWithBuiltins(_ name: String, settings: String = "") throws -> DaemonProcess {
+    let directory = scratchDirectory(name + "-conf")
+    let file = directory + "/whend.conf"
+    try (settings + "\n").write(toFile: file, atomically: true, encoding: .utf8)
+    let daemon = DaemonProcess(name, arguments: ["--builtin-pipelines", "true", "--config", file])
+    try daemon.start()
+    return daemon
+}
+
+/// Waits until `condition` holds, at most `seconds`.
+private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if condition() { return true }
+        usleep(50_000)
+    }
+    return condition()
+}
+
+private func whenctl(_ arguments: [String]) throws -> (status: Int32, output: String, error: String) {
+    try runCommand(executable("whenctl"), arguments)
+}
+
+private func send(_ daemon: DaemonProcess, app: String, session: String, _ events: [String]) throws {
+    let hello = #"{"hello":{"protocol":1,"app":"\#(app)","session":"\#(session)","acks":true}}"#
+    let answers = try exchange(daemon.socketPath, [hello] + events)
+    #expect(answers.errors.isEmpty, "\(answers.errors)")
+    #expect(answers.acks.last == events.count)
+}
+
+private func lifecycle(_ screen: String, _ status: String, _ flag: String? = nil) -> String {
+    #"{"type":"lifecycle","screen":"\#(screen)","status":"\#(status)"\#(flag.map { ",\"\($0)\":true" } ?? "")}"#
+}
+private func navigation(_ action: String, _ screen: String? = nil) -> String {
+    #"{"type":"navigation","action":"\#(action)"\#(screen.map { ",\"screen\":\"\($0)\"" } ?? "")}"#
+}
+
+/// The characters list → character detail → back journey, lifecycle events in UIKit's order.
+private let listAppears = [
+    lifecycle("CharacterList", "willAppear", "isBeingPresentedInitially"),
+    lifecycle("CharacterList", "didAppear", "isBeingPresentedInitially"),
+]
+private let listCovered = [lifecycle("CharacterList", "willDisappear"), lifecycle("CharacterList", "didDisappear")]
+private let detailAppears = [
+    lifecycle("CharacterDetail", "willAppear", "isBeingPresentedInitially"),
+    lifecycle("CharacterDetail", "didAppear", "isBeingPresentedInitially"),
+]
+private let detailRemoved = [
+    lifecycle("CharacterDetail", "willDisappear", "isBeingRemovedIndefinitely"),
+    lifecycle("CharacterDetail", "didDisappear", "isBeingRemovedIndefinitely"),
+]
+private let listRevealed = [lifecycle("CharacterList", "willAppear"), lifecycle("CharacterList", "didAppear")]
+private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":1009610}}}"#
+
+@Suite(.serialized) struct BuiltinPluginTests {
+    @Test func theCharactersJourneyIsThreeScreenViewsHoweverItIsReported() throws {
+        let daemon = try daemonWithBuiltins("builtin-screens")
+        let app = "com.example.marvel"
+        let journeys: [String: [String]] = [
+            // Navigation first, then lifecycle; lifecycle first, then navigation; and the app's own
+            // `screen` events besides.
+            "both": [navigation("root", "CharacterList")] + listAppears + [
+                tap, navigation("present", "CharacterDetail"),
+            ]
+                + listCovered + detailAppears + detailRemoved + listRevealed + [navigation("dismiss")],
+            "both-reversed": listAppears + [navigation("root", "CharacterList"), tap] + listCovered + detailAppears
+                + [navigation("present", "CharacterDetail")] + [navigation("dismiss")] + detailRemoved + listRevealed,
+            "with-app-screens": [#"{"type":"screen","name":"CharacterList"}"#, navigation("root", "CharacterList")]
+                + listAppears + [
+                    navigation("present", "CharacterDetail"), #"{"type":"screen","name":"CharacterDetail"}"#,
+                ]
+                + listCovered + detailAppears + detailRemoved + listRevealed + [navigation("dismiss")],
+            "navigation-only": [
+                navigation("root", "CharacterList"), tap, navigation("present", "CharacterDetail"),
+                navigation("dismiss"),
+            ],
+            "lifecycle-only": listAppears + [tap] + listCovered + detailAppears + detailRemoved + listRevealed,
+        ]
+        for (session, events) in journeys { try send(daemon, app: app, session: session, events) }
+
+        func views(_ session: String) -> [[String: Any]] {
+            daemon.records().filter {
+                $0["type"] as? String == "screen" && $0["_origin"] as? String == "screen-tracking"
+                    && $0["session"] as? String == session
+            }
+        }
+        #expect(eventually { journeys.keys.allSatisfy { views($0).count >= 3 } })
+        usleep(300_000)  // anything more would be a fourth view: give it the time to show
+        daemon.stop()
+        for session in journeys.keys {
+            let v = views(session)
+            #expect(
+                v.map { $0["name"] as? String } == ["CharacterList", "CharacterDetail", "CharacterList"], "\(session)")
+            #expect(v.map { $0["previous"] as? String } == [nil, "CharacterList", "CharacterDetail"], "\(session)")
+            #expect(v.allSatisfy { $0["app"] as? String == app && $0["_cause"] is Int }, "\(session)")
+            let times = daemon.records().filter {
+                $0["type"] as? String == "screen_time" && $0["session"] as? String == session
+            }
+            #expect(times.map { $0["name"] as? String } == ["CharacterList", "CharacterDetail"], "\(session)")
+        }
+        #expect(daemon.records().filter { $0["type"] as? String == "diagnostic" }.isEmpty)
+    }
+
+    @Test func lifecycleSequencesThatBreakTheRulesAreDiagnosticsNotViews() throws {
+        let daemon = try daemonWithBuiltins("builtin-diag")
+        try send(
+            daemon, app: "com.example.marvel", session: "broken",
+            [lifecycle("CharacterList", "didAppear")]  // no willAppear
+                + detailAppears + detailRemoved
+                // removed indefinitely, then back without being presented again
+                + [lifecycle("CharacterDetail", "willAppear"), lifecycle("CharacterDetail", "didAppear")])
+        func records(_ type: String) -> [[String: Any]] { daemon.records().filter { $0["type"] as? String == type } }
+        #expect(eventually { records("diagnostic").count >= 3 })
+        usleep(300_000)
+        daemon.stop()
+        #expect(
+            records("diagnostic").map { $0["problem"] as? String } == [
+                "didAppear without willAppear",
+                "reappears after being removed indefinitely, without being presented again",
+                "appears after being removed indefinitely, without being presented again",
+            ])
+        // The one well-formed appearance is the only view.
+        #expect(records("screen").map { $0["name"] as? String } == ["CharacterDetail"])
+    }
+
+    @Test func analyticsDeliversEveryEventOnceThrough500And429() throws {
+        let server = try HTTPTestServer(answers: [
+            .init(status: 500), .init(status: 429, headers: ["Retry-After": "1"]), .init(status: 200),
+        ])
+        let daemon = try daemonWithBuiltins(
+            "builtin-analytics",
+            settings: """
+                plugin.analytics = {"endpoint": "http://127.0.0.1:\(server.port)/v1/batch", "file": null, "flush_interval": 0.3, "max_backoff": 0.2, "write_key": "k"}
+                """)
+        let events = [
+            navigation("present", "ChangeEmail"),
+            #"{"type":"when","when":{"userTypesNewEmail":{"userEmail":"john.doe@example.com"}},"user":"u-7"}"#,
+            #"{"type":"when","when":{"userTapsChangeEmailButton":{}},"user":"u-7"}"#,
+        ]
+        try send(daemon, app: "com.example.mail", session: "e-1", events)
+        #expect(eventually(30) { server.requests.count >= 3 })
+        usleep(500_000)
+        daemon.stop()
+        server.stop()
+
+        let requests = server.requests.map { try? JSONSerialization.jsonObject(with: $0) as? [String: Any] }
+        #expect(requests.count == 3, "one batch: refused (500), refused (429), accepted")
+        let accepted = (requests.last??["batch"] as? [[String: Any]]) ?? []
+        let ids = accepted.compactMap { $0["messageId"] as? String }
+        #expect(ids.count == Set(ids).count, "no event twice")
+        let tracks = accepted.filter { $0["type"] as? String == "track" }
+        #expect(tracks.map { $0["event"] as? String } == ["userTypesNewEmail", "userTapsChangeEmailButton"])
+        #expect((tracks.first?["properties"] as? [String: String]) == ["userEmail": "john.doe@example.com"])
+        #expect(tracks.allSatisfy { $0["userId"] as? String == "u-7" && $0["timestamp"] is String })
+        #expect(
+            tracks.allSatisfy {
+                (($0["context"] as? [String: Any])?["app"] as? [String: String])?["name"] == "com.example.mail"
+            })
+        let screens = accepted.filter { $0["type"] as? String == "screen" }
+        #expect(screens.map { $0["name"] as? String } == ["ChangeEmail"])
+        #expect(screens.first?["anonymousId"] as? String == "com.example.mail:e-1")
+        // The retried batches are the same batch: the same messageIds each time.
+        let first = (requests.first??["batch"] as? [[String: Any]])?.compactMap { $0["messageId"] as? String }
+        #expect(first == ids)
+    }
+
+    @Test func aFatalErrorAfterOnboardingIsACrashReportWithItsScreenAndBreadcrumbs() throws {
+        let daemon = try daemonWithBuiltins("builtin-crash")
+        let onboarding =
+            [navigation("root", "Welcome"), #"{"type":"when","name":"userTapsGetStarted"}"#]
+            + [
+                navigation("push", "Consent"),
+                #"{"type":"when","name":"userAcceptsTerms","params":{"version":"2026-03"}}"#,
+            ]
+            + [
+                navigation("push", "ChoosePractice"),
+                #"{"type":"when","name":"userSelectsPractice","params":{"practiceId":"P1"}}"#,
+            ]
+            + [#"{"type":"error","message":"practice list index out of range","fatal":true,"stack":["select(_:)"]}"#]
+        try send(daemon, app: "uk.nhs.gp-onboarding", session: "o-1", onboarding)
+        // A non-fatal error is not a crash.
+        try send(daemon, app: "uk.nhs.gp-onboarding", session: "o-2", [#"{"type":"error","message":"slow network"}"#])
+        let crashes = { try whenctl(["crashes", "--state-dir", daemon.stateDirectory, "--json"]) }
+        #expect(eventually { (try? crashes().output.contains("o-1")) == true })
+        let sessionsReady = eventually {
+            (try? whenctl(["sessions", "--state-dir", daemon.stateDirectory]).output.contains("o-2")) == true
+        }
+        #expect(sessionsReady)
+        daemon.stop()
+
+        let list = try crashes()
+        #expect(list.status == 0)
+        let summaries = list.output.split(separator: "\n").compactMap {
+            try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any]
+        }
+        #expect(summaries.count == 1)
+        #expect(summaries.first?["screen"] as? String == "ChoosePractice")
+        #expect(summaries.first?["message"] as? String == "practice list index out of range")
+        let seq = try #require(summaries.first?["seq"] as? Int)
+        let shown = try whenctl(["crashes", "--state-dir", daemon.stateDirectory, "--json", String(seq)])
+        let report = try #require(try JSONSerialization.jsonObject(with: Data(shown.output.utf8)) as? [String: Any])
+        #expect(report["app"] as? String == "uk.nhs.gp-onboarding" && report["session"] as? String == "o-1")
+        let crumbs = report["breadcrumbs"] as? [[String: Any]] ?? []
+        // Oldest first: the whole journey, with the screen views screen-tracking derived.
+        #expect(
+            crumbs.filter { $0["type"] as? String == "when" }.map { $0["name"] as? String } == [
+                "userTapsGetStarted", "userAcceptsTerms", "userSelectsPractice",
+            ])
+        let seqs = crumbs.compactMap { $0["seq"] as? Int }
+        #expect(seqs == seqs.sorted() && seqs.first == 1)
+        #expect(crumbs.compactMap { $0["type"] as? String }.prefix(2) == ["navigation", "when"])
+        let human = try whenctl(["crashes", "--state-dir", daemon.stateDirectory, String(seq)])
+        #expect(human.output.contains("screen   ChoosePractice") && human.output.contains("at select(_:)"))
+
+        let sessions = try whenctl(["sessions", "--state-dir", daemon.stateDirectory, "--json"])
+        let entries = sessions.output.split(separator: "\n").compactMap {
+            try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any]
+        }
+        let o1 = try #require(entries.first { $0["session"] as? String == "o-1" })
+        #expect(o1["firstSeq"] as? Int == 1)
+        #expect((o1["counts"] as? [String: Int])?["when"] == 3 && (o1["counts"] as? [String: Int])?["error"] == 1)
+        #expect((o1["counts"] as? [String: Int])?["navigation"] == 3)
+        // One session's records, read from its first _seq.
+        let records = try whenctl(["sessions", "--state-dir", daemon.stateDirectory, "o-2"])
+        #expect(records.output.contains("slow network") && !records.output.contains("userTapsGetStarted"))
+    }
+
+    @Test func crashReportsReportsTheFailureOfAPluginAfterIt() throws {
+        let fixtures = scratchDirectory("crash-fixtures")
+        chmod(fixtures, 0o755)
+        _ = try buildTestPlugin("recorder", into: fixtures, name: "recorder")
+        let built = (executable("whend") as NSString).deletingLastPathComponent
+        let daemon = try daemonWithBuiltins(
+            "builtin-failure",
+            settings:
+                "plugin_dirs = \(fixtures):\(built)\npipeline.main = crash-reports, recorder\npipeline_retry_limit = 2")
+        try send(
+            daemon, app: "com.example.mail", session: "f-1",
+            [
+                navigation("present", "ChangeEmail"), #"{"type":"when","name":"poison"}"#,
+                #"{"type":"when","name":"fine"}"#,
+            ])
+        let reports = CrashReportStoreProbe(stateDirectory: daemon.stateDirectory)
+        #expect(eventually { reports.files.contains { $0.hasSuffix("plugin_failure.json") } })
+        daemon.stop()
+        let shown = try whenctl(["crashes", "--state-dir", daemon.stateDirectory, "--json", "2"])
+        let report = try #require(try JSONSerialization.jsonObject(with: Data(shown.output.utf8)) as? [String: Any])
+        #expect(report["kind"] as? String == "plugin_failure" && report["screen"] as? String == "ChangeEmail")
+        #expect(((report["error"] as? [String: Any])?["message"] as? String)?.contains("_seq 2") == true)
+        // The failure went on to the pipeline: retried, then dead-lettered, and the pipeline moved on.
+        let deadLetters = daemon.stateDirectory + "/pipelines/main/dead-letter.jsonl"
+        #expect((try? String(contentsOfFile: deadLetters, encoding: .utf8))?.contains("poison") == true)
+    }
+}
+
+/// The crash reports on disk, as `whenctl crashes` finds them.
+private struct CrashReportStoreProbe {
+    let stateDirectory: String
+    var files: [String] {
+        (try? FileManager.default.contentsOfDirectory(atPath: stateDirectory + "/plugins/crash-reports/reports")) ?? []
+    }
+}

@@ -1,0 +1,99 @@
+import Foundation
+
+/// A real HTTP/1.1 server on a loopback port, answering POSTs from a script: each request gets
+/// the next scripted answer (the last one repeats). Records every request body.
+final class HTTPTestServer: @unchecked Sendable {
+    struct Answer {
+        var status: Int
+        var headers: [String: String] = [:]
+    }
+
+    let port: UInt16
+    private let fd: Int32
+    private let lock = NSLock()
+    private var script: [Answer]
+    private var bodies: [Data] = []
+    private var stopped = false
+
+    init(answers: [Answer]) throws {
+        script = answers
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        self.fd = fd
+        var on: Int32 = 1
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, socklen_t(MemoryLayout<Int32>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = 0
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
+        guard bound == 0, listen(fd, 16) == 0 else { throw TestFailure(description: "cannot listen on loopback") }
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        }
+        let port = UInt16(bigEndian: address.sin_port)
+        self.port = port
+        let thread = Thread { [self] in serve() }
+        thread.start()
+    }
+
+    deinit { stop() }
+
+    func stop() {
+        lock.withLock { stopped = true }
+        shutdown(fd, Int32(SHUT_RDWR))
+        close(fd)
+    }
+
+    var requests: [Data] { lock.withLock { bodies } }
+
+    private func serve() {
+        while !lock.withLock({ stopped }) {
+            let client = accept(fd, nil, nil)
+            guard client >= 0 else { return }
+            handle(client)
+            close(client)
+        }
+    }
+
+    private func handle(_ client: Int32) {
+        var received: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        // Headers, then Content-Length bytes of body (one request per connection is enough:
+        // the answer says Connection: close).
+        while true {
+            let n = buffer.withUnsafeMutableBytes { recv(client, $0.baseAddress, $0.count, 0) }
+            guard n > 0 else { return }
+            received += buffer[0..<n]
+            guard let end = find([13, 10, 13, 10], in: received) else { continue }
+            let head = String(decoding: received[..<end], as: UTF8.self).lowercased()
+            let length =
+                head.split(separator: "\r\n").first { $0.hasPrefix("content-length:") }
+                .flatMap { Int($0.dropFirst(15).trimmingCharacters(in: .whitespaces)) } ?? 0
+            if received.count >= end + 4 + length {
+                let body = Data(received[(end + 4)..<(end + 4 + length)])
+                let answer = lock.withLock {
+                    bodies.append(body)
+                    return script.count > 1 ? script.removeFirst() : script[0]
+                }
+                var text = "HTTP/1.1 \(answer.status) X\r\nContent-Length: 2\r\nConnection: close\r\n"
+                for (k, v) in answer.headers { text += "\(k): \(v)\r\n" }
+                text += "\r\n{}"
+                _ = Array(text.utf8).withUnsafeBytes { send(client, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                return
+            }
+        }
+    }
+
+    private func find(_ needle: [UInt8], in haystack: [UInt8]) -> Int? {
+        guard haystack.count >= needle.count else { return nil }
+        for i in 0...(haystack.count - needle.count) where Array(haystack[i..<(i + needle.count)]) == needle {
+            return i
+        }
+        return nil
+    }
+}
