@@ -31,6 +31,9 @@ public struct PipelineSpec: Codable, Sendable, Equatable {
     }
 }
 
+/// Set by SIGTERM in a worker; read between records.
+nonisolated(unsafe) private var workerStopRequested: sig_atomic_t = 0
+
 /// A pipeline's worker process: it loads the pipeline's plugins, reads the journal itself from
 /// the pipeline's cursor, in `_seq` order, and runs each record through the chain.
 ///
@@ -42,8 +45,16 @@ public struct PipelineSpec: Codable, Sendable, Equatable {
 public enum PipelineWorker {
     public static func run(_ spec: PipelineSpec, logger: Logger) -> Never {
         signal(SIGPIPE, SIG_IGN)
+        // SIGTERM (the daemon stopping the pipeline): finish the record in hand, save the
+        // cursor, let the plugins close (destroy), exit 0. The daemon's blocked signals are
+        // inherited across exec, so unblock it first.
+        var terminate = sigset_t()
+        sigemptyset(&terminate)
+        sigaddset(&terminate, SIGTERM)
+        pthread_sigmask(SIG_UNBLOCK, &terminate, nil)
+        signal(SIGTERM) { _ in workerStopRequested = 1 }
         let output = WorkerOutput()
-        let chain: PluginChain
+        var chain: PluginChain
         do {
             try FileManager.default.createDirectory(atPath: spec.directory, withIntermediateDirectories: true)
             var instances: [PluginInstance] = []
@@ -84,6 +95,7 @@ public enum PipelineWorker {
         JournalReader(directory: JournalDirectory(path: spec.journalDirectory)).read(
             fromSeq: cursor + 1, follow: true,
             body: { record, _ in
+                guard workerStopRequested == 0 else { return false }
                 guard let seq = record.seq, seq > cursor else { return true }
                 var attempt = 0
                 while true {
@@ -108,10 +120,12 @@ public enum PipelineWorker {
                         }
                         // Sleep in slices, reporting, so that the daemon sees the worker alive.
                         let until = Date().addingTimeInterval(delay)
-                        while Date() < until {
+                        while Date() < until && workerStopRequested == 0 {
                             report()
                             Thread.sleep(forTimeInterval: min(0.1, max(0, until.timeIntervalSinceNow)))
                         }
+                        // Stopping: the record is not done, so the cursor stays before it.
+                        if workerStopRequested != 0 { return false }
                         continue
                     }
                     break
@@ -122,10 +136,12 @@ public enum PipelineWorker {
             },
             onCaughtUp: {
                 report()
-                return true
+                return workerStopRequested == 0
             },
             onProblem: { problem in logger.warning("pipeline \(spec.name): \(problem)") })
         report(force: true)
+        // The plugins close before the process ends (an analytics spool, a session index).
+        chain = PluginChain([])
         exit(0)
     }
 
