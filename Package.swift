@@ -90,7 +90,7 @@ let package = Package(
         .executableTarget(
             name: "whenctl",
             dependencies: [
-                "WhendWire", "WhendJournal", "BuiltinPluginSupport",
+                "WhendWire", "WhendJournal", "WhendDaemon", "BuiltinPluginSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

@@ -12,7 +12,7 @@ struct Whenctl: ParsableCommand {
         version: WhendVersion.current,
         subcommands: [
             Emit.self, Cat.self, Tail.self, Verify.self, Status.self, Reload.self, Metrics.self, Plugins.self,
-            Sessions.self, Crashes.self,
+            Sessions.self, Crashes.self, Replay.self, Export.self, Flow.self,
         ]
     )
 }

@@ -140,22 +140,7 @@ struct Whend: ParsableCommand {
 
     /// Defaults, then the file, then the environment, then the flags.
     func resolveConfiguration() throws(SettingError) -> (DaemonConfiguration, file: String?) {
-        var configuration = DaemonConfiguration()
-        let environment = ProcessInfo.processInfo.environment
-        var file = config ?? environment["WHEND_CONFIG"].flatMap { $0.isEmpty ? nil : $0 }
-        if file == nil, FileManager.default.fileExists(atPath: "/etc/whend/whend.conf") {
-            file = "/etc/whend/whend.conf"
-        }
-        if let file {
-            guard let text = try? String(contentsOfFile: file, encoding: .utf8) else {
-                throw SettingError(
-                    description: "cannot read the configuration file \(file): \(String(cString: strerror(errno)))")
-            }
-            try Settings.apply(try Settings.parse(text, path: file), to: &configuration)
-        }
-        try Settings.apply(Settings.fromEnvironment(environment), to: &configuration)
-        try Settings.apply(flagValues, to: &configuration)
-        return (configuration, file)
+        try DaemonConfiguration.resolve(file: config, flags: flagValues)
     }
 
     func run() throws {

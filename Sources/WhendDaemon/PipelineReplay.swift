@@ -1,0 +1,130 @@
+import Foundation
+import Logging
+import WhendWire
+
+/// A pipeline run offline over records the caller reads from a journal: the same plugin
+/// loading, host services and chain as a live pipeline's worker, but no cursor, no retries,
+/// and the plugins' state in a directory of the caller's choosing, so that nothing live is
+/// touched. Derived records come out stamped with the time of the record that caused them
+/// (`_rt` of the cause), so the same input gives byte-identical output.
+public final class PipelineReplay {
+    private var chain: PluginChain
+    private let derived: DerivedSink
+
+    public enum Outcome: Equatable {
+        case passed
+        case dropped
+        case failed(String)
+    }
+
+    /// - Parameters:
+    ///   - stages: plugin names and their configuration (JSON), in order.
+    ///   - output: receives each derived record, a complete journal-style JSON object.
+    public init(
+        stages: [(plugin: String, configuration: String)], pluginDirectories: [String], stateDirectory: String,
+        logger: Logger, output: @escaping @Sendable ([UInt8]) -> Void
+    ) throws(PluginLoadError) {
+        let sink = DerivedSink(output: output)
+        derived = sink
+        var instances: [PluginInstance] = []
+        for stage in stages {
+            let library = try PluginLibrary.load(name: stage.plugin, directories: pluginDirectories)
+            instances.append(
+                try PluginInstance(
+                    library: library, configuration: stage.configuration,
+                    stateDirectory: stateDirectory + "/" + stage.plugin, logger: logger,
+                    emit: { plugin, json in sink.emit(json, origin: plugin) }))
+        }
+        chain = PluginChain(instances)
+    }
+
+    /// The stages of pipeline `name` as `configuration` defines it.
+    public static func stages(of name: String, in configuration: DaemonConfiguration) -> [(
+        plugin: String, configuration: String
+    )]? {
+        configuration.effectivePipelines[name].map { plugins in
+            plugins.map { ($0, configuration.pluginConfigurations[$0] ?? "{}") }
+        }
+    }
+
+    /// Runs one stored record (with its `_seq` and `_rt`) through the chain.
+    public func handle(_ record: UnsafeBufferPointer<UInt8>, seq: UInt64) -> Outcome {
+        derived.begin(cause: seq, receivedAt: Self.receivedAt(record))
+        switch chain.run(record, seq: seq) {
+        case .unchanged, .changed: return .passed
+        case .dropped: return .dropped
+        case .rejected(let why): return .failed(why)
+        }
+    }
+
+    /// Closes the plugins (they flush what they keep).
+    public func finish() { chain = PluginChain([]) }
+
+    /// The record's `_rt` value, as it is spelled.
+    static func receivedAt(_ record: UnsafeBufferPointer<UInt8>) -> [UInt8] {
+        let key = Array(#""_rt":""#.utf8)
+        guard record.count > key.count else { return [] }
+        var i = 0
+        while i + key.count <= record.count {
+            if record[i] == key[0], Array(record[i..<(i + key.count)]) == key {
+                let start = i + key.count
+                var end = start
+                while end < record.count, record[end] != UInt8(ascii: "\"") { end += 1 }
+                return Array(record[start..<end])
+            }
+            i += 1
+        }
+        return []
+    }
+}
+
+/// Where a replay's derived records go: the live daemon's `appendDerived`, without a journal.
+private final class DerivedSink: @unchecked Sendable {
+    // Unchecked: a replay runs one record at a time on one thread.
+    let output: @Sendable ([UInt8]) -> Void
+    var cause: UInt64 = 0
+    var receivedAt: [UInt8] = []
+
+    init(output: @escaping @Sendable ([UInt8]) -> Void) { self.output = output }
+
+    func begin(cause: UInt64, receivedAt: [UInt8]) {
+        self.cause = cause
+        self.receivedAt = receivedAt
+    }
+
+    func emit(_ json: UnsafeBufferPointer<UInt8>, origin: String) -> Bool {
+        var trusted = Array(#"{"_origin":"#.utf8)
+        appendJSONString(Array(origin.utf8), to: &trusted)
+        trusted += Array(#","_cause":\#(cause),"_rt":""#.utf8) + receivedAt + Array(#""}"#.utf8)
+        guard let body = try? trusted.withUnsafeBufferPointer({ try IngestRewrite.body(output: json, original: $0) })
+        else { return false }
+        output(Array("{".utf8) + body)
+        return true
+    }
+}
+
+extension DaemonConfiguration {
+    /// The configuration whend would run with: the embedded defaults, then the file (`file`,
+    /// else `$WHEND_CONFIG`, else /etc/whend/whend.conf if it exists), then the environment,
+    /// then `flags`.
+    public static func resolve(
+        file: String?, flags: [SettingValue] = [],
+        environment: [String: String] = ProcessInfo.processInfo.environment
+    ) throws(SettingError) -> (DaemonConfiguration, file: String?) {
+        var configuration = DaemonConfiguration(environment: environment)
+        var file = file ?? environment["WHEND_CONFIG"].flatMap { $0.isEmpty ? nil : $0 }
+        if file == nil, FileManager.default.fileExists(atPath: "/etc/whend/whend.conf") {
+            file = "/etc/whend/whend.conf"
+        }
+        if let file {
+            guard let text = try? String(contentsOfFile: file, encoding: .utf8) else {
+                throw SettingError(
+                    description: "cannot read the configuration file \(file): \(String(cString: strerror(errno)))")
+            }
+            try Settings.apply(try Settings.parse(text, path: file), to: &configuration)
+        }
+        try Settings.apply(Settings.fromEnvironment(environment), to: &configuration)
+        try Settings.apply(flags, to: &configuration)
+        return (configuration, file)
+    }
+}
