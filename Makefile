@@ -52,8 +52,10 @@ bench: deps
 	$(SWIFT) build -c release
 	Benchmarks/fetch-peer.sh
 	$(SWIFT) build -c release --package-path Benchmarks
+	cc -shared -fPIC -O2 -I Sources/CWhendPlugin/include Benchmarks/noop.c -o Benchmarks/.build/libnoop.so
 	Benchmarks/.build/release/whend-bench --whend .build/release/whend --whenctl .build/release/whenctl \
-		--rsyslog-root Benchmarks/.peer/root --events $(BENCH_EVENTS) --rounds $(BENCH_ROUNDS)
+		--rsyslog-root Benchmarks/.peer/root --events $(BENCH_EVENTS) --rounds $(BENCH_ROUNDS) \
+		--noop-plugin Benchmarks/.build/libnoop.so
 
 # What WhenClient.emit costs the app's thread with the daemon up, down and stopped, against one
 # blocking send(2) per event in the same run.

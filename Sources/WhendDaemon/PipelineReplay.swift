@@ -60,19 +60,28 @@ public final class PipelineReplay {
     /// Closes the plugins (they flush what they keep).
     public func finish() { chain = PluginChain([]) }
 
-    /// The record's `_rt` value, as it is spelled.
+    /// The record's `_rt` value, as it is spelled. The trusted fields are at the end of a
+    /// stored record, so the search runs backwards and allocates nothing.
     static func receivedAt(_ record: UnsafeBufferPointer<UInt8>) -> [UInt8] {
-        let key = Array(#""_rt":""#.utf8)
-        guard record.count > key.count else { return [] }
-        var i = 0
-        while i + key.count <= record.count {
-            if record[i] == key[0], Array(record[i..<(i + key.count)]) == key {
-                let start = i + key.count
-                var end = start
-                while end < record.count, record[end] != UInt8(ascii: "\"") { end += 1 }
-                return Array(record[start..<end])
+        let key: StaticString = #""_rt":""#
+        let k = key.utf8Start
+        let n = key.utf8CodeUnitCount
+        var i = record.count - n
+        while i >= 0 {
+            if record[i] == k[0] && record[i + 4] == k[4] {
+                var same = true
+                for j in 1..<n where record[i + j] != k[j] {
+                    same = false
+                    break
+                }
+                if same {
+                    let start = i + n
+                    var end = start
+                    while end < record.count, record[end] != UInt8(ascii: "\"") { end += 1 }
+                    return Array(record[start..<end])
+                }
             }
-            i += 1
+            i -= 1
         }
         return []
     }

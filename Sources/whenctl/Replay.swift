@@ -204,8 +204,10 @@ struct Replay: ParsableCommand {
         if !errors.isEmpty || acked < sent { throw ExitCode(1) }
     }
 
-    /// How many records the range holds at most, for the progress bar (from the segment names).
+    /// How many records the range holds at most, for the progress bar (nil when there is no
+    /// terminal to show it on).
     private func estimatedTotal(_ directory: JournalDirectory, _ filter: RecordFilter) -> Int? {
+        guard isatty(2) == 1 else { return nil }
         let segments = directory.segments()
         guard let first = segments.first?.firstSeq else { return nil }
         var last: UInt64 = 0

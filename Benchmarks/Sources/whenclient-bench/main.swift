@@ -60,7 +60,9 @@ func startDaemon(_ name: String) throws -> (SpawnedProcess, String) {
     try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
     let socket = dir + "/events.sock"
     let daemon = try SpawnedProcess(
-        whend, ["--socket", socket, "--state-dir", dir + "/state", "--durability", "write"], log: dir + "/whend.log")
+        whend,
+        ["--socket", socket, "--state-dir", dir + "/state", "--durability", "write", "--builtin-pipelines", "false"],
+        log: dir + "/whend.log")
     try waitForSocket(socket)
     return (daemon, socket)
 }

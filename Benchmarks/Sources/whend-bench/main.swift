@@ -139,7 +139,10 @@ func startWhend(_ dir: String, _ extra: [String] = []) throws -> (SpawnedProcess
     try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
     let sock = dir + "/events.sock"
     let daemon = try SpawnedProcess(
-        whend, ["--socket", sock, "--state-dir", dir + "/state", "--log-level", "warning"] + extra, log: dir + "/log")
+        whend,
+        // Ingest alone: the built-in pipelines would read the journal while it is written.
+        ["--socket", sock, "--state-dir", dir + "/state", "--log-level", "warning", "--builtin-pipelines", "false"]
+            + extra, log: dir + "/log")
     try waitForSocket(sock)
     return (daemon, sock)
 }
@@ -240,6 +243,18 @@ let catStart = monotonicSeconds()
 try shell("\(whenctl) cat --journal \(catJournal) > /dev/null")
 let catSeconds = monotonicSeconds() - catStart
 
+// MARK: whenctl replay
+
+// The same journal through a pipeline of one plugin that does nothing, offline: what replay
+// itself costs, beside `whenctl cat` over the same journal.
+var replaySeconds: Double?
+if let noop = absolute(options["noop-plugin"]) {
+    say("whenctl replay through a no-op plugin…")
+    let replayStart = monotonicSeconds()
+    try shell("\(whenctl) replay --journal \(catJournal) --plugin \(noop) --state-out \(work)/replay > /dev/null 2>&1")
+    replaySeconds = monotonicSeconds() - replayStart
+}
+
 // MARK: Idle connections
 
 say("1000 idle connections…")
@@ -290,6 +305,11 @@ print(
     "ack latency, 1 connection, steady \(fmt(Double(latencyLines.count) / latencySeconds)) events/s, fsync: p50 \(fmt(percentile(sortedLatencies, 0.5))) µs, p99 \(fmt(percentile(sortedLatencies, 0.99))) µs, p999 \(fmt(percentile(sortedLatencies, 0.999))) µs"
 )
 print("whenctl cat to /dev/null: \(fmt(Double(corpusEvents) / catSeconds)) records/s")
+if let replaySeconds {
+    print(
+        "whenctl replay through a no-op plugin: \(fmt(Double(corpusEvents) / replaySeconds)) records/s (\(fmt(catSeconds / replaySeconds, 2)) × whenctl cat)"
+    )
+}
 print(
     "1000 idle connections: RSS \(rssBefore / 1024) MiB → \(rssWithIdle / 1024) MiB (\(fmt(Double(rssWithIdle - rssBefore) / 1000, 1)) KiB per connection)"
 )
@@ -318,3 +338,8 @@ bar(
 bar(
     "whenctl cat (M records/s)", Double(corpusEvents) / catSeconds / 1e6, "≥ 2.0",
     Double(corpusEvents) / catSeconds >= 2e6)
+if let replaySeconds {
+    bar(
+        "whenctl replay, no-op plugin (M records/s)", Double(corpusEvents) / replaySeconds / 1e6, "≥ 1.0",
+        Double(corpusEvents) / replaySeconds >= 1e6)
+}
