@@ -1,10 +1,11 @@
 # whend — two commands do all the set-up: `make run` and `make test`.
 SWIFT ?= swift
 # C libraries and tools whend builds with, from Debian.
-DEBIAN_PACKAGES := libzstd-dev libsystemd-dev zstd pkg-config
+DEBIAN_PACKAGES := libzstd-dev libsystemd-dev libnats-dev zstd pkg-config
 # What the tests use besides: systemd-socket-activate and systemd-analyze (systemd), a small
-# ext4 filesystem to freeze (e2fsprogs, util-linux), strip for the .deb (binutils).
-TEST_PACKAGES := systemd e2fsprogs util-linux binutils
+# ext4 filesystem to freeze (e2fsprogs, util-linux), strip for the .deb (binutils), JetStream
+# for the nats plugin (nats-server).
+TEST_PACKAGES := systemd e2fsprogs util-linux binutils nats-server
 
 .PHONY: deps test-deps build release run test soak lint bench bench-client fuzz deb package-check clean
 

@@ -23,6 +23,7 @@ let package = Package(
         .library(name: "screen-tracking", type: .dynamic, targets: ["ScreenTrackingPlugin"]),
         .library(name: "crash-reports", type: .dynamic, targets: ["CrashReportsPlugin"]),
         .library(name: "analytics", type: .dynamic, targets: ["AnalyticsPlugin"]),
+        .library(name: "nats", type: .dynamic, targets: ["NatsPlugin"]),
         .library(name: "session-recorder", type: .dynamic, targets: ["SessionRecorderPlugin"]),
     ],
     dependencies: [
@@ -36,6 +37,7 @@ let package = Package(
         // C libraries from Debian, through system-library targets.
         .systemLibrary(name: "CZstd", pkgConfig: "libzstd", providers: [.apt(["libzstd-dev"])]),
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
+        .systemLibrary(name: "CNats", pkgConfig: "libnats", providers: [.apt(["libnats-dev"])]),
 
         // The client library apps emit with, in the seeds' idioms. No NIO.
         .target(name: "WhenClient", dependencies: ["WhendWire"]),
@@ -52,6 +54,8 @@ let package = Package(
         .target(
             name: "ScreenTrackingPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport"],
             path: "Plugins/ScreenTracking"),
+        .target(
+            name: "NatsPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport", "CNats"], path: "Plugins/Nats"),
         .target(
             name: "AnalyticsPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport"], path: "Plugins/Analytics"
         ),

@@ -27,6 +27,11 @@ extension Daemon {
                     throw PluginLoadError(
                         description: "plugin \(plugin) (\(library.path)) cannot be a pipeline stage (pipeline \(name))")
                 }
+                guard library.roles & WHEND_ROLE_DEFERRED == 0 || plugin == plugins.last else {
+                    throw PluginLoadError(
+                        description:
+                            "plugin \(plugin) finishes records later, so it must be the last stage of pipeline \(name)")
+                }
                 stages.append(
                     PipelineSpec.Stage(
                         plugin: plugin, configuration: configuration.pluginConfigurations[plugin] ?? "{}"))

@@ -1,3 +1,4 @@
+import CWhendPlugin
 import Foundation
 import Logging
 import WhendJournal
@@ -31,6 +32,32 @@ public struct PipelineSpec: Codable, Sendable, Equatable {
     }
 }
 
+/// Records a deferred stage accepted and has not completed yet.
+final class CompletionTracker: @unchecked Sendable {
+    // Unchecked: guarded by `lock`; `complete` comes from the plugin's threads.
+    private let lock = NSLock()
+    private var pending: Set<UInt64> = []
+    /// Completions that came before the worker marked the record accepted.
+    private var early: Set<UInt64> = []
+
+    func accept(_ seq: UInt64) {
+        lock.withLock {
+            if early.remove(seq) == nil { pending.insert(seq) }
+        }
+    }
+
+    func complete(_ seq: UInt64) {
+        lock.withLock {
+            if pending.remove(seq) == nil { early.insert(seq) }
+        }
+    }
+
+    /// The highest `_seq` up to which everything accepted is complete.
+    func watermark(acceptedThrough cursor: UInt64) -> UInt64 {
+        lock.withLock { pending.min().map { $0 - 1 } ?? cursor }
+    }
+}
+
 /// Set by SIGTERM in a worker; read between records.
 nonisolated(unsafe) private var workerStopRequested: sig_atomic_t = 0
 
@@ -55,16 +82,28 @@ public enum PipelineWorker {
         signal(SIGTERM) { _ in workerStopRequested = 1 }
         let output = WorkerOutput()
         var chain: PluginChain
+        let completions = CompletionTracker()
+        var deferred = false
         do {
             try FileManager.default.createDirectory(atPath: spec.directory, withIntermediateDirectories: true)
             var instances: [PluginInstance] = []
-            for stage in spec.stages {
+            for (index, stage) in spec.stages.enumerated() {
                 let library = try PluginLibrary.load(name: stage.plugin, directories: spec.pluginDirectories)
+                if library.roles & WHEND_ROLE_DEFERRED != 0 {
+                    guard index == spec.stages.count - 1 else {
+                        throw PluginLoadError(
+                            description:
+                                "plugin \(stage.plugin) finishes records later, so it must be the last stage of pipeline \(spec.name)"
+                        )
+                    }
+                    deferred = true
+                }
                 instances.append(
                     try PluginInstance(
                         library: library, configuration: stage.configuration,
                         stateDirectory: spec.pluginStateRoot + "/" + stage.plugin, logger: logger,
-                        emit: { plugin, json in output.emit(json, origin: plugin) }))
+                        emit: { plugin, json in output.emit(json, origin: plugin) },
+                        complete: { seq in completions.complete(seq) }))
             }
             chain = PluginChain(instances)
         } catch {
@@ -78,15 +117,18 @@ public enum PipelineWorker {
         var lastSave = Date()
         var lastProgress = Date.distantPast
 
+        // With a deferred stage, the cursor saved is below the oldest record still in its hands.
+        func durableCursor() -> UInt64 { deferred ? completions.watermark(acceptedThrough: cursor) : cursor }
         func report(force: Bool = false) {
             let now = Date()
-            if force || now.timeIntervalSince(lastSave) >= 0.1, cursor != savedCursor {
-                save(cursor, to: spec.cursorPath)
-                savedCursor = cursor
+            let durable = durableCursor()
+            if force || now.timeIntervalSince(lastSave) >= 0.1, durable != savedCursor {
+                save(durable, to: spec.cursorPath)
+                savedCursor = durable
                 lastSave = now
             }
             if force || now.timeIntervalSince(lastProgress) >= 0.25 {
-                output.progress(cursor: cursor, failures: failures, deadLetters: deadLetters)
+                output.progress(cursor: durable, failures: failures, deadLetters: deadLetters)
                 lastProgress = now
             }
         }
@@ -101,6 +143,8 @@ public enum PipelineWorker {
                 while true {
                     output.cause = seq
                     let outcome = chain.run(record.line, seq: seq)
+                    if deferred, case .unchanged = outcome { completions.accept(seq) }
+                    if deferred, case .changed = outcome { completions.accept(seq) }
                     if case .rejected(let why) = outcome {
                         attempt += 1
                         failures += 1
@@ -139,9 +183,10 @@ public enum PipelineWorker {
                 return workerStopRequested == 0
             },
             onProblem: { problem in logger.warning("pipeline \(spec.name): \(problem)") })
-        report(force: true)
-        // The plugins close before the process ends (an analytics spool, a session index).
+        // The plugins close before the process ends (an analytics spool, a session index, a
+        // deferred stage waiting for its last acknowledgements), then the cursor is saved.
         chain = PluginChain([])
+        report(force: true)
         exit(0)
     }
 

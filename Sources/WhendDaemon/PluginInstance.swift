@@ -22,12 +22,14 @@ final class PluginInstance: @unchecked Sendable {
     ///   `emit` fails.
     init(
         library: PluginLibrary, configuration: String, stateDirectory: String, logger: Logger,
-        emit: (@Sendable (String, UnsafeBufferPointer<UInt8>) -> Bool)? = nil
+        emit: (@Sendable (String, UnsafeBufferPointer<UInt8>) -> Bool)? = nil,
+        complete: (@Sendable (UInt64) -> Void)? = nil
     ) throws(PluginLoadError) {
         self.library = library
         self.configuration = configuration
         try? FileManager.default.createDirectory(atPath: stateDirectory, withIntermediateDirectories: true)
-        let services = Unmanaged.passRetained(PluginServices(name: library.name, logger: logger, emit: emit))
+        let services = Unmanaged.passRetained(
+            PluginServices(name: library.name, logger: logger, emit: emit, complete: complete))
         self.services = services
         let host = UnsafeMutablePointer<whend_host>.allocate(capacity: 1)
         self.host = host
@@ -35,7 +37,7 @@ final class PluginInstance: @unchecked Sendable {
             to: whend_host(
                 abi_version: WHEND_PLUGIN_ABI_VERSION, struct_size: UInt32(MemoryLayout<whend_host>.size),
                 context: services.toOpaque(), log: hostLog, emit: hostEmit, count: hostCount,
-                state_directory: strdup(stateDirectory)))
+                state_directory: strdup(stateDirectory), complete: hostComplete))
         var error = [CChar](repeating: 0, count: 1024)
         let capacity = error.count
         let config = Array(configuration.utf8)
@@ -76,11 +78,16 @@ final class PluginServices: Sendable {
     let logger: Logger
     let counters = NIOLockedValueBox<[String: Int64]>([:])
     let emit: (@Sendable (String, UnsafeBufferPointer<UInt8>) -> Bool)?
+    let complete: (@Sendable (UInt64) -> Void)?
 
-    init(name: String, logger: Logger, emit: (@Sendable (String, UnsafeBufferPointer<UInt8>) -> Bool)?) {
+    init(
+        name: String, logger: Logger, emit: (@Sendable (String, UnsafeBufferPointer<UInt8>) -> Bool)?,
+        complete: (@Sendable (UInt64) -> Void)?
+    ) {
         self.name = name
         self.logger = logger
         self.emit = emit
+        self.complete = complete
     }
 }
 
@@ -105,6 +112,13 @@ private let hostEmit: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<UI
     let services = Unmanaged<PluginServices>.fromOpaque(context).takeUnretainedValue()
     guard let emit = services.emit else { return Int32(WHEND_FAIL) }
     return emit(services.name, UnsafeBufferPointer(start: json, count: length)) ? Int32(WHEND_OK) : Int32(WHEND_FAIL)
+}
+
+// A deferred pipeline stage finished a record; elsewhere (ingest, replay) there is no cursor
+// to move, and the call does nothing.
+private let hostComplete: @convention(c) (UnsafeMutableRawPointer?, UInt64) -> Void = { context, seq in
+    guard let context else { return }
+    Unmanaged<PluginServices>.fromOpaque(context).takeUnretainedValue().complete?(seq)
 }
 
 private let hostCount: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>?, Int64) -> Void = {

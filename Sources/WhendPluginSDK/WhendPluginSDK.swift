@@ -9,6 +9,8 @@ public struct PluginRoles: OptionSet, Sendable {
     public init(rawValue: UInt32) { self.rawValue = rawValue }
     public static let ingest = PluginRoles(rawValue: WHEND_ROLE_INGEST)
     public static let pipeline = PluginRoles(rawValue: WHEND_ROLE_PIPELINE)
+    /// A pipeline stage that finishes records later: see `PluginHost.complete(_:)`.
+    public static let deferred = PluginRoles(rawValue: WHEND_ROLE_DEFERRED)
 }
 
 /// Thrown from `handle`: `reject` refuses the event (ingest; the client gets `rejected` with the
@@ -86,6 +88,14 @@ public struct PluginHost: @unchecked Sendable {
 
     public func count(_ name: String, by delta: Int64 = 1) {
         host.pointee.count(host.pointee.context, name, delta)
+    }
+
+    /// For a `.deferred` stage: record `seq` is done, and the pipeline's cursor may pass it.
+    /// Callable from any thread. Does nothing where there is no cursor (a replay).
+    public func complete(_ seq: UInt64) {
+        let minimum = MemoryLayout<whend_host>.offset(of: \whend_host.complete)! + MemoryLayout<UnsafeRawPointer>.size
+        guard Int(host.pointee.struct_size) >= minimum, let complete = host.pointee.complete else { return }
+        complete(host.pointee.context, seq)
     }
 
     /// The plugin's own directory, kept across restarts.

@@ -31,6 +31,11 @@ extern "C" {
 /* Roles a plugin may take (a bit set). */
 #define WHEND_ROLE_INGEST 1u   /* in the daemon, before the journal: may change, drop or reject */
 #define WHEND_ROLE_PIPELINE 2u /* in a pipeline worker, after the journal, from a cursor */
+/* A pipeline stage that finishes records later (an asynchronous publish): returning WHEND_OK
+ * from handle only accepts the record, and the pipeline's cursor passes it once the plugin
+ * calls host->complete with its _seq. Records accepted but never completed are handled again
+ * after a restart. At most one stage of a pipeline may be deferred. */
+#define WHEND_ROLE_DEFERRED 4u
 
 /* What handle() returns. */
 #define WHEND_OK 0     /* handled: next() was called, or the record is dropped on purpose */
@@ -67,6 +72,9 @@ typedef struct whend_host {
     void (*count)(void *context, const char *name, int64_t delta);
     /* A directory that is the plugin's own, kept across restarts. */
     const char *state_directory;
+    /* Added within ABI 1 (present when struct_size covers it): a WHEND_ROLE_DEFERRED plugin
+     * says that record `seq` is done. Callable from any thread. */
+    void (*complete)(void *context, uint64_t seq);
 } whend_host;
 
 typedef struct whend_plugin {
