@@ -10,7 +10,7 @@ version=$(sed -n 's/.*current = "\(.*\)".*/\1/p' Sources/WhendWire/Version.swift
 arch=$(dpkg --print-architecture)
 scratch=.build-deb-release
 runtime=/usr/lib/whend/swift
-plugins="screen-tracking analytics crash-reports session-recorder redact"
+plugins="screen-tracking analytics crash-reports session-recorder redact nats"
 # The binaries look for the Swift runtime beside them and in $runtime only, never in the
 # toolchain that built them.
 flags=(-c release --scratch-path "$scratch" -Xswiftc -no-toolchain-stdlib-rpath -Xlinker -rpath="$runtime")
@@ -46,7 +46,7 @@ Package: whend
 Version: $version
 Architecture: $arch
 Maintainer: whend developers <whend@localhost>
-Depends: libc6, libstdc++6, libgcc-s1, libzstd1, libsystemd0, libcurl4
+Depends: libc6, libstdc++6, libgcc-s1, libzstd1, libsystemd0, libcurl4, libnats3.4
 Installed-Size: $size
 Section: admin
 Priority: optional

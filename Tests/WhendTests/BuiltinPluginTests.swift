@@ -246,14 +246,14 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
             ])
         let reports = CrashReportStoreProbe(stateDirectory: daemon.stateDirectory)
         #expect(eventually { reports.files.contains { $0.hasSuffix("plugin_failure.json") } })
+        // The failure went on to the pipeline: retried, then dead-lettered, and the pipeline moved on.
+        let deadLetters = daemon.stateDirectory + "/pipelines/main/dead-letter.jsonl"
+        #expect(eventually { (try? String(contentsOfFile: deadLetters, encoding: .utf8))?.contains("poison") == true })
         daemon.stop()
         let shown = try whenctl(["crashes", "--state-dir", daemon.stateDirectory, "--json", "2"])
         let report = try #require(try JSONSerialization.jsonObject(with: Data(shown.output.utf8)) as? [String: Any])
         #expect(report["kind"] as? String == "plugin_failure" && report["screen"] as? String == "ChangeEmail")
         #expect(((report["error"] as? [String: Any])?["message"] as? String)?.contains("_seq 2") == true)
-        // The failure went on to the pipeline: retried, then dead-lettered, and the pipeline moved on.
-        let deadLetters = daemon.stateDirectory + "/pipelines/main/dead-letter.jsonl"
-        #expect((try? String(contentsOfFile: deadLetters, encoding: .utf8))?.contains("poison") == true)
     }
 }
 
