@@ -56,7 +56,7 @@ bench: deps
 	cc -shared -fPIC -O2 -I Sources/CWhendPlugin/include Benchmarks/noop.c -o Benchmarks/.build/libnoop.so
 	Benchmarks/.build/release/whend-bench --whend .build/release/whend --whenctl .build/release/whenctl \
 		--rsyslog-root Benchmarks/.peer/root --events $(BENCH_EVENTS) --rounds $(BENCH_ROUNDS) \
-		--noop-plugin Benchmarks/.build/libnoop.so
+		--noop-plugin Benchmarks/.build/libnoop.so $(if $(wildcard /usr/sbin/nats-server),--nats-server /usr/sbin/nats-server)
 
 # What WhenClient.emit costs the app's thread with the daemon up, down and stopped, against one
 # blocking send(2) per event in the same run.

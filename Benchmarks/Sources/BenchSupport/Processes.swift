@@ -122,3 +122,21 @@ public func connectUnix(_ path: String) throws -> Int32 {
     }
     return fd
 }
+
+#if canImport(FoundationNetworking)
+    import FoundationNetworking
+#endif
+
+/// The body of an HTTP GET, or "" if there was no answer within 10 s.
+public func httpGet(_ url: String) -> String {
+    final class Box: @unchecked Sendable { var text = "" }
+    guard let url = URL(string: url) else { return "" }
+    let box = Box()
+    let done = DispatchSemaphore(value: 0)
+    URLSession.shared.dataTask(with: url) { data, _, _ in
+        box.text = data.map { String(decoding: $0, as: UTF8.self) } ?? ""
+        done.signal()
+    }.resume()
+    _ = done.wait(timeout: .now() + 10)
+    return box.text
+}

@@ -255,6 +255,46 @@ if let noop = absolute(options["noop-plugin"]) {
     replaySeconds = monotonicSeconds() - replayStart
 }
 
+// MARK: NATS JetStream forwarding
+
+// The same journal forwarded by a live whend through its nats pipeline to a local JetStream
+// (one node, file storage): from the daemon's start to the pipeline's cursor at the last record,
+// and the stream checked to hold every record once.
+var natsSeconds: Double?
+if let natsServer = options["nats-server"] {
+    say("forwarding the journal to NATS JetStream…")
+    let natsDir = work + "/nats"
+    try FileManager.default.createDirectory(atPath: natsDir + "/state", withIntermediateDirectories: true)
+    try shell("cp -r \(catJournal) \(natsDir)/state/journal")
+    let nats = try SpawnedProcess(
+        natsServer, ["-js", "-sd", natsDir + "/js", "-a", "127.0.0.1", "-p", "24222", "-m", "25222"],
+        log: natsDir + "/nats.log")
+    defer { _ = nats.stop() }
+    usleep(500_000)
+    try """
+    pipeline.forward = nats
+    plugin.nats = {"url": "nats://127.0.0.1:24222", "stream": "WHEND", "create_stream": true, "max_in_flight": 4000}
+    """.write(toFile: natsDir + "/whend.conf", atomically: true, encoding: .utf8)
+    let start = monotonicSeconds()
+    let (forwarder, _) = try startWhend(
+        natsDir + "/whend", ["--state-dir", natsDir + "/state", "--config", natsDir + "/whend.conf"])
+    let cursorPath = natsDir + "/state/pipelines/forward/cursor"
+    while (try? String(contentsOfFile: cursorPath, encoding: .utf8)).flatMap({
+        Int($0.trimmingCharacters(in: .whitespacesAndNewlines))
+    }) ?? 0
+        < corpusEvents, monotonicSeconds() - start < 600
+    {
+        usleep(20_000)
+    }
+    natsSeconds = monotonicSeconds() - start
+    _ = forwarder.stop()
+    let streamState = httpGet("http://127.0.0.1:25222/jsz?streams=true")
+    guard streamState.contains("\"messages\":\(corpusEvents),") else {
+        throw BenchError(
+            "the JetStream stream does not hold exactly \(corpusEvents) messages: \(streamState.prefix(2000))")
+    }
+}
+
 // MARK: Idle connections
 
 say("1000 idle connections…")
@@ -305,6 +345,11 @@ print(
     "ack latency, 1 connection, steady \(fmt(Double(latencyLines.count) / latencySeconds)) events/s, fsync: p50 \(fmt(percentile(sortedLatencies, 0.5))) µs, p99 \(fmt(percentile(sortedLatencies, 0.99))) µs, p999 \(fmt(percentile(sortedLatencies, 0.999))) µs"
 )
 print("whenctl cat to /dev/null: \(fmt(Double(corpusEvents) / catSeconds)) records/s")
+if let natsSeconds {
+    print(
+        "forwarding to NATS JetStream (whend's nats pipeline, 1 local node): \(fmt(Double(corpusEvents) / natsSeconds)) records/s (\(fmt(catSeconds / natsSeconds, 2)) × whenctl cat); the stream holds each record once"
+    )
+}
 if let replaySeconds {
     print(
         "whenctl replay through a no-op plugin: \(fmt(Double(corpusEvents) / replaySeconds)) records/s (\(fmt(catSeconds / replaySeconds, 2)) × whenctl cat)"
