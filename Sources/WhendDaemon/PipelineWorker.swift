@@ -48,7 +48,11 @@ final class CompletionTracker: @unchecked Sendable {
 
     func complete(_ seq: UInt64) {
         lock.withLock {
-            if pending.remove(seq) == nil { early.insert(seq) }
+            if pending.remove(seq) == nil {
+                // Bounded: a plugin completing records it never accepted must not grow this.
+                if early.count >= 1 << 16 { early.removeAll() }
+                early.insert(seq)
+            }
         }
     }
 
