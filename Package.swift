@@ -55,7 +55,8 @@ let package = Package(
             name: "ScreenTrackingPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport"],
             path: "Plugins/ScreenTracking"),
         .target(
-            name: "NatsPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport", "CNats"], path: "Plugins/Nats"),
+            name: "NatsPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport", "CNats", "WhendWire"],
+            path: "Plugins/Nats"),
         .target(
             name: "AnalyticsPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport"], path: "Plugins/Analytics"
         ),

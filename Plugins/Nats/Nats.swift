@@ -2,6 +2,7 @@ import BuiltinPluginSupport
 import CNats
 import Foundation
 import WhendPluginSDK
+import WhendWire
 
 /// Forwards every record to NATS JetStream: one message per record, on a subject from a
 /// template, the record's JSON as payload, and `Nats-Msg-Id` = journal identity + `_seq`, so
@@ -17,6 +18,7 @@ final class Nats: WhendPlugin {
 
     private let host: PluginHost
     private let template: [TemplatePart]
+    private let needsDecoding: Bool
     private let hostName: String
     private let journalID: String
     private let ackTimeout: Int64
@@ -33,6 +35,10 @@ final class Nats: WhendPlugin {
         self.host = host
         let servers = (c["servers"] as? [String]) ?? [c["url"] as? String ?? "nats://127.0.0.1:4222"]
         template = try Self.parseTemplate(c["subject"] as? String ?? "whend.{host}.{app}.{type}")
+        needsDecoding = template.contains {
+            if case .field(let key) = $0 { return !["host", "app", "session", "type"].contains(key) }
+            return false
+        }
         hostName = Self.token(c["host"] as? String ?? ProcessInfo.processInfo.hostName)
         ackTimeout = Int64((c["ack_timeout"] as? Double ?? 5) * 1000)
         journalID = try c["journal_id"] as? String ?? Self.journalIdentity(host.stateDirectory)
@@ -103,13 +109,21 @@ final class Nats: WhendPlugin {
     }
 
     func handle(_ record: PluginRecord, next: PluginNext) throws {
-        let fields = RecordFields(try record.object(), seq: record.seq)
+        // app, session and type come from WhendWire's scanner (no JSON tree); other fields of a
+        // template need the record decoded.
+        let scanned = try? StoredRecord.scan(record.bytes)
+        let decoded = needsDecoding ? RecordFields(try record.object(), seq: record.seq) : nil
         var subject = ""
         for part in template {
             switch part {
             case .literal(let text): subject += text
             case .field("host"): subject += hostName
-            case .field(let key): subject += Self.token(fields[key] ?? "none")
+            case .field("app"):
+                subject += Self.token(scanned?.app.map { String(decoding: $0, as: UTF8.self) } ?? "none")
+            case .field("session"):
+                subject += Self.token(scanned?.session.map { String(decoding: $0, as: UTF8.self) } ?? "none")
+            case .field("type"): subject += Self.token(scanned?.type ?? "none")
+            case .field(let key): subject += Self.token(decoded?[key] ?? "none")
             }
         }
         var message: OpaquePointer?

@@ -289,9 +289,14 @@ if let natsServer = options["nats-server"] {
     natsSeconds = monotonicSeconds() - start
     _ = forwarder.stop()
     let streamState = httpGet("http://127.0.0.1:25222/jsz?streams=true")
-    guard streamState.contains("\"messages\":\(corpusEvents),") else {
+    let json = try? JSONSerialization.jsonObject(with: Data(streamState.utf8)) as? [String: Any]
+    let streams = (json?["account_details"] as? [[String: Any]])?.flatMap {
+        $0["stream_detail"] as? [[String: Any]] ?? []
+    }
+    let state = streams?.first { $0["name"] as? String == "WHEND" }?["state"] as? [String: Any]
+    guard state?["messages"] as? Int == corpusEvents, state?["last_seq"] as? Int == corpusEvents else {
         throw BenchError(
-            "the JetStream stream does not hold exactly \(corpusEvents) messages: \(streamState.prefix(2000))")
+            "the JetStream stream does not hold exactly \(corpusEvents) messages: \(String(describing: state))")
     }
 }
 
