@@ -8,7 +8,7 @@ struct Whenctl: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "whenctl",
         abstract:
-            "whend's companion: emit events; read, follow and verify the journal; status, reload and metrics of the daemon.",
+            "whend's companion: emit events; read, follow and verify the journal; status, reload, metrics and plugins of the daemon; sessions and crash reports; replay, export and flow.",
         version: WhendVersion.current,
         subcommands: [
             Emit.self, Cat.self, Tail.self, Verify.self, Status.self, Reload.self, Metrics.self, Plugins.self,
