@@ -19,6 +19,14 @@ final class PipelineSupervisor: @unchecked Sendable {
         var stopping = false
         var lastReport = Date()
         var lastExit: String?
+        /// The last derived record appended, as (its cause, its ordinal among that cause's).
+        /// A restarted worker handles again the records after its saved cursor, and derives
+        /// again what was derived from them: those are not appended twice.
+        var appendedThrough: (cause: UInt64, ordinal: Int) = (0, 0)
+        /// The current worker's position in the same terms.
+        var runCause: UInt64 = 0
+        var runOrdinal = 0
+        var derivedSkipped = 0
     }
 
     let spec: PipelineSpec
@@ -128,6 +136,8 @@ final class PipelineSupervisor: @unchecked Sendable {
             $0.pid = pid
             $0.running = true
             $0.lastReport = Date()
+            $0.runCause = 0
+            $0.runOrdinal = 0
         }
         let watchdogTimer = DispatchSource.makeTimerSource(queue: .global())
         watchdogTimer.schedule(deadline: .now() + 1, repeating: 1)
@@ -181,8 +191,21 @@ final class PipelineSupervisor: @unchecked Sendable {
             let origin = emit["origin"] as? String, let cause = (emit["cause"] as? NSNumber)?.uint64Value,
             let bytes = try? JSONSerialization.data(withJSONObject: record)
         {
-            state.withLockedValue { $0.lastReport = Date() }
-            appendDerived(Array(bytes), origin, cause)
+            let isNew = state.withLockedValue { s -> Bool in
+                s.lastReport = Date()
+                if cause != s.runCause {
+                    s.runCause = cause
+                    s.runOrdinal = 0
+                }
+                s.runOrdinal += 1
+                guard (cause, s.runOrdinal) > s.appendedThrough else {
+                    s.derivedSkipped += 1
+                    return false
+                }
+                s.appendedThrough = (cause, s.runOrdinal)
+                return true
+            }
+            if isNew { appendDerived(Array(bytes), origin, cause) }
         }
     }
 }

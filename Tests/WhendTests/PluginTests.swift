@@ -171,6 +171,24 @@ func isInOrderAtLeastOnce(_ seqs: [Int], upTo n: Int) -> Bool {
         #expect(daemon.stop() == 0)
     }
 
+    /// A worker that crashes handles again the records after its saved cursor, and derives
+    /// again from them: each record's derived records are appended once all the same.
+    @Test func derivedRecordsAreNotAppendedTwiceAfterAWorkerRestart() throws {
+        let (daemon, _) = try pipelineDaemon("pipe-derive", settings: #"plugin.recorder = {"crash_at": 1000}"#)
+        try daemon.start()
+        for part in 0..<4 {
+            let events = (1...500).map { #"{"type":"when","name":"derive","id":"\#(part)-\#($0)"}"# }
+            #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 500)
+        }
+        // 2000 events, each deriving one record: the pipeline ends at 4000.
+        #expect(try daemon.waitForPipeline("rec", cursor: 4000))
+        #expect(daemon.log.contains("killed by signal 11"))
+        #expect(daemon.stop() == 0)
+        let derived = daemon.records().filter { $0["_origin"] as? String == "recorder" }
+        #expect(derived.count == 2000)
+        #expect(Set(derived.compactMap { $0["_cause"] as? Int }).count == 2000)
+    }
+
     /// A plugin that hangs: the worker stops reporting, the watchdog kills it, and the new
     /// worker goes on from the cursor.
     @Test func aWorkerThatHangsIsKilledByItsWatchdogAndResumes() throws {
