@@ -168,6 +168,44 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
         #expect(first == ids)
     }
 
+    @Test func analyticsFiltersByAppAndWhenReportsOversizedEventsAndDropsWhatA4xxRefuses() throws {
+        let server = try HTTPTestServer(answers: [.init(status: 400), .init(status: 200)])
+        let daemon = try daemonWithBuiltins(
+            "builtin-filters",
+            settings: """
+                plugin.analytics = {"endpoint": "http://127.0.0.1:\(server.port)/v1/batch", "flush_interval": 0.2, "include_apps": ["com.example.mail"], "exclude_whens": ["noise"], "event_max_bytes": 600}
+                """)
+        let huge = String(repeating: "x", count: 700)
+        try send(
+            daemon, app: "com.example.mail", session: "m",
+            [
+                #"{"type":"when","name":"first"}"#, #"{"type":"when","name":"noise"}"#,
+                #"{"type":"when","name":"huge","params":{"text":"\#(huge)"}}"#,
+            ])
+        try send(daemon, app: "com.example.other", session: "o", [#"{"type":"when","name":"elsewhere"}"#])
+        #expect(eventually { server.requests.count >= 1 })
+        usleep(500_000)
+        try send(daemon, app: "com.example.mail", session: "m", [#"{"type":"when","name":"second"}"#])
+        #expect(eventually { server.requests.count >= 2 })
+        let file = daemon.stateDirectory + "/plugins/analytics/events.ndjson"
+        #expect(eventually { ((try? String(contentsOfFile: file, encoding: .utf8)) ?? "").contains("second") })
+        daemon.stop()
+        server.stop()
+        func events(_ body: Data) -> [String] {
+            let batch = (try? JSONSerialization.jsonObject(with: body) as? [String: Any])?["batch"] as? [[String: Any]]
+            return (batch ?? []).compactMap { $0["event"] as? String }
+        }
+        // The 400 dropped the first batch (not retried); the next batch went on its own.
+        #expect(server.requests.map(events) == [["first"], ["second"]])
+        #expect(daemon.log.contains("with HTTP 400; dropped"))
+        #expect(daemon.log.contains("over event_max_bytes 600; not sent"))
+        // The file destination saw the same events, whatever the endpoint said.
+        let written = ((try? String(contentsOfFile: file, encoding: .utf8)) ?? "").split(separator: "\n").flatMap {
+            events(Data($0.utf8))
+        }
+        #expect(written == ["first", "second"])
+    }
+
     @Test func aFatalErrorAfterOnboardingIsACrashReportWithItsScreenAndBreadcrumbs() throws {
         let daemon = try daemonWithBuiltins("builtin-crash")
         let onboarding =
