@@ -61,8 +61,8 @@ extension Daemon {
             for (name, spec) in specs where running[name] == nil {
                 let supervisor = PipelineSupervisor(
                     spec: spec, executable: executable, watchdog: watchdog, logger: logger
-                ) { [weak self] record, origin, cause in
-                    self?.appendDerived(record, origin: origin, cause: cause)
+                ) { [weak self] record, origin, cause, stored in
+                    self?.appendDerived(record, origin: origin, cause: cause, pipeline: name, stored: stored)
                 }
                 running[name] = supervisor
                 starting.append(supervisor)
@@ -82,9 +82,15 @@ extension Daemon {
 
     /// Appends a record a pipeline plugin derived, with `_origin` (the plugin's name) and `_cause`
     /// (the `_seq` it was derived from). Pipelines then see it like any other record.
-    func appendDerived(_ record: [UInt8], origin: String, cause: UInt64) {
+    func appendDerived(
+        _ record: [UInt8], origin: String, cause: UInt64, pipeline: String,
+        stored: @escaping @Sendable (Bool) -> Void = { _ in }
+    ) {
         var trusted = Array(#"{"_origin":"#.utf8)
         appendJSONString(Array(origin.utf8), to: &trusted)
+        // The pipeline too: a restarted daemon finds what each pipeline already derived.
+        trusted += Array(#","_pipeline":"#.utf8)
+        appendJSONString(Array(pipeline.utf8), to: &trusted)
         trusted += Array(#","_cause":\#(cause),"_rt":""#.utf8)
         var clock = RFC3339Clock()
         clock.appendNow(to: &trusted)
@@ -96,6 +102,8 @@ extension Daemon {
             }
         } catch {
             logger.error("pipeline \(origin): a derived record was refused: \(error)")
+            // Refused for good: nothing will store it, so the record must not wait for it.
+            stored(true)
             return
         }
         var batch = JournalBatch()
@@ -108,6 +116,9 @@ extension Daemon {
         writer.submit(batch) { result in
             if case .failed(let why) = result {
                 log.error("pipeline \(origin): a derived record was not stored: \(why)")
+                stored(false)
+            } else {
+                stored(true)
             }
         }
     }

@@ -33,13 +33,19 @@ final class PipelineSupervisor: @unchecked Sendable {
     private let executable: String
     private let watchdog: TimeInterval
     private let logger: Logger
-    private let appendDerived: @Sendable (_ record: [UInt8], _ origin: String, _ cause: UInt64) -> Void
+    /// Appends a derived record, then says whether it was stored.
+    private let appendDerived:
+        @Sendable (_ record: [UInt8], _ origin: String, _ cause: UInt64, _ stored: @escaping @Sendable (Bool) -> Void)
+            -> Void
+    /// Where the current worker hears that its derived records are stored (its standard input).
+    private let acknowledgements = NIOLockedValueBox<Int32>(-1)
+    private let acknowledgementQueue = DispatchQueue(label: "whend-pipeline-acks")
     let state = NIOLockedValueBox(State())
     private let finished = DispatchSemaphore(value: 0)
 
     init(
         spec: PipelineSpec, executable: String, watchdog: TimeInterval, logger: Logger,
-        appendDerived: @escaping @Sendable ([UInt8], String, UInt64) -> Void
+        appendDerived: @escaping @Sendable ([UInt8], String, UInt64, @escaping @Sendable (Bool) -> Void) -> Void
     ) {
         self.spec = spec
         self.executable = executable
@@ -50,9 +56,69 @@ final class PipelineSupervisor: @unchecked Sendable {
     }
 
     func start() {
-        let thread = Thread { [self] in supervise() }
+        let thread = Thread { [self] in
+            recallDerived()
+            supervise()
+        }
         thread.name = "whend-pipeline-\(spec.name)"
         thread.start()
+    }
+
+    /// What this pipeline derived from records after its saved cursor, from the journal (the
+    /// daemon may have been killed after appending them and before the worker saved its
+    /// cursor): the worker will derive them again, and they must not be appended twice.
+    private func recallDerived() {
+        let cursor = PipelineSpec.savedCursor(at: spec.cursorPath)
+        var marker = Array(#""_pipeline":"#.utf8)
+        appendJSONString(Array(spec.name.utf8), to: &marker)
+        var last: (cause: UInt64, ordinal: Int) = (0, 0)
+        JournalReader(directory: JournalDirectory(path: spec.journalDirectory)).read(fromSeq: cursor + 1) {
+            record, _ in
+            guard Self.contains(record.line, marker),
+                let object = try? JSONSerialization.jsonObject(with: Data(buffer: record.line)) as? [String: Any],
+                let cause = (object["_cause"] as? NSNumber)?.uint64Value, cause > cursor
+            else { return true }
+            last = cause == last.cause ? (cause, last.ordinal + 1) : (cause, 1)
+            return true
+        } onProblem: { _ in
+        }
+        if last.cause > 0 {
+            state.withLockedValue { if last > $0.appendedThrough { $0.appendedThrough = last } }
+            logger.notice(
+                "pipeline \(spec.name): records after its cursor \(cursor) already have their derived records, through _cause \(last.cause)"
+            )
+        }
+    }
+
+    private static func contains(_ haystack: UnsafeBufferPointer<UInt8>, _ needle: [UInt8]) -> Bool {
+        guard haystack.count >= needle.count, let first = needle.first else { return false }
+        var i = 0
+        while i <= haystack.count - needle.count {
+            if haystack[i] == first {
+                var j = 1
+                while j < needle.count && haystack[i + j] == needle[j] { j += 1 }
+                if j == needle.count { return true }
+            }
+            i += 1
+        }
+        return false
+    }
+
+    /// Tells the worker that one record derived from `cause` is stored: only then may its cursor
+    /// pass `cause`. Written off the journal's thread, in order.
+    private func acknowledge(_ cause: UInt64) {
+        let fd = acknowledgements.withLockedValue { $0 }
+        guard fd >= 0 else { return }
+        acknowledgementQueue.async {
+            let line = Array("\(cause)\n".utf8)
+            var done = 0
+            while done < line.count {
+                let n = line.withUnsafeBytes { write(fd, $0.baseAddress! + done, $0.count - done) }
+                if n < 0 && errno == EINTR { continue }
+                guard n > 0 else { return }  // the worker is gone; the next one starts from its cursor
+                done += n
+            }
+        }
     }
 
     /// Asks the worker to stop (SIGTERM, then SIGKILL after `grace`) and waits for it.
@@ -120,16 +186,26 @@ final class PipelineSupervisor: @unchecked Sendable {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
+        var ackFds: [Int32] = [0, 0]
+        guard pipe(&ackFds) == 0 else {
+            close(fds[0])
+            close(fds[1])
+            return "could not start (pipe: \(String(cString: strerror(errno))))"
+        }
+        _ = fcntl(ackFds[0], F_SETFD, FD_CLOEXEC)
+        _ = fcntl(ackFds[1], F_SETFD, FD_CLOEXEC)
         posix_spawn_file_actions_adddup2(&actions, fds[1], 1)
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_adddup2(&actions, ackFds[0], 0)
         // Nothing else of the daemon's: an inherited client or control connection would stay
         // open in the worker after the daemon closed it, and its peer would never see the end.
         _ = spawnActionsCloseFrom(&actions, 3)
         var pid: pid_t = 0
         let rc = posix_spawn(&pid, executable, &actions, nil, argv, envp)
         close(fds[1])
+        close(ackFds[0])
         guard rc == 0 else {
             close(fds[0])
+            close(ackFds[1])
             return "could not start (\(String(cString: strerror(rc))))"
         }
         state.withLockedValue {
@@ -149,9 +225,14 @@ final class PipelineSupervisor: @unchecked Sendable {
             }
         }
         watchdogTimer.resume()
+        acknowledgements.withLockedValue { $0 = ackFds[1] }
         readReports(from: fds[0])
         watchdogTimer.cancel()
         close(fds[0])
+        // After the acknowledgements already queued for this worker are written (or fail).
+        acknowledgementQueue.sync {}
+        acknowledgements.withLockedValue { $0 = -1 }
+        close(ackFds[1])
         var status: Int32 = 0
         while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
         let signalled = status & 0x7F
@@ -205,7 +286,14 @@ final class PipelineSupervisor: @unchecked Sendable {
                 s.appendedThrough = (cause, s.runOrdinal)
                 return true
             }
-            if isNew { appendDerived(Array(bytes), origin, cause) }
+            if isNew {
+                appendDerived(Array(bytes), origin, cause) { [self] stored in
+                    if stored { acknowledge(cause) }
+                }
+            } else {
+                // Stored before (by this daemon, or found in the journal at start).
+                acknowledge(cause)
+            }
         }
     }
 }

@@ -32,33 +32,49 @@ public struct PipelineSpec: Codable, Sendable, Equatable {
     }
 }
 
-/// Records a deferred stage accepted and has not completed yet.
+/// Records handled but not finished yet: a deferred stage has not completed them, or whend
+/// has not yet stored the records derived from them. The cursor saved stays below the oldest.
 final class CompletionTracker: @unchecked Sendable {
-    // Unchecked: guarded by `lock`; `complete` comes from the plugin's threads.
-    private let lock = NSLock()
-    private var pending: Set<UInt64> = []
+    // Unchecked: guarded by `lock`; completions come from other threads.
+    private let lock = NSCondition()
+    /// What each record still waits for (completions and acknowledgements).
+    private var pending: [UInt64: Int] = [:]
     /// Completions that came before the worker marked the record accepted.
-    private var early: Set<UInt64> = []
+    private var early: [UInt64: Int] = [:]
 
-    func accept(_ seq: UInt64) {
+    /// Record `seq` is done once `count` completions for it have come.
+    func accept(_ seq: UInt64, count: Int) {
+        guard count > 0 else { return }
         lock.withLock {
-            if early.remove(seq) == nil { pending.insert(seq) }
+            let left = count - (early.removeValue(forKey: seq) ?? 0)
+            if left > 0 { pending[seq] = left }
         }
     }
 
     func complete(_ seq: UInt64) {
         lock.withLock {
-            if pending.remove(seq) == nil {
-                // Bounded: a plugin completing records it never accepted must not grow this.
+            if let left = pending[seq] {
+                pending[seq] = left > 1 ? left - 1 : nil
+                if pending.isEmpty { lock.broadcast() }
+            } else {
+                // Bounded: completions of records never accepted must not grow this.
                 if early.count >= 1 << 16 { early.removeAll() }
-                early.insert(seq)
+                early[seq, default: 0] += 1
             }
         }
     }
 
-    /// The highest `_seq` up to which everything accepted is complete.
+    /// The highest `_seq` up to which everything handled is finished.
     func watermark(acceptedThrough cursor: UInt64) -> UInt64 {
-        lock.withLock { pending.min().map { $0 - 1 } ?? cursor }
+        lock.withLock { pending.keys.min().map { $0 - 1 } ?? cursor }
+    }
+
+    /// Waits until nothing is pending, at most `seconds`.
+    func drain(seconds: Double) {
+        let deadline = Date().addingTimeInterval(seconds)
+        lock.withLock {
+            while !pending.isEmpty && lock.wait(until: deadline) {}
+        }
     }
 }
 
@@ -114,6 +130,24 @@ public enum PipelineWorker {
             logger.error("pipeline \(spec.name): \(error)")
             exit(3)
         }
+        // whend acknowledges each derived record it stored with its cause, one line each, on
+        // standard input; the end of it means whend is gone.
+        Thread {
+            var pending: [UInt8] = []
+            var buffer = [UInt8](repeating: 0, count: 65536)
+            while true {
+                let n = read(0, &buffer, buffer.count)
+                if n < 0 && errno == EINTR { continue }
+                guard n > 0 else { exit(4) }
+                pending += buffer[0..<n]
+                while let newline = pending.firstIndex(of: 0x0A) {
+                    if let cause = UInt64(String(decoding: pending[..<newline], as: UTF8.self)) {
+                        completions.complete(cause)
+                    }
+                    pending.removeSubrange(...newline)
+                }
+            }
+        }.start()
         var cursor = PipelineSpec.savedCursor(at: spec.cursorPath)
         var savedCursor = cursor
         var failures = 0
@@ -121,8 +155,9 @@ public enum PipelineWorker {
         var lastSave = Date()
         var lastProgress = Date.distantPast
 
-        // With a deferred stage, the cursor saved is below the oldest record still in its hands.
-        func durableCursor() -> UInt64 { deferred ? completions.watermark(acceptedThrough: cursor) : cursor }
+        // The cursor saved is below the oldest record not finished (a deferred stage's, or one
+        // whose derived records whend has not stored yet).
+        func durableCursor() -> UInt64 { completions.watermark(acceptedThrough: cursor) }
         func report(force: Bool = false) {
             let now = Date()
             let durable = durableCursor()
@@ -146,9 +181,17 @@ public enum PipelineWorker {
                 var attempt = 0
                 while true {
                     output.cause = seq
+                    output.emitted = 0
                     let outcome = chain.run(record.line, seq: seq)
-                    if deferred, case .unchanged = outcome { completions.accept(seq) }
-                    if deferred, case .changed = outcome { completions.accept(seq) }
+                    if case .rejected = outcome {
+                    } else {
+                        // Finished once the deferred stage completes it (if it reached it) and
+                        // whend has stored what it derived.
+                        var reachedEnd = false
+                        if case .unchanged = outcome { reachedEnd = true }
+                        if case .changed = outcome { reachedEnd = true }
+                        completions.accept(seq, count: output.emitted + (deferred && reachedEnd ? 1 : 0))
+                    }
                     if case .rejected(let why) = outcome {
                         attempt += 1
                         failures += 1
@@ -190,6 +233,7 @@ public enum PipelineWorker {
         // The plugins close before the process ends (an analytics spool, a session index, a
         // deferred stage waiting for its last acknowledgements), then the cursor is saved.
         chain = PluginChain([])
+        completions.drain(seconds: 1)
         report(force: true)
         exit(0)
     }
@@ -218,6 +262,8 @@ public enum PipelineWorker {
 final class WorkerOutput: @unchecked Sendable {
     // Unchecked: the worker is single-threaded; plugins call emit from inside handle.
     var cause: UInt64 = 0
+    /// Derived records emitted for the current record.
+    var emitted = 0
 
     func progress(cursor: UInt64, failures: Int, deadLetters: Int) {
         writeLine(#"{"progress":{"cursor":\#(cursor),"failures":\#(failures),"dead_letters":\#(deadLetters)}}"#)
@@ -232,6 +278,7 @@ final class WorkerOutput: @unchecked Sendable {
         guard (try? StoredRecord.scan(json)) != nil, !json.contains(0x0A) else { return false }
         line += json
         line += Array("}}".utf8)
+        emitted += 1
         return writeLine(String(decoding: line, as: UTF8.self))
     }
 

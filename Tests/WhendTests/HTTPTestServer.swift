@@ -43,8 +43,13 @@ final class HTTPTestServer: @unchecked Sendable {
 
     deinit { stop() }
 
+    /// Once only: a second close could close a descriptor the number was reused for since.
     func stop() {
-        lock.withLock { stopped = true }
+        let first = lock.withLock {
+            defer { stopped = true }
+            return !stopped
+        }
+        guard first else { return }
         shutdown(fd, Int32(SHUT_RDWR))
         close(fd)
     }

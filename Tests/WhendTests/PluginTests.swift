@@ -189,6 +189,29 @@ func isInOrderAtLeastOnce(_ seqs: [Int], upTo n: Int) -> Bool {
         #expect(Set(derived.compactMap { $0["_cause"] as? Int }).count == 2000)
     }
 
+    /// whend SIGKILLed while a pipeline derives: the worker restarts from its saved cursor and
+    /// derives again what whend had already appended after it; whend finds those in the
+    /// journal at start and appends each derived record once.
+    @Test func derivedRecordsAreNotAppendedTwiceAfterTheDaemonIsKilled() throws {
+        let (daemon, _) = try pipelineDaemon("pipe-kill-derive")
+        try daemon.start()
+        for part in 0..<10 {
+            let events = (1...1000).map { #"{"type":"when","name":"derive","id":"\#(part)-\#($0)"}"# }
+            #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 1000)
+        }
+        let deadline = Date().addingTimeInterval(20)
+        while daemon.records().filter({ $0["_origin"] != nil }).count < 500 && Date() < deadline { usleep(20_000) }
+        daemon.crash()
+        try daemon.start()
+        #expect(try daemon.waitForPipeline("rec", cursor: 20_000))
+        #expect(daemon.stop() == 0)
+        let derived = daemon.records().filter { $0["_origin"] as? String == "recorder" }
+        #expect(derived.count == 10_000)
+        let causes = Set(derived.compactMap { $0["_cause"] as? Int })
+        #expect(causes.count == 10_000)
+        #expect(derived.allSatisfy { $0["_pipeline"] as? String == "rec" })
+    }
+
     /// A plugin that hangs: the worker stops reporting, the watchdog kills it, and the new
     /// worker goes on from the cursor.
     @Test func aWorkerThatHangsIsKilledByItsWatchdogAndResumes() throws {
