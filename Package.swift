@@ -52,13 +52,14 @@ let package = Package(
         // What the built-in plugins share (linked into each library).
         .target(name: "BuiltinPluginSupport", path: "Plugins/Support"),
         .target(
-            name: "ScreenTrackingPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport"],
+            name: "ScreenTrackingPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport", "WhendWire"],
             path: "Plugins/ScreenTracking"),
         .target(
             name: "NatsPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport", "CNats", "WhendWire"],
             path: "Plugins/Nats"),
         .target(
-            name: "AnalyticsPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport"], path: "Plugins/Analytics"
+            name: "AnalyticsPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport", "WhendWire"],
+            path: "Plugins/Analytics"
         ),
         .target(
             name: "CrashReportsPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport"],

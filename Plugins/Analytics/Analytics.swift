@@ -1,6 +1,7 @@
 import BuiltinPluginSupport
 import Foundation
 import WhendPluginSDK
+import WhendWire
 
 #if canImport(FoundationNetworking)
     import FoundationNetworking
@@ -52,8 +53,7 @@ final class Analytics: WhendPlugin {
     deinit { sender.stop() }
 
     func handle(_ record: PluginRecord, next: PluginNext) throws {
-        let text = record.text
-        if text.contains(#""type":"when""#) || text.contains(#""type":"screen""#) {
+        if ["when", "screen"].contains((try? StoredRecord.scan(record.bytes))?.type ?? "") {
             let fields = RecordFields(try record.object(), seq: record.seq)
             if let event = filter.event(for: fields) {
                 let line = jsonBytes(event)

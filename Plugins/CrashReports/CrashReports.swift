@@ -69,7 +69,7 @@ final class CrashReports: WhendPlugin {
         if let screen = (fields.type == "error" ? fields["screen"] : nil) ?? trail.screen { report["screen"] = screen }
         if let user = fields["user"] { report["user"] = user }
         let name = CrashReportStore.fileName(seq: fields.seq, kind: kind)
-        try CrashReportStore.writeAtomically(jsonBytes(report), to: directory + "/" + name)
+        try writeFileAtomically(jsonBytes(report), to: directory + "/" + name)
         host.count("reports_\(kind)")
         host.log(
             .warning, "crash report \(name): \(fields.app)/\(fields.session) on \(report["screen"] ?? "no screen")")

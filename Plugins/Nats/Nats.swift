@@ -202,7 +202,7 @@ final class Nats: WhendPlugin {
             return text.trimmingCharacters(in: .whitespacesAndNewlines)
         }
         let id = String(UInt64.random(in: 0...UInt64.max), radix: 36)
-        try CrashReportStore.writeAtomically(Array(id.utf8), to: path)
+        try writeFileAtomically(Array(id.utf8), to: path)
         return id
     }
 
@@ -269,8 +269,7 @@ final class Resender: @unchecked Sendable {
             return
         }
         condition.withLock {
-            let attempt = 1
-            retries.append((message, Date().addingTimeInterval(0.1), attempt))
+            retries.append((message, Date().addingTimeInterval(0.1), 1))
             condition.signal()
         }
         host.count("retries")

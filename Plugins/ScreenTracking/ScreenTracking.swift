@@ -1,6 +1,7 @@
 import BuiltinPluginSupport
 import Foundation
 import WhendPluginSDK
+import WhendWire
 
 /// Derives one `screen` record per real screen view from navigation, lifecycle and app-sent
 /// `screen` events, a `screen_time` record when a viewed screen goes away, and a `diagnostic`
@@ -20,11 +21,9 @@ final class ScreenTracking: WhendPlugin {
     }
 
     func handle(_ record: PluginRecord, next: PluginNext) throws {
-        let type = record.text
-        // Only these three kinds say anything about screens; other records pass untouched.
-        if type.contains(#""type":"navigation""#) || type.contains(#""type":"lifecycle""#)
-            || type.contains(#""type":"screen""#)
-        {
+        // Only these three kinds say anything about screens; other records pass untouched,
+        // told apart by WhendWire's scanner without decoding them.
+        if ["navigation", "lifecycle", "screen"].contains((try? StoredRecord.scan(record.bytes))?.type ?? "") {
             let fields = RecordFields(try record.object(), seq: record.seq)
             if fields.origin == nil {
                 var derived: [[String: Any]] = []

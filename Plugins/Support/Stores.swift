@@ -14,14 +14,14 @@ public enum CrashReportStore {
         let digits = String(seq)
         return String(repeating: "0", count: max(0, 20 - digits.count)) + digits + "-" + kind + ".json"
     }
+}
 
-    /// Written beside and renamed: a reader never sees half a report.
-    public static func writeAtomically(_ bytes: [UInt8], to path: String) throws {
-        let temporary = path + ".tmp"
-        try Data(bytes).write(to: URL(fileURLWithPath: temporary))
-        guard rename(temporary, path) == 0 else {
-            throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: path])
-        }
+/// Written beside and renamed: a reader never sees half a file.
+public func writeFileAtomically(_ bytes: [UInt8], to path: String) throws {
+    let temporary = path + ".tmp"
+    try Data(bytes).write(to: URL(fileURLWithPath: temporary))
+    guard rename(temporary, path) == 0 else {
+        throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: path])
     }
 }
 
@@ -140,7 +140,7 @@ public final class SessionIndexWriter {
         let snapshot = SessionIndex.Snapshot(indexedThrough: index.indexedThrough, sessions: index.sessions)
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
-        try CrashReportStore.writeAtomically(
+        try writeFileAtomically(
             Array(try encoder.encode(snapshot)), to: index.directory + "/sessions.json")
         try? log?.close()
         let logPath = index.directory + "/sessions.log"

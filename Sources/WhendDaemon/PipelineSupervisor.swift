@@ -26,7 +26,6 @@ final class PipelineSupervisor: @unchecked Sendable {
         /// The current worker's position in the same terms.
         var runCause: UInt64 = 0
         var runOrdinal = 0
-        var derivedSkipped = 0
     }
 
     let spec: PipelineSpec
@@ -279,10 +278,7 @@ final class PipelineSupervisor: @unchecked Sendable {
                     s.runOrdinal = 0
                 }
                 s.runOrdinal += 1
-                guard (cause, s.runOrdinal) > s.appendedThrough else {
-                    s.derivedSkipped += 1
-                    return false
-                }
+                guard (cause, s.runOrdinal) > s.appendedThrough else { return false }
                 s.appendedThrough = (cause, s.runOrdinal)
                 return true
             }

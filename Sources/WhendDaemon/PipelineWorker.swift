@@ -155,18 +155,21 @@ public enum PipelineWorker {
         var lastSave = Date()
         var lastProgress = Date.distantPast
 
-        // The cursor saved is below the oldest record not finished (a deferred stage's, or one
-        // whose derived records whend has not stored yet).
-        func durableCursor() -> UInt64 { completions.watermark(acceptedThrough: cursor) }
+        // Called after every record; the work is done at most every 0.1 s. The cursor saved is
+        // below the oldest record not finished (a deferred stage's, or one whose derived
+        // records whend has not stored yet).
         func report(force: Bool = false) {
             let now = Date()
-            let durable = durableCursor()
-            if force || now.timeIntervalSince(lastSave) >= 0.1, durable != savedCursor {
+            let saveDue = force || now.timeIntervalSince(lastSave) >= 0.1
+            let progressDue = force || now.timeIntervalSince(lastProgress) >= 0.25
+            guard saveDue || progressDue else { return }
+            let durable = completions.watermark(acceptedThrough: cursor)
+            if saveDue, durable != savedCursor {
                 save(durable, to: spec.cursorPath)
                 savedCursor = durable
                 lastSave = now
             }
-            if force || now.timeIntervalSince(lastProgress) >= 0.25 {
+            if progressDue {
                 output.progress(cursor: durable, failures: failures, deadLetters: deadLetters)
                 lastProgress = now
             }
@@ -183,14 +186,12 @@ public enum PipelineWorker {
                     output.cause = seq
                     output.emitted = 0
                     let outcome = chain.run(record.line, seq: seq)
-                    if case .rejected = outcome {
-                    } else {
-                        // Finished once the deferred stage completes it (if it reached it) and
-                        // whend has stored what it derived.
-                        var reachedEnd = false
-                        if case .unchanged = outcome { reachedEnd = true }
-                        if case .changed = outcome { reachedEnd = true }
-                        completions.accept(seq, count: output.emitted + (deferred && reachedEnd ? 1 : 0))
+                    // Finished once the deferred stage completes it (if it reached it) and whend
+                    // has stored what it derived.
+                    switch outcome {
+                    case .unchanged, .changed: completions.accept(seq, count: output.emitted + (deferred ? 1 : 0))
+                    case .dropped: completions.accept(seq, count: output.emitted)
+                    case .rejected: break
                     }
                     if case .rejected(let why) = outcome {
                         attempt += 1

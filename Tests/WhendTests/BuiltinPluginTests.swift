@@ -11,27 +11,6 @@ private func daemonWithBuiltins(_ name: String, settings: String = "") throws ->
     return daemon
 }
 
-/// Waits until `condition` holds, at most `seconds`.
-private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool {
-    let deadline = Date().addingTimeInterval(seconds)
-    while Date() < deadline {
-        if condition() { return true }
-        usleep(50_000)
-    }
-    return condition()
-}
-
-private func whenctl(_ arguments: [String]) throws -> (status: Int32, output: String, error: String) {
-    try runCommand(executable("whenctl"), arguments)
-}
-
-private func send(_ daemon: DaemonProcess, app: String, session: String, _ events: [String]) throws {
-    let hello = #"{"hello":{"protocol":1,"app":"\#(app)","session":"\#(session)","acks":true}}"#
-    let answers = try exchange(daemon.socketPath, [hello] + events)
-    #expect(answers.errors.isEmpty, "\(answers.errors)")
-    #expect(answers.acks.last == events.count)
-}
-
 private func lifecycle(_ screen: String, _ status: String, _ flag: String? = nil) -> String {
     #"{"type":"lifecycle","screen":"\#(screen)","status":"\#(status)"\#(flag.map { ",\"\($0)\":true" } ?? "")}"#
 }
@@ -80,7 +59,7 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
             ],
             "lifecycle-only": listAppears + [tap] + listCovered + detailAppears + detailRemoved + listRevealed,
         ]
-        for (session, events) in journeys { try send(daemon, app: app, session: session, events) }
+        for (session, events) in journeys { try sendSession(daemon, app: app, session: session, events) }
 
         func views(_ session: String) -> [[String: Any]] {
             daemon.records().filter {
@@ -107,7 +86,7 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
 
     @Test func lifecycleSequencesThatBreakTheRulesAreDiagnosticsNotViews() throws {
         let daemon = try daemonWithBuiltins("builtin-diag")
-        try send(
+        try sendSession(
             daemon, app: "com.example.marvel", session: "broken",
             [lifecycle("CharacterList", "didAppear")]  // no willAppear
                 + detailAppears + detailRemoved
@@ -141,7 +120,7 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
             #"{"type":"when","when":{"userTypesNewEmail":{"userEmail":"john.doe@example.com"}},"user":"u-7"}"#,
             #"{"type":"when","when":{"userTapsChangeEmailButton":{}},"user":"u-7"}"#,
         ]
-        try send(daemon, app: "com.example.mail", session: "e-1", events)
+        try sendSession(daemon, app: "com.example.mail", session: "e-1", events)
         #expect(eventually(30) { server.requests.count >= 3 })
         usleep(500_000)
         daemon.stop()
@@ -176,16 +155,16 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
                 plugin.analytics = {"endpoint": "http://127.0.0.1:\(server.port)/v1/batch", "flush_interval": 0.2, "include_apps": ["com.example.mail"], "exclude_whens": ["noise"], "event_max_bytes": 600}
                 """)
         let huge = String(repeating: "x", count: 700)
-        try send(
+        try sendSession(
             daemon, app: "com.example.mail", session: "m",
             [
                 #"{"type":"when","name":"first"}"#, #"{"type":"when","name":"noise"}"#,
                 #"{"type":"when","name":"huge","params":{"text":"\#(huge)"}}"#,
             ])
-        try send(daemon, app: "com.example.other", session: "o", [#"{"type":"when","name":"elsewhere"}"#])
+        try sendSession(daemon, app: "com.example.other", session: "o", [#"{"type":"when","name":"elsewhere"}"#])
         #expect(eventually { server.requests.count >= 1 })
         usleep(500_000)
-        try send(daemon, app: "com.example.mail", session: "m", [#"{"type":"when","name":"second"}"#])
+        try sendSession(daemon, app: "com.example.mail", session: "m", [#"{"type":"when","name":"second"}"#])
         #expect(eventually { server.requests.count >= 2 })
         let file = daemon.stateDirectory + "/plugins/analytics/events.ndjson"
         #expect(eventually { ((try? String(contentsOfFile: file, encoding: .utf8)) ?? "").contains("second") })
@@ -219,9 +198,10 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
                 #"{"type":"when","name":"userSelectsPractice","params":{"practiceId":"P1"}}"#,
             ]
             + [#"{"type":"error","message":"practice list index out of range","fatal":true,"stack":["select(_:)"]}"#]
-        try send(daemon, app: "uk.nhs.gp-onboarding", session: "o-1", onboarding)
+        try sendSession(daemon, app: "uk.nhs.gp-onboarding", session: "o-1", onboarding)
         // A non-fatal error is not a crash.
-        try send(daemon, app: "uk.nhs.gp-onboarding", session: "o-2", [#"{"type":"error","message":"slow network"}"#])
+        try sendSession(
+            daemon, app: "uk.nhs.gp-onboarding", session: "o-2", [#"{"type":"error","message":"slow network"}"#])
         let crashes = { try whenctl(["crashes", "--state-dir", daemon.stateDirectory, "--json"]) }
         #expect(eventually { (try? crashes().output.contains("o-1")) == true })
         let sessionsReady = eventually {
@@ -276,7 +256,7 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
             "builtin-failure",
             settings:
                 "plugin_dirs = \(fixtures):\(built)\npipeline.main = crash-reports, recorder\npipeline_retry_limit = 2")
-        try send(
+        try sendSession(
             daemon, app: "com.example.mail", session: "f-1",
             [
                 navigation("present", "ChangeEmail"), #"{"type":"when","name":"poison"}"#,

@@ -2,16 +2,6 @@ import Foundation
 import Testing
 
 @Suite(.serialized) struct ReplayExportTests {
-    private func whenctl(_ arguments: [String]) throws -> (status: Int32, output: String, error: String) {
-        try runCommand(executable("whenctl"), arguments)
-    }
-
-    private func send(_ daemon: DaemonProcess, app: String, session: String, _ events: [String]) throws {
-        let hello = #"{"hello":{"protocol":1,"app":"\#(app)","session":"\#(session)","acks":true}}"#
-        let answers = try exchange(daemon.socketPath, [hello] + events)
-        #expect(answers.errors.isEmpty, "\(answers.errors)")
-    }
-
     private let journey = [
         #"{"type":"navigation","action":"root","screen":"CharacterList"}"#,
         #"{"type":"when","name":"userTapsCharacter","params":{"characterId":7}}"#,
@@ -23,7 +13,7 @@ import Testing
     @Test func replayingAPipelineTwiceGivesByteIdenticalOutputAndTouchesNothingLive() throws {
         let daemon = DaemonProcess("replay-det")
         try daemon.start()
-        for i in 0..<20 { try send(daemon, app: "com.example.marvel", session: "s\(i)", journey) }
+        for i in 0..<20 { try sendSession(daemon, app: "com.example.marvel", session: "s\(i)", journey) }
         daemon.stop()
         let scratch = scratchDirectory("replay-out")
         var outputs: [String] = []
@@ -102,7 +92,7 @@ import Testing
     @Test func anExportedSessionCompilesAndNamesEveryWhenInOrder() throws {
         let daemon = DaemonProcess("export")
         try daemon.start()
-        try send(
+        try sendSession(
             daemon, app: "com.example.mail", session: "e-42",
             [
                 #"{"type":"navigation","action":"present","screen":"ChangeEmail"}"#,
@@ -172,7 +162,7 @@ import Testing
         let daemon = DaemonProcess("flow")
         try daemon.start()
         for i in 0..<3 {
-            try send(
+            try sendSession(
                 daemon, app: "com.example.marvel", session: "f\(i)",
                 [
                     #"{"type":"screen","name":"CharacterList"}"#, #"{"type":"screen","name":"CharacterDetail"}"#,

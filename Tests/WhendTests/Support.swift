@@ -245,3 +245,26 @@ final class LoopFilesystem {
         return (try? LoopFilesystem("loop-probe", megabytes: 8)) != nil
     }()
 }
+
+/// Waits until `condition` holds, at most `seconds`.
+func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if condition() { return true }
+        usleep(50_000)
+    }
+    return condition()
+}
+
+/// whenctl for commands that need no control socket (those read the state directory).
+func whenctl(_ arguments: [String]) throws -> (status: Int32, output: String, error: String) {
+    try runCommand(executable("whenctl"), arguments)
+}
+
+/// Sends `events` as one app session on one connection with acks: each must be stored.
+func sendSession(_ daemon: DaemonProcess, app: String, session: String, _ events: [String]) throws {
+    let hello = #"{"hello":{"protocol":1,"app":"\#(app)","session":"\#(session)","acks":true}}"#
+    let answers = try exchange(daemon.socketPath, [hello] + events)
+    #expect(answers.errors.isEmpty, "\(answers.errors)")
+    #expect(answers.acks.last == events.count)
+}
