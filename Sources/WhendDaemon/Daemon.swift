@@ -29,6 +29,8 @@ public final class Daemon: Sendable {
     private let loggerBox: NIOLockedValueBox<Logger>
     let metrics = DaemonMetrics()
     let limiter: SenderRateLimiter
+    /// Held for the daemon's life: no second whend may write this state directory's journal.
+    let stateLock: StateDirectoryLock
     let writer: JournalWriter
     let group: MultiThreadedEventLoopGroup
     let channels = NIOLockedValueBox<[ObjectIdentifier: Channel]>([:])
@@ -71,6 +73,9 @@ public final class Daemon: Sendable {
         self.configurationSource = source
         self.limiter = SenderRateLimiter(
             rate: configuration.rateLimit, burst: configuration.rateBurst, by: configuration.rateLimitBy)
+        // Before anything touches the journal: recovering the tail of a journal another daemon
+        // is writing would seal its live segment under it.
+        stateLock = try StateDirectoryLock(stateDirectory: configuration.stateDirectory)
         do {
             writer = try JournalWriter(configuration: configuration.journal) { message in
                 loggerBox.withLockedValue { $0 }.notice("\(message)")

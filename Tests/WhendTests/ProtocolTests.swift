@@ -254,6 +254,37 @@ import WhendWire
         #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"screen","name":"A"}"#]).acks.last == 1)
     }
 
+    /// A second whend on the same state directory (another socket, as the refusal above suggests)
+    /// must not touch the journal the first is writing: every event the first acknowledges, before
+    /// and after the attempt, is on disk afterwards.
+    @Test func aSecondDaemonOnTheSameStateDirectoryIsRefusedAndTheFirstLosesNothing() throws {
+        let daemon = DaemonProcess("one-writer")
+        try daemon.start()
+        let before = (1...500).map { #"{"type":"when","name":"before","id":"b\#($0)"}"# }
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + before).acks.last == 500)
+        let second = try runCommand(
+            executable("whend"),
+            [
+                "--socket", daemon.directory + "/other.sock", "--state-dir", daemon.stateDirectory,
+                "--builtin-pipelines", "false",
+            ])
+        #expect(second.status != 0)
+        let pid = daemon.process!.processIdentifier
+        #expect(second.error.contains("another whend (pid \(pid)) is already using the state directory"), "\(second.error)")
+        #expect(second.error.contains("--state-dir"))
+        let after = (1...500).map { #"{"type":"when","name":"after","id":"a\#($0)"}"# }
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + after).acks.last == 500)
+        #expect(daemon.stop() == 0)
+        let names = daemon.records().compactMap { $0["name"] as? String }
+        #expect(names.filter { $0 == "before" }.count == 500)
+        #expect(names.filter { $0 == "after" }.count == 500)
+        let verify = try runCommand(executable("whenctl"), ["verify", "--state-dir", daemon.stateDirectory])
+        #expect(verify.status == 0, "\(verify.output)\(verify.error)")
+        // The lock goes with its holder: the same directory opens again once the first has stopped.
+        try daemon.start()
+        #expect(daemon.stop() == 0)
+    }
+
     @Test(.enabled(if: canMountTmpfs(), "needs to mount a small tmpfs (root in a sandbox that allows it)"))
     func aFullDiskAnswersUnavailableAcksNothingUnstoredAndRecovers() throws {
         let stateDirectory = scratchDirectory("full-mnt")

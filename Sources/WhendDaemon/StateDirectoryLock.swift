@@ -1,0 +1,64 @@
+import Foundation
+
+/// The one-writer rule for a state directory: whend holds an exclusive `flock` on
+/// `<state>/whend.lock` for its whole life, taken before it touches the journal, so that a second
+/// daemon can never recover, seal or append to segments the first is writing.
+///
+/// The holder writes its pid into the file so that a refused daemon can name it. `whenctl`'s
+/// readers never take the lock. The descriptor is close-on-exec: pipeline workers do not inherit
+/// it, so a worker left behind by a dead daemon does not keep its successor out.
+public final class StateDirectoryLock: Sendable {
+    public let path: String
+    private let descriptor: Int32
+
+    /// Takes the lock, or throws a `DaemonStartError` that names the holder and what to do.
+    public init(stateDirectory: String) throws {
+        do {
+            try FileManager.default.createDirectory(atPath: stateDirectory, withIntermediateDirectories: true)
+        } catch {
+            throw DaemonStartError(
+                description: "cannot create the state directory \(stateDirectory): \(error); set --state-dir to a directory you can write")
+        }
+        path = stateDirectory + "/whend.lock"
+        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
+        guard fd >= 0 else {
+            let reason = String(cString: strerror(errno))
+            throw DaemonStartError(
+                description: "cannot open \(path): \(reason); set --state-dir to a directory you can write")
+        }
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
+            let failure = errno
+            let holder = Self.recordedHolder(fd)
+            close(fd)
+            guard failure == EWOULDBLOCK else {
+                throw DaemonStartError(
+                    description: "cannot lock \(path): \(String(cString: strerror(failure)))")
+            }
+            let who = holder.map { "another whend (pid \($0))" } ?? "another whend"
+            throw DaemonStartError(
+                description:
+                    "\(who) is already using the state directory \(stateDirectory) (it holds \(path)); a journal has exactly one writer: stop that daemon first, or give this one its own --state-dir"
+            )
+        }
+        descriptor = fd
+        // Record who holds it; readers of the file take no lock, so a short write is harmless.
+        let pid = Array("\(getpid())\n".utf8)
+        _ = ftruncate(fd, 0)
+        _ = pid.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) }
+    }
+
+    /// The pid the holder wrote, if the file holds one.
+    private static func recordedHolder(_ fd: Int32) -> Int32? {
+        var buffer = [UInt8](repeating: 0, count: 32)
+        let count = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, 0) }
+        guard count > 0 else { return nil }
+        let text = String(decoding: buffer[..<count], as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        return Int32(text)
+    }
+
+    deinit {
+        // The kernel drops the lock with the descriptor; the file stays (unlinking it would let
+        // two daemons lock two different files of the same name).
+        close(descriptor)
+    }
+}
