@@ -47,10 +47,10 @@ let package = Package(
         .target(name: "CWhendPlugin"),
         // The ABI version as exported data, linked into every plugin built with the SDK.
         .target(name: "CWhendPluginABI", dependencies: ["CWhendPlugin"]),
-        .target(name: "WhendPluginSDK", dependencies: ["CWhendPlugin", "CWhendPluginABI"]),
+        .target(name: "WhendPluginSDK", dependencies: ["CWhendPlugin", "CWhendPluginABI", "WhendWire"]),
         .target(name: "RedactPlugin", dependencies: ["WhendPluginSDK"], path: "Plugins/Redact"),
         // What the built-in plugins share (linked into each library).
-        .target(name: "BuiltinPluginSupport", path: "Plugins/Support"),
+        .target(name: "BuiltinPluginSupport", dependencies: ["WhendWire"], path: "Plugins/Support"),
         .target(
             name: "ScreenTrackingPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport", "WhendWire"],
             path: "Plugins/ScreenTracking"),

@@ -53,10 +53,9 @@ final class Analytics: WhendPlugin {
     deinit { sender.stop() }
 
     func handle(_ record: PluginRecord, next: PluginNext) throws {
-        if ["when", "screen"].contains((try? StoredRecord.scan(record.bytes))?.type ?? "") {
-            let fields = RecordFields(try record.object(), seq: record.seq)
-            if let event = filter.event(for: fields) {
-                let line = jsonBytes(event)
+        if record.has(.type, "when") || record.has(.type, "screen") {
+            if let event = filter.event(for: record) {
+                let line = event.bytes
                 if line.count > eventMaxBytes {
                     host.log(
                         .warning,
@@ -91,36 +90,53 @@ struct AnalyticsFilter {
         screensFrom = c["screens_from"] as? String ?? "screen-tracking"
     }
 
-    func event(for r: RecordFields) -> [String: Any]? {
-        guard includeApps?.contains(r.app) ?? true, !excludeApps.contains(r.app) else { return nil }
-        var event: [String: Any]
-        switch (r.type, r.origin) {
-        case ("when", nil):
-            guard let name = r["name"], includeWhens?.contains(name) ?? true, !excludeWhens.contains(name) else {
-                return nil
+    /// The Segment event for `r`, keys in alphabetical order; nil when the filters leave it out.
+    func event(for r: PluginRecord) -> JSONObjectWriter? {
+        let app = r.string(.app) ?? ""
+        guard includeApps?.contains(app) ?? true, excludeApps.isEmpty || !excludeApps.contains(app) else { return nil }
+        let session = r.string(.session) ?? ""
+        let isWhen = r.has(.type, "when")
+        var out = JSONObjectWriter(capacity: 512)
+        let name: JSONValue
+        if isWhen {
+            guard !r.isDerived, let n = r[.name], n.kind == .string else { return nil }
+            if includeWhens != nil || !excludeWhens.isEmpty {
+                let text = n.string ?? ""
+                guard includeWhens?.contains(text) ?? true, !excludeWhens.contains(text) else { return nil }
             }
-            event = ["type": "track", "event": name, "properties": r.object["params"] ?? [String: Any]()]
-        case ("screen", let origin) where (origin ?? "app") == screensFrom:
-            guard let name = r["name"] else { return nil }
-            var properties: [String: Any] = [:]
-            if let previous = r["previous"] { properties["previous"] = previous }
-            event = ["type": "screen", "name": name, "properties": properties]
-        default:
-            return nil
-        }
-        if let user = r["user"] {
-            event["userId"] = user
+            name = n
         } else {
-            event["anonymousId"] = r.session.isEmpty ? r.app : r.app + ":" + r.session
+            let origin = r.string(.origin) ?? "app"
+            guard origin == screensFrom, let n = r[.name], n.kind == .string else { return nil }
+            name = n
         }
+        if r[.user] == nil { out.string("anonymousId", session.isEmpty ? app : app + ":" + session) }
+        var context = JSONObjectWriter()
+        var appObject = JSONObjectWriter()
+        appObject.string("name", app)
+        context.object("app", appObject)
+        if isWhen { context.value("screen", r[.screen]) }
+        if !session.isEmpty { context.string("session", session) }
+        out.object("context", context)
+        if isWhen { out.value("event", name) }
         // Stable per record: sent twice, it is one event downstream.
-        event["messageId"] = "whend-\(r.seq)-" + (r["id"] ?? r.app + ":" + r.session)
-        event["timestamp"] = r.time
-        var context: [String: Any] = ["app": ["name": r.app]]
-        if !r.session.isEmpty { context["session"] = r.session }
-        if r.type == "when", let screen = r["screen"] { context["screen"] = screen }
-        event["context"] = context
-        return event
+        out.string("messageId", "whend-\(r.seq)-" + (r.string(.id) ?? app + ":" + session))
+        if !isWhen { out.value("name", name) }
+        if isWhen {
+            if let params = r[.params] {
+                out.value("properties", params)
+            } else {
+                out.raw("properties", Array("{}".utf8))
+            }
+        } else {
+            var properties = JSONObjectWriter()
+            properties.value("previous", r[.previous].flatMap { $0.kind == .string ? $0 : nil })
+            out.object("properties", properties)
+        }
+        if let time = r.time { out.value("timestamp", time) } else { out.string("timestamp", "") }
+        out.string("type", isWhen ? "track" : "screen")
+        out.value("userId", r[.user])
+        return out
     }
 }
 

@@ -21,9 +21,31 @@ final class CrashReports: WhendPlugin {
     private let directory: String
     private var sessions: BoundedSessions<Trail>
 
+    /// A session's last records, as encoded breadcrumbs in a ring, and the screen on show.
     struct Trail {
-        var breadcrumbs: [[String: Any]] = []
+        var ring: [[UInt8]] = []
+        var next = 0
         var screen: String?
+
+        mutating func add(_ crumb: [UInt8], limit: Int) {
+            if ring.count < limit {
+                ring.append(crumb)
+            } else {
+                ring[next] = crumb
+                next = (next + 1) % limit
+            }
+        }
+
+        /// The breadcrumbs oldest first, as a JSON array.
+        var json: [UInt8] {
+            var out: [UInt8] = [UInt8(ascii: "[")]
+            for i in 0..<ring.count {
+                if i > 0 { out.append(UInt8(ascii: ",")) }
+                out += ring[(next + i) % ring.count]
+            }
+            out.append(UInt8(ascii: "]"))
+            return out
+        }
     }
 
     init(host: PluginHost, configuration: [String: Any]) throws {
@@ -36,65 +58,85 @@ final class CrashReports: WhendPlugin {
     }
 
     func handle(_ record: PluginRecord, next: PluginNext) throws {
-        let fields = RecordFields(try record.object(), seq: record.seq)
-        let key = SessionKey(fields)
         let limit = breadcrumbLimit
-        let trail = sessions.with(key, seq: record.seq, make: Trail.init) { trail -> Trail in
+        let trail = sessions.with(SessionID(record), seq: record.seq, make: Trail.init) { trail -> Trail in
             let before = trail
-            if let screen = Self.screen(shownBy: fields) { trail.screen = screen }
-            if fields.origin == nil || fields.type == "screen" {
-                trail.breadcrumbs.append(Self.breadcrumb(fields))
-                if trail.breadcrumbs.count > limit { trail.breadcrumbs.removeFirst(trail.breadcrumbs.count - limit) }
+            if let screen = Self.screen(shownBy: record) { trail.screen = screen }
+            if !record.isDerived || record.has(.type, "screen") {
+                trail.add(Self.breadcrumb(record), limit: limit)
             }
             return before
         }
-        if fields.type == "error", fields.origin == nil, fields.flag("fatal") || onEveryError {
-            try write(kind: "error", fields: fields, trail: trail, error: Self.errorPart(fields))
+        if record.has(.type, "error"), !record.isDerived, record.flag(.fatal) || onEveryError {
+            try write(kind: "error", record: record, trail: trail, error: Self.errorPart(record).bytes)
         }
         do {
             try next(record)
         } catch {
-            try? write(
-                kind: "plugin_failure", fields: fields, trail: trail,
-                error: ["message": "a plugin after crash-reports failed on _seq \(record.seq): \(error)"])
+            var part = JSONObjectWriter()
+            part.string("message", "a plugin after crash-reports failed on _seq \(record.seq): \(error)")
+            try? write(kind: "plugin_failure", record: record, trail: trail, error: part.bytes)
             throw error
         }
     }
 
-    private func write(kind: String, fields: RecordFields, trail: Trail, error: [String: Any]) throws {
-        var report: [String: Any] = [
-            "kind": kind, "seq": fields.seq, "app": fields.app, "session": fields.session, "time": fields.time,
-            "error": error, "breadcrumbs": trail.breadcrumbs,
-        ]
-        if let screen = (fields.type == "error" ? fields["screen"] : nil) ?? trail.screen { report["screen"] = screen }
-        if let user = fields["user"] { report["user"] = user }
-        let name = CrashReportStore.fileName(seq: fields.seq, kind: kind)
-        try writeFileAtomically(jsonBytes(report), to: directory + "/" + name)
+    private func write(kind: String, record: PluginRecord, trail: Trail, error: [UInt8]) throws {
+        var report = JSONObjectWriter(capacity: 4096)
+        report.value("app", record[.app])
+        report.raw("breadcrumbs", trail.json)
+        report.raw("error", error)
+        report.string("kind", kind)
+        let screen = (record.has(.type, "error") ? record.string(.screen) : nil) ?? trail.screen
+        if let screen { report.string("screen", screen) }
+        report.number("seq", record.seq)
+        report.value("session", record[.session])
+        if let time = record.time { report.value("time", time) } else { report.string("time", "") }
+        report.value("user", record[.user])
+        let name = CrashReportStore.fileName(seq: record.seq, kind: kind)
+        try writeFileAtomically(report.bytes, to: directory + "/" + name)
         host.count("reports_\(kind)")
         host.log(
-            .warning, "crash report \(name): \(fields.app)/\(fields.session) on \(report["screen"] ?? "no screen")")
+            .warning,
+            "crash report \(name): \(record.string(.app) ?? "")/\(record.string(.session) ?? "") on \(screen ?? "no screen")"
+        )
     }
 
     /// The screen a record says is on show.
-    static func screen(shownBy r: RecordFields) -> String? {
-        switch r.type {
-        case "screen": return r["name"]
-        case "lifecycle": return r["status"] == "didAppear" ? r["screen"] : nil
-        case "navigation":
-            return ["root", "push", "present", "replace"].contains(r["action"] ?? "") ? r["screen"] : nil
-        default: return nil
+    static func screen(shownBy r: PluginRecord) -> String? {
+        guard let type = r[.type] else { return nil }
+        if type.isString("screen") { return r.string(.name) }
+        if type.isString("lifecycle") { return r.has(.status, "didAppear") ? r.string(.screen) : nil }
+        if type.isString("navigation"), let action = r[.action],
+            action.isString("root") || action.isString("push") || action.isString("present")
+                || action.isString("replace")
+        {
+            return r.string(.screen)
         }
+        return nil
     }
 
-    static func breadcrumb(_ r: RecordFields) -> [String: Any] {
-        var crumb: [String: Any] = ["seq": r.seq, "type": r.type, "time": r.time]
-        for key in ["name", "screen", "status", "action", "params", "message"] { crumb[key] = r.object[key] }
-        return crumb
+    /// What a breadcrumb keeps of a record, keys in alphabetical order.
+    static func breadcrumb(_ r: PluginRecord) -> [UInt8] {
+        var crumb = JSONObjectWriter(capacity: 192)
+        crumb.value("action", r[.action])
+        crumb.value("message", r[.message])
+        crumb.value("name", r[.name])
+        crumb.value("params", r[.params])
+        crumb.value("screen", r[.screen])
+        crumb.number("seq", r.seq)
+        crumb.value("status", r[.status])
+        if let time = r.time { crumb.value("time", time) } else { crumb.string("time", "") }
+        if let type = r[.type] { crumb.value("type", type) } else { crumb.string("type", "") }
+        return crumb.bytes
     }
 
-    static func errorPart(_ r: RecordFields) -> [String: Any] {
-        var error: [String: Any] = [:]
-        for key in ["message", "name", "screen", "stack", "fatal"] { error[key] = r.object[key] }
+    static func errorPart(_ r: PluginRecord) -> JSONObjectWriter {
+        var error = JSONObjectWriter()
+        error.value("fatal", r[.fatal])
+        error.value("message", r[.message])
+        error.value("name", r[.name])
+        error.value("screen", r[.screen])
+        error.value("stack", r[.stack])
         return error
     }
 }

@@ -18,7 +18,6 @@ final class Nats: WhendPlugin {
 
     private let host: PluginHost
     private let template: [TemplatePart]
-    private let needsDecoding: Bool
     private let hostName: String
     private let journalID: String
     private let ackTimeout: Int64
@@ -35,10 +34,6 @@ final class Nats: WhendPlugin {
         self.host = host
         let servers = (c["servers"] as? [String]) ?? [c["url"] as? String ?? "nats://127.0.0.1:4222"]
         template = try Self.parseTemplate(c["subject"] as? String ?? "whend.{host}.{app}.{type}")
-        needsDecoding = template.contains {
-            if case .field(let key) = $0 { return !["host", "app", "session", "type"].contains(key) }
-            return false
-        }
         hostName = Self.token(c["host"] as? String ?? ProcessInfo.processInfo.hostName)
         ackTimeout = Int64((c["ack_timeout"] as? Double ?? 5) * 1000)
         journalID = try c["journal_id"] as? String ?? Self.journalIdentity(host.stateDirectory)
@@ -109,21 +104,13 @@ final class Nats: WhendPlugin {
     }
 
     func handle(_ record: PluginRecord, next: PluginNext) throws {
-        // app, session and type come from WhendWire's scanner (no JSON tree); other fields of a
-        // template need the record decoded.
-        let scanned = try? StoredRecord.scan(record.bytes)
-        let decoded = needsDecoding ? RecordFields(try record.object(), seq: record.seq) : nil
+        // Fields come from the record's field index (no JSON tree).
         var subject = ""
         for part in template {
             switch part {
             case .literal(let text): subject += text
             case .field("host"): subject += hostName
-            case .field("app"):
-                subject += Self.token(scanned?.app.map { String(decoding: $0, as: UTF8.self) } ?? "none")
-            case .field("session"):
-                subject += Self.token(scanned?.session.map { String(decoding: $0, as: UTF8.self) } ?? "none")
-            case .field("type"): subject += Self.token(scanned?.type ?? "none")
-            case .field(let key): subject += Self.token(decoded?[key] ?? "none")
+            case .field(let key): subject += Self.token(record.field(key)?.string ?? "none")
             }
         }
         var message: OpaquePointer?

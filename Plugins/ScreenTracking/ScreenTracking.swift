@@ -1,7 +1,4 @@
-import BuiltinPluginSupport
-import Foundation
 import WhendPluginSDK
-import WhendWire
 
 /// Derives one `screen` record per real screen view from navigation, lifecycle and app-sent
 /// `screen` events, a `screen_time` record when a viewed screen goes away, and a `diagnostic`
@@ -9,7 +6,7 @@ import WhendWire
 /// built-in plugins"). Configuration: `{"max_sessions": 100000}`.
 final class ScreenTracking: WhendPlugin {
     static let name = "screen-tracking"
-    static let version = "1.0.0"
+    static let version = "1.1.0"
     static let roles: PluginRoles = [.pipeline]
 
     private let host: PluginHost
@@ -21,27 +18,70 @@ final class ScreenTracking: WhendPlugin {
     }
 
     func handle(_ record: PluginRecord, next: PluginNext) throws {
-        // Only these three kinds say anything about screens; other records pass untouched,
-        // told apart by WhendWire's scanner without decoding them.
-        if ["navigation", "lifecycle", "screen"].contains((try? StoredRecord.scan(record.bytes))?.type ?? "") {
-            let fields = RecordFields(try record.object(), seq: record.seq)
-            if fields.origin == nil {
-                var derived: [[String: Any]] = []
-                sessions.with(SessionKey(fields), seq: record.seq, make: SessionScreens.init) { state in
-                    derived = state.apply(fields)
+        // Only these three kinds say anything about screens, and only as apps sent them; other
+        // records pass untouched, read from the field index without decoding anything.
+        if !record.isDerived, let type = record[.type] {
+            let kind: SessionScreens.Kind? =
+                type.isString("navigation")
+                ? .navigation : type.isString("lifecycle") ? .lifecycle : type.isString("screen") ? .screen : nil
+            if let kind {
+                let derived = sessions.with(SessionID(record), seq: record.seq, make: SessionScreens.init) {
+                    $0.apply(kind, record)
                 }
-                for d in derived {
-                    var out = d
-                    out["app"] = fields.app
-                    if !fields.session.isEmpty { out["session"] = fields.session }
-                    if let user = fields["user"] { out["user"] = user }
-                    out["ts"] = fields.time
-                    try host.emit(jsonBytes(out))
-                    host.count(d["type"] as? String ?? "derived")
-                }
+                for d in derived { try host.emit(d.encoded(for: record)) }
+                for d in derived { host.count(d.typeName) }
             }
         }
         try next(record)
+    }
+}
+
+/// A record screen-tracking derives. Keys are written in alphabetical order, the same for a
+/// live pipeline and a replay.
+enum DerivedScreenRecord {
+    case view(name: String, previous: String?, via: StaticString)
+    case time(name: String, seconds: Double?)
+    case diagnostic(problem: StaticString, screen: String, cause: UInt64)
+
+    var typeName: String {
+        switch self {
+        case .view: return "screen"
+        case .time: return "screen_time"
+        case .diagnostic: return "diagnostic"
+        }
+    }
+
+    /// The record, with the cause's app, session, user and time.
+    func encoded(for cause: PluginRecord) -> JSONObjectWriter {
+        var out = JSONObjectWriter()
+        out.value("app", cause[.app])
+        switch self {
+        case .view(let name, let previous, let via):
+            out.string("name", name)
+            if let previous { out.string("previous", previous) } else { out.null("previous") }
+            out.session(cause)
+            out.value("ts", cause.time)
+            out.string("type", "screen")
+            out.value("user", cause[.user])
+            out.string("via", via)
+        case .time(let name, let seconds):
+            out.string("name", name)
+            if let seconds { out.number("seconds", seconds, fractionDigits: 3) }
+            out.session(cause)
+            out.value("ts", cause.time)
+            out.string("type", "screen_time")
+            out.value("user", cause[.user])
+        case .diagnostic(let problem, let screen, let seq):
+            out.number("cause_seq", seq)
+            out.string("problem", problem)
+            out.string("screen", screen)
+            out.session(cause)
+            if let status = cause[.status] { out.value("status", status) } else { out.string("status", "") }
+            out.value("ts", cause.time)
+            out.string("type", "diagnostic")
+            out.value("user", cause[.user])
+        }
+        return out
     }
 }
 
@@ -61,40 +101,41 @@ struct SessionScreens {
     var currentOpen = false
     var currentSince: Double?
 
-    private var out: [[String: Any]] = []
+    private var out: [DerivedScreenRecord] = []
 
-    mutating func apply(_ r: RecordFields) -> [[String: Any]] {
+    enum Kind { case navigation, lifecycle, screen }
+
+    mutating func apply(_ kind: Kind, _ r: PluginRecord) -> [DerivedScreenRecord] {
         out = []
-        switch r.type {
-        case "navigation": navigate(r)
-        case "lifecycle": lifecycle(r)
-        case "screen": if let name = r["name"] { appear(name, via: "app", at: r) }
-        default: break
+        switch kind {
+        case .navigation: navigate(r)
+        case .lifecycle: lifecycle(r)
+        case .screen: if let name = r.string(.name) { appear(name, via: "app", at: r) }
         }
         return out
     }
 
-    private mutating func navigate(_ r: RecordFields) {
-        let screen = r["screen"]
+    private mutating func navigate(_ r: PluginRecord) {
+        let screen = r.string(.screen)
         if let screen {
             removed.remove(screen)
             broken.remove(screen)
         }
-        switch r["action"] {
-        case "root":
+        guard let action = r[.action] else { return }
+        if action.isString("root") {
             guard let screen else { return }
             stack = [screen]
             appear(screen, via: "navigation", at: r)
-        case "push", "present":
+        } else if action.isString("push") || action.isString("present") {
             guard let screen else { return }
             stack.append(screen)
             appear(screen, via: "navigation", at: r)
-        case "replace":
+        } else if action.isString("replace") {
             guard let screen else { return }
             if !stack.isEmpty { stack.removeLast() }
             stack.append(screen)
             appear(screen, via: "navigation", at: r)
-        case "dismiss", "pop":
+        } else if action.isString("dismiss") || action.isString("pop") {
             if !stack.isEmpty { stack.removeLast() }
             // The screen revealed is a screen view too (the flow-decoration proposal's case).
             if let revealed = stack.last {
@@ -102,16 +143,14 @@ struct SessionScreens {
             } else if let current {
                 disappear(current, at: r)
             }
-        default: break
         }
     }
 
-    private mutating func lifecycle(_ r: RecordFields) {
-        guard let screen = r["screen"], let status = r["status"] else { return }
+    private mutating func lifecycle(_ r: PluginRecord) {
+        guard let screen = r.string(.screen), let status = r[.status] else { return }
         let before = phase[screen]
-        switch status {
-        case "willAppear":
-            if r.flag("isBeingPresentedInitially") {
+        if status.isString("willAppear") {
+            if r.flag(.isBeingPresentedInitially) {
                 removed.remove(screen)
                 broken.remove(screen)
             } else if removed.contains(screen) {
@@ -119,7 +158,7 @@ struct SessionScreens {
                 broken.insert(screen)
             }
             phase[screen] = .willAppear
-        case "didAppear":
+        } else if status.isString("didAppear") {
             phase[screen] = .didAppear
             if broken.contains(screen) {
                 problem("appears after being removed indefinitely, without being presented again", screen, r)
@@ -128,49 +167,44 @@ struct SessionScreens {
             } else {
                 appear(screen, via: "lifecycle", at: r)
             }
-        case "willDisappear":
+        } else if status.isString("willDisappear") {
             if before != .didAppear && before != .willAppear {
                 problem("willDisappear of a screen that is not on show", screen, r)
             }
             phase[screen] = .willDisappear
-        case "didDisappear":
+        } else if status.isString("didDisappear") {
             if before != .willDisappear { problem("didDisappear without willDisappear", screen, r) }
             phase[screen] = .didDisappear
             broken.remove(screen)
-            if r.flag("isBeingRemovedIndefinitely") { removed.insert(screen) }
+            if r.flag(.isBeingRemovedIndefinitely) { removed.insert(screen) }
             disappear(screen, at: r)
-        default: break
         }
     }
 
     /// `screen` is on show: a view, unless it is the view already open.
-    private mutating func appear(_ screen: String, via: String, at r: RecordFields) {
+    private mutating func appear(_ screen: String, via: StaticString, at r: PluginRecord) {
         if current == screen && currentOpen { return }
         let previous = current
         if let current, currentOpen { close(current, at: r) }
-        out.append(["type": "screen", "name": screen, "previous": previous ?? NSNull(), "via": via])
+        out.append(.view(name: screen, previous: previous, via: via))
         current = screen
         currentOpen = true
         currentSince = r.seconds
     }
 
-    private mutating func disappear(_ screen: String, at r: RecordFields) {
+    private mutating func disappear(_ screen: String, at r: PluginRecord) {
         if current == screen && currentOpen { close(screen, at: r) }
     }
 
-    private mutating func close(_ screen: String, at r: RecordFields) {
-        var record: [String: Any] = ["type": "screen_time", "name": screen]
-        if let since = currentSince, let now = r.seconds {
-            record["seconds"] = (max(0, now - since) * 1000).rounded() / 1000
-        }
-        out.append(record)
+    private mutating func close(_ screen: String, at r: PluginRecord) {
+        var seconds: Double?
+        if let since = currentSince, let now = r.seconds { seconds = max(0, now - since) }
+        out.append(.time(name: screen, seconds: seconds))
         currentOpen = false
     }
 
-    private mutating func problem(_ text: String, _ screen: String, _ r: RecordFields) {
-        out.append([
-            "type": "diagnostic", "problem": text, "screen": screen, "status": r["status"] ?? "", "cause_seq": r.seq,
-        ])
+    private mutating func problem(_ text: StaticString, _ screen: String, _ r: PluginRecord) {
+        out.append(.diagnostic(problem: text, screen: screen, cause: r.seq))
     }
 }
 

@@ -61,8 +61,8 @@ extension Daemon {
             for (name, spec) in specs where running[name] == nil {
                 let supervisor = PipelineSupervisor(
                     spec: spec, executable: executable, watchdog: watchdog, logger: logger
-                ) { [weak self] record, origin, cause, stored in
-                    self?.appendDerived(record, origin: origin, cause: cause, pipeline: name, stored: stored)
+                ) { [weak self] records, stored in
+                    self?.appendDerived(records, pipeline: name, stored: stored)
                 }
                 running[name] = supervisor
                 starting.append(supervisor)
@@ -80,42 +80,50 @@ extension Daemon {
         for supervisor in all { supervisor.stop() }
     }
 
-    /// Appends a record a pipeline plugin derived, with `_origin` (the plugin's name) and `_cause`
-    /// (the `_seq` it was derived from). Pipelines then see it like any other record.
+    /// Appends records a pipeline's plugins derived, as one journal batch (it shares ingest's
+    /// group commits), each stored as the plugin wrote it plus `_origin` (the plugin's name),
+    /// `_pipeline` and `_cause` (the `_seq` it was derived from). Pipelines then see them like
+    /// any other record. A record that is not one JSON object with a string `type` is refused
+    /// and logged, and counts as done: nothing will ever store it.
     func appendDerived(
-        _ record: [UInt8], origin: String, cause: UInt64, pipeline: String,
-        stored: @escaping @Sendable (Bool) -> Void = { _ in }
+        _ records: [DerivedRecord], pipeline: String, stored: @escaping @Sendable (Bool) -> Void = { _ in }
     ) {
-        var trusted = Array(#"{"_origin":"#.utf8)
-        appendJSONString(Array(origin.utf8), to: &trusted)
-        // The pipeline too: a restarted daemon finds what each pipeline already derived.
-        trusted += Array(#","_pipeline":"#.utf8)
-        appendJSONString(Array(pipeline.utf8), to: &trusted)
-        trusted += Array(#","_cause":\#(cause),"_rt":""#.utf8)
+        var batch = JournalBatch()
         var clock = RFC3339Clock()
-        clock.appendNow(to: &trusted)
-        trusted += Array(#""}"#.utf8)
-        let body: [UInt8]
-        do {
-            body = try record.withUnsafeBufferPointer { out in
-                try trusted.withUnsafeBufferPointer { try IngestRewrite.body(output: out, original: $0) }
+        var now: [UInt8] = []
+        clock.appendNow(to: &now)
+        var prefixes: [String: [UInt8]] = [:]
+        for record in records {
+            // The pipeline too: a restarted daemon finds what each pipeline already derived.
+            var trusted = prefixes[record.origin] ?? derivedRecordPrefix(origin: record.origin, pipeline: pipeline)
+            if prefixes[record.origin] == nil { prefixes[record.origin] = trusted }
+            appendDecimal(record.cause, to: &trusted)
+            trusted += #","_rt":""#.utf8
+            trusted += now
+            trusted += #""}"#.utf8
+            do {
+                let body = try record.bytes.withUnsafeBufferPointer { out in
+                    try trusted.withUnsafeBufferPointer { try IngestRewrite.body(output: out, original: $0) }
+                }
+                batch.bodies += body
+                batch.ends.append(batch.bodies.count)
+            } catch {
+                logger.error(
+                    "pipeline \(pipeline): a record \(record.origin) derived from _seq \(record.cause) was refused: \(error)"
+                )
             }
-        } catch {
-            logger.error("pipeline \(origin): a derived record was refused: \(error)")
-            // Refused for good: nothing will store it, so the record must not wait for it.
+        }
+        guard !batch.isEmpty else {
             stored(true)
             return
         }
-        var batch = JournalBatch()
-        batch.bodies = body
-        batch.ends = [body.count]
-        let now = Int64(Date().timeIntervalSince1970 * 1e6)
-        batch.minReceivedMicros = now
-        batch.maxReceivedMicros = now
+        let micros = Int64(Date().timeIntervalSince1970 * 1e6)
+        batch.minReceivedMicros = micros
+        batch.maxReceivedMicros = micros
         let log = logger
         writer.submit(batch) { result in
             if case .failed(let why) = result {
-                log.error("pipeline \(origin): a derived record was not stored: \(why)")
+                log.error("pipeline \(pipeline): derived records were not stored: \(why)")
                 stored(false)
             } else {
                 stored(true)
@@ -177,4 +185,16 @@ extension Daemon {
             return ControlReply.encode(["ok": true])
         }
     }
+}
+
+/// The start of a derived record's trusted fields: `{"_origin":"NAME"[,"_pipeline":"P"],"_cause":`.
+func derivedRecordPrefix(origin: String, pipeline: String?) -> [UInt8] {
+    var prefix = Array(#"{"_origin":"#.utf8)
+    appendJSONString(origin.utf8, to: &prefix)
+    if let pipeline {
+        prefix += #","_pipeline":"#.utf8
+        appendJSONString(pipeline.utf8, to: &prefix)
+    }
+    prefix += #","_cause":"#.utf8
+    return prefix
 }

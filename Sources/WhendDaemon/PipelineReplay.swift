@@ -49,7 +49,7 @@ public final class PipelineReplay {
 
     /// Runs one stored record (with its `_seq` and `_rt`) through the chain.
     public func handle(_ record: UnsafeBufferPointer<UInt8>, seq: UInt64) -> Outcome {
-        derived.begin(cause: seq, receivedAt: Self.receivedAt(record))
+        derived.begin(cause: seq, record: record)
         switch chain.run(record, seq: seq) {
         case .unchanged, .changed: return .passed
         case .dropped: return .dropped
@@ -92,22 +92,32 @@ private final class DerivedSink: @unchecked Sendable {
     // Unchecked: a replay runs one record at a time on one thread.
     let output: @Sendable ([UInt8]) -> Void
     var cause: UInt64 = 0
-    var receivedAt: [UInt8] = []
+    /// The record in hand, valid during `handle`: its `_rt` is found only if a plugin derives
+    /// something from it.
+    var record = UnsafeBufferPointer<UInt8>(start: nil, count: 0)
 
     init(output: @escaping @Sendable ([UInt8]) -> Void) { self.output = output }
 
-    func begin(cause: UInt64, receivedAt: [UInt8]) {
+    func begin(cause: UInt64, record: UnsafeBufferPointer<UInt8>) {
         self.cause = cause
-        self.receivedAt = receivedAt
+        self.record = record
     }
 
+    /// `{"_origin":"NAME","_cause":` by plugin name: the same for every record a plugin derives.
+    private var prefixes: [String: [UInt8]] = [:]
+
     func emit(_ json: UnsafeBufferPointer<UInt8>, origin: String) -> Bool {
-        var trusted = Array(#"{"_origin":"#.utf8)
-        appendJSONString(Array(origin.utf8), to: &trusted)
-        trusted += Array(#","_cause":\#(cause),"_rt":""#.utf8) + receivedAt + Array(#""}"#.utf8)
+        var trusted = prefixes[origin] ?? derivedRecordPrefix(origin: origin, pipeline: nil)
+        if prefixes[origin] == nil { prefixes[origin] = trusted }
+        appendDecimal(cause, to: &trusted)
+        trusted += #","_rt":""#.utf8
+        trusted += PipelineReplay.receivedAt(record)
+        trusted += #""}"#.utf8
         guard let body = try? trusted.withUnsafeBufferPointer({ try IngestRewrite.body(output: json, original: $0) })
         else { return false }
-        output(Array("{".utf8) + body)
+        var record: [UInt8] = [UInt8(ascii: "{")]
+        record += body
+        output(record)
         return true
     }
 }

@@ -26,25 +26,28 @@ final class PipelineSupervisor: @unchecked Sendable {
         /// The current worker's position in the same terms.
         var runCause: UInt64 = 0
         var runOrdinal = 0
+        /// The current worker's generation: acknowledgements carry it, and one meant for an
+        /// earlier worker is never counted for a later one.
+        var generation: UInt64 = 0
     }
 
     let spec: PipelineSpec
     private let executable: String
     private let watchdog: TimeInterval
     private let logger: Logger
-    /// Appends a derived record, then says whether it was stored.
+    /// Appends derived records as one journal batch, then says whether they were stored.
     private let appendDerived:
-        @Sendable (_ record: [UInt8], _ origin: String, _ cause: UInt64, _ stored: @escaping @Sendable (Bool) -> Void)
-            -> Void
-    /// Where the current worker hears that its derived records are stored (its standard input).
-    private let acknowledgements = NIOLockedValueBox<Int32>(-1)
+        @Sendable (_ records: [DerivedRecord], _ stored: @escaping @Sendable (Bool) -> Void) -> Void
+    /// Where the current worker hears that its derived records are stored (its standard input),
+    /// and its generation. Read, written and closed only on `acknowledgementQueue`.
+    nonisolated(unsafe) private var acknowledgements: (fd: Int32, generation: UInt64) = (-1, 0)
     private let acknowledgementQueue = DispatchQueue(label: "whend-pipeline-acks")
     let state = NIOLockedValueBox(State())
     private let finished = DispatchSemaphore(value: 0)
 
     init(
         spec: PipelineSpec, executable: String, watchdog: TimeInterval, logger: Logger,
-        appendDerived: @escaping @Sendable ([UInt8], String, UInt64, @escaping @Sendable (Bool) -> Void) -> Void
+        appendDerived: @escaping @Sendable ([DerivedRecord], @escaping @Sendable (Bool) -> Void) -> Void
     ) {
         self.spec = spec
         self.executable = executable
@@ -103,20 +106,16 @@ final class PipelineSupervisor: @unchecked Sendable {
         return false
     }
 
-    /// Tells the worker that one record derived from `cause` is stored: only then may its cursor
-    /// pass `cause`. Written off the journal's thread, in order.
-    private func acknowledge(_ cause: UInt64) {
-        let fd = acknowledgements.withLockedValue { $0 }
-        guard fd >= 0 else { return }
-        acknowledgementQueue.async {
-            let line = Array("\(cause)\n".utf8)
-            var done = 0
-            while done < line.count {
-                let n = line.withUnsafeBytes { write(fd, $0.baseAddress! + done, $0.count - done) }
-                if n < 0 && errno == EINTR { continue }
-                guard n > 0 else { return }  // the worker is gone; the next one starts from its cursor
-                done += n
-            }
+    /// Tells the worker of `generation` that its derived records of `batch` are stored: only
+    /// then may its cursor pass their causes. Written off the journal's thread, in order, on the
+    /// queue that also closes the descriptor: an acknowledgement for a worker that is gone is
+    /// dropped, never written to a closed descriptor or to its successor.
+    private func acknowledge(generation: UInt64, batch: UInt64) {
+        acknowledgementQueue.async { [self] in
+            let (fd, current) = acknowledgements
+            guard fd >= 0, current == generation else { return }
+            // A worker that died: the next one starts from its cursor.
+            writeAll(fd, WorkerFrame.encode(SupervisorMessage.stored(generation: generation, batch: batch)))
         }
     }
 
@@ -169,8 +168,9 @@ final class PipelineSupervisor: @unchecked Sendable {
         // Neither end may leak into other children; dup2 gives the worker its own stdout.
         _ = fcntl(fds[0], F_SETFD, FD_CLOEXEC)
         _ = fcntl(fds[1], F_SETFD, FD_CLOEXEC)
-        let specJSON = String(decoding: (try? JSONEncoder().encode(spec)) ?? Data(), as: UTF8.self)
-        let arguments: [String] = [executable, "--pipeline-worker", specJSON]
+        // The spec goes over the worker's standard input, never on its command line: it holds
+        // plugin configuration, secrets included, and /proc/PID/cmdline is readable by all.
+        let arguments: [String] = [executable, "--pipeline-worker"]
         let argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
         var environment = ProcessInfo.processInfo.environment
         // The worker is not the service: it must not speak to the service manager.
@@ -207,12 +207,20 @@ final class PipelineSupervisor: @unchecked Sendable {
             close(ackFds[1])
             return "could not start (\(String(cString: strerror(rc))))"
         }
-        state.withLockedValue {
+        let generation = state.withLockedValue {
             $0.pid = pid
             $0.running = true
             $0.lastReport = Date()
             $0.runCause = 0
             $0.runOrdinal = 0
+            $0.generation += 1
+            return $0.generation
+        }
+        let start = SupervisorMessage.start(
+            generation: generation, spec: Array((try? JSONEncoder().encode(spec)) ?? Data()))
+        acknowledgementQueue.sync {
+            acknowledgements = (ackFds[1], generation)
+            writeAll(ackFds[1], WorkerFrame.encode(start))
         }
         let watchdogTimer = DispatchSource.makeTimerSource(queue: .global())
         watchdogTimer.schedule(deadline: .now() + 1, repeating: 1)
@@ -224,14 +232,14 @@ final class PipelineSupervisor: @unchecked Sendable {
             }
         }
         watchdogTimer.resume()
-        acknowledgements.withLockedValue { $0 = ackFds[1] }
-        readReports(from: fds[0])
+        readReports(from: fds[0], generation: generation)
         watchdogTimer.cancel()
         close(fds[0])
-        // After the acknowledgements already queued for this worker are written (or fail).
-        acknowledgementQueue.sync {}
-        acknowledgements.withLockedValue { $0 = -1 }
-        close(ackFds[1])
+        // On the queue that writes to it: acknowledgements queued after this are dropped.
+        acknowledgementQueue.sync {
+            acknowledgements = (-1, 0)
+            close(ackFds[1])
+        }
         var status: Int32 = 0
         while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
         let signalled = status & 0x7F
@@ -239,56 +247,58 @@ final class PipelineSupervisor: @unchecked Sendable {
         return "exited with status \((status >> 8) & 0xFF)"
     }
 
-    private func readReports(from fd: Int32) {
-        var pending: [UInt8] = []
+    private func readReports(from fd: Int32, generation: UInt64) {
+        var frames = WorkerFrameReader()
         var buffer = [UInt8](repeating: 0, count: 65536)
         while true {
-            let n = read(fd, &buffer, buffer.count)
+            let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
             if n < 0 && errno == EINTR { continue }
             guard n > 0 else { return }
-            pending += buffer[0..<n]
-            var start = 0
-            while let newline = pending[start...].firstIndex(of: 0x0A) {
-                handleReport(Array(pending[start..<newline]))
-                start = newline + 1
+            buffer.withUnsafeBytes { frames.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+            do {
+                while let payload = try frames.next() {
+                    handle(try WorkerFrame.decodeWorkerMessage(payload), generation: generation)
+                }
+            } catch {
+                // A worker that writes what is not a message is broken: stop it.
+                logger.error("pipeline \(spec.name): the worker's message cannot be read (\(error)); killing it")
+                kill(state.withLockedValue { $0.pid }, SIGKILL)
+                return
             }
-            pending.removeFirst(start)
-            // A report is short; a worker that writes an endless line is broken.
-            if pending.count > 32 << 20 { pending.removeAll() }
         }
     }
 
-    private func handleReport(_ line: [UInt8]) {
-        guard let object = try? JSONSerialization.jsonObject(with: Data(line)) as? [String: Any] else { return }
-        if let progress = object["progress"] as? [String: Any] {
+    private func handle(_ message: WorkerMessage, generation: UInt64) {
+        switch message {
+        case .progress(let cursor, let failures, let deadLetters):
             state.withLockedValue {
                 $0.lastReport = Date()
-                if let c = progress["cursor"] as? NSNumber { $0.cursor = c.uint64Value }
-                $0.failures = (progress["failures"] as? Int) ?? $0.failures
-                $0.deadLetters = (progress["dead_letters"] as? Int) ?? $0.deadLetters
+                $0.cursor = cursor
+                $0.failures = Int(failures)
+                $0.deadLetters = Int(deadLetters)
             }
-        } else if let emit = object["emit"] as? [String: Any], let record = emit["record"] as? [String: Any],
-            let origin = emit["origin"] as? String, let cause = (emit["cause"] as? NSNumber)?.uint64Value,
-            let bytes = try? JSONSerialization.data(withJSONObject: record)
-        {
-            let isNew = state.withLockedValue { s -> Bool in
+        case .derived(let batch, let records):
+            // Each record's place as (its cause, its ordinal among that cause's): what was
+            // appended before (by this daemon, or found in the journal at start) is not again.
+            let fresh = state.withLockedValue { s -> [DerivedRecord] in
                 s.lastReport = Date()
-                if cause != s.runCause {
-                    s.runCause = cause
-                    s.runOrdinal = 0
+                return records.filter { r in
+                    if r.cause != s.runCause {
+                        s.runCause = r.cause
+                        s.runOrdinal = 0
+                    }
+                    s.runOrdinal += 1
+                    guard (r.cause, s.runOrdinal) > s.appendedThrough else { return false }
+                    s.appendedThrough = (r.cause, s.runOrdinal)
+                    return true
                 }
-                s.runOrdinal += 1
-                guard (cause, s.runOrdinal) > s.appendedThrough else { return false }
-                s.appendedThrough = (cause, s.runOrdinal)
-                return true
             }
-            if isNew {
-                appendDerived(Array(bytes), origin, cause) { [self] stored in
-                    if stored { acknowledge(cause) }
-                }
+            if fresh.isEmpty {
+                acknowledge(generation: generation, batch: batch)
             } else {
-                // Stored before (by this daemon, or found in the journal at start).
-                acknowledge(cause)
+                appendDerived(fresh) { [self] stored in
+                    if stored { acknowledge(generation: generation, batch: batch) }
+                }
             }
         }
     }

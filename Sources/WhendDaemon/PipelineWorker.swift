@@ -84,14 +84,46 @@ nonisolated(unsafe) private var workerStopRequested: sig_atomic_t = 0
 /// A pipeline's worker process: it loads the pipeline's plugins, reads the journal itself from
 /// the pipeline's cursor, in `_seq` order, and runs each record through the chain.
 ///
-/// It talks to the daemon in JSON lines on standard output: `{"progress":…}` at least twice a
-/// second (the daemon's watchdog for it) and `{"emit":…}` for each derived record. A record
+/// It speaks `WorkerFrame`s with the daemon: the daemon's first message on standard input says
+/// which pipeline to run and the worker's generation; the worker reports progress on standard
+/// output at least twice a second (the daemon's watchdog for it) and sends what its plugins
+/// derive in batches, which the daemon acknowledges per batch once they are stored. A record
 /// whose chain fails is retried with backoff, and never skipped unless `retryLimit` says so;
-/// then it goes to the dead letters. The cursor is saved every 100 ms and at exit, so that a
-/// crash repeats at most the records of the last 100 ms: at least once, in order.
+/// then it goes to the dead letters. The cursor is saved every 100 ms and at exit, below any
+/// record whose derived records are not yet stored, so that a crash repeats at most the records
+/// of the last 100 ms: at least once, in order.
 public enum PipelineWorker {
-    public static func run(_ spec: PipelineSpec, logger: Logger) -> Never {
+    public static func run(logger: Logger) -> Never {
         signal(SIGPIPE, SIG_IGN)
+        var frames = WorkerFrameReader()
+        let (generation, spec) = readStart(&frames, logger: logger)
+        run(spec, generation: generation, frames: frames, logger: logger)
+    }
+
+    /// The daemon's first message. Exits if there is none or it is not a start.
+    private static func readStart(_ frames: inout WorkerFrameReader, logger: Logger) -> (UInt64, PipelineSpec) {
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        while true {
+            do {
+                if let payload = try frames.next() {
+                    guard case .start(let generation, let json) = try WorkerFrame.decodeSupervisorMessage(payload),
+                        let spec = try? JSONDecoder().decode(PipelineSpec.self, from: Data(json))
+                    else { break }
+                    return (generation, spec)
+                }
+            } catch {
+                break
+            }
+            let n = buffer.withUnsafeMutableBytes { read(0, $0.baseAddress, $0.count) }
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else { exit(4) }
+            buffer.withUnsafeBytes { frames.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+        }
+        logger.error("whend --pipeline-worker: the daemon's first message is not a pipeline to run")
+        exit(2)
+    }
+
+    static func run(_ spec: PipelineSpec, generation: UInt64, frames: WorkerFrameReader, logger: Logger) -> Never {
         // SIGTERM (the daemon stopping the pipeline): finish the record in hand, save the
         // cursor, let the plugins close (destroy), exit 0. The daemon's blocked signals are
         // inherited across exec, so unblock it first.
@@ -100,9 +132,9 @@ public enum PipelineWorker {
         sigaddset(&terminate, SIGTERM)
         pthread_sigmask(SIG_UNBLOCK, &terminate, nil)
         signal(SIGTERM) { _ in workerStopRequested = 1 }
-        let output = WorkerOutput()
-        var chain: PluginChain
         let completions = CompletionTracker()
+        let output = WorkerOutput(completions: completions)
+        var chain: PluginChain
         var deferred = false
         do {
             try FileManager.default.createDirectory(atPath: spec.directory, withIntermediateDirectories: true)
@@ -130,22 +162,28 @@ public enum PipelineWorker {
             logger.error("pipeline \(spec.name): \(error)")
             exit(3)
         }
-        // whend acknowledges each derived record it stored with its cause, one line each, on
-        // standard input; the end of it means whend is gone.
+        // whend acknowledges each batch of derived records once stored, on standard input;
+        // the end of it means whend is gone.
         Thread {
-            var pending: [UInt8] = []
+            var frames = frames
             var buffer = [UInt8](repeating: 0, count: 65536)
             while true {
-                let n = read(0, &buffer, buffer.count)
+                do {
+                    while let payload = try frames.next() {
+                        if case .stored(let from, let batch) = try WorkerFrame.decodeSupervisorMessage(payload) {
+                            // Meant for a worker that died: its batches are not this one's.
+                            guard from == generation else { continue }
+                            output.stored(batch: batch)
+                        }
+                    }
+                } catch {
+                    logger.error("pipeline \(spec.name): the daemon's message cannot be read: \(error)")
+                    exit(4)
+                }
+                let n = buffer.withUnsafeMutableBytes { read(0, $0.baseAddress, $0.count) }
                 if n < 0 && errno == EINTR { continue }
                 guard n > 0 else { exit(4) }
-                pending += buffer[0..<n]
-                while let newline = pending.firstIndex(of: 0x0A) {
-                    if let cause = UInt64(String(decoding: pending[..<newline], as: UTF8.self)) {
-                        completions.complete(cause)
-                    }
-                    pending.removeSubrange(...newline)
-                }
+                buffer.withUnsafeBytes { frames.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
             }
         }.start()
         var cursor = PipelineSpec.savedCursor(at: spec.cursorPath)
@@ -155,11 +193,19 @@ public enum PipelineWorker {
         var lastSave = Date()
         var lastProgress = Date.distantPast
 
-        // Called after every record; the work is done at most every 0.1 s. The cursor saved is
-        // below the oldest record not finished (a deferred stage's, or one whose derived
-        // records whend has not stored yet).
+        var lastFlush = Date()
+
+        // Called after every record; the work is done at most every 0.1 s (derived records: every
+        // 5 ms, or sooner when 256 KiB wait). The cursor saved is below the oldest record not
+        // finished (a deferred stage's, or one whose derived records whend has not stored yet).
         func report(force: Bool = false) {
             let now = Date()
+            if output.pendingBytes > 0,
+                force || output.pendingBytes >= 256 << 10 || now.timeIntervalSince(lastFlush) >= 0.005
+            {
+                output.flush()
+                lastFlush = now
+            }
             let saveDue = force || now.timeIntervalSince(lastSave) >= 0.1
             let progressDue = force || now.timeIntervalSince(lastProgress) >= 0.25
             guard saveDue || progressDue else { return }
@@ -227,6 +273,11 @@ public enum PipelineWorker {
                 return true
             },
             onCaughtUp: {
+                // Nothing more to read for now: what was derived goes to whend at once.
+                if output.pendingBytes > 0 {
+                    output.flush()
+                    lastFlush = Date()
+                }
                 report()
                 return workerStopRequested == 0
             },
@@ -234,6 +285,7 @@ public enum PipelineWorker {
         // The plugins close before the process ends (an analytics spool, a session index, a
         // deferred stage waiting for its last acknowledgements), then the cursor is saved.
         chain = PluginChain([])
+        output.flush()
         completions.drain(seconds: 1)
         report(force: true)
         exit(0)
@@ -259,41 +311,60 @@ public enum PipelineWorker {
     }
 }
 
-/// The worker's side of the pipe to the daemon.
+/// The worker's side of the pipes to the daemon: derived records gathered into batches, and
+/// the batches sent and not yet acknowledged.
 final class WorkerOutput: @unchecked Sendable {
-    // Unchecked: the worker is single-threaded; plugins call emit from inside handle.
+    // Unchecked: `cause`, `emitted` and `pending` belong to the worker's thread (plugins emit
+    // from inside handle); `unacknowledged` and `nextBatch` are guarded by `lock`, since
+    // acknowledgements come on the reading thread.
     var cause: UInt64 = 0
     /// Derived records emitted for the current record.
     var emitted = 0
+    private var pending: [DerivedRecord] = []
+    private(set) var pendingBytes = 0
+    private let lock = NSLock()
+    private var unacknowledged: [UInt64: [UInt64]] = [:]
+    private var nextBatch: UInt64 = 1
+    private let completions: CompletionTracker
+
+    init(completions: CompletionTracker) { self.completions = completions }
 
     func progress(cursor: UInt64, failures: Int, deadLetters: Int) {
-        writeLine(#"{"progress":{"cursor":\#(cursor),"failures":\#(failures),"dead_letters":\#(deadLetters)}}"#)
+        send(
+            WorkerFrame.encode(
+                WorkerMessage.progress(cursor: cursor, failures: UInt64(failures), deadLetters: UInt64(deadLetters))))
     }
 
-    /// A derived record, for the daemon to append with `_origin` and `_cause`.
+    /// A derived record, for the daemon to append with `_origin` and `_cause` as the plugin
+    /// wrote it (the daemon checks it).
     func emit(_ json: UnsafeBufferPointer<UInt8>, origin: String) -> Bool {
-        var line = Array(#"{"emit":{"cause":\#(cause),"origin":"#.utf8)
-        appendJSONString(Array(origin.utf8), to: &line)
-        line += Array(#","record":"#.utf8)
-        // One line per message: a record with a raw newline would split it.
-        guard (try? StoredRecord.scan(json)) != nil, !json.contains(0x0A) else { return false }
-        line += json
-        line += Array("}}".utf8)
+        pending.append(DerivedRecord(cause: cause, origin: origin, bytes: Array(json)))
+        pendingBytes += json.count + origin.utf8.count + 16
         emitted += 1
-        return writeLine(String(decoding: line, as: UTF8.self))
+        return true
     }
 
-    @discardableResult
-    private func writeLine(_ text: String) -> Bool {
-        var bytes = Array(text.utf8)
-        bytes.append(0x0A)
-        var done = 0
-        while done < bytes.count {
-            let n = bytes.withUnsafeBytes { write(1, $0.baseAddress! + done, $0.count - done) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else { exit(4) }  // the daemon is gone: nothing to report to
-            done += n
+    /// Sends what was derived since the last flush as one batch.
+    func flush() {
+        guard !pending.isEmpty else { return }
+        let batch: UInt64 = lock.withLock {
+            defer { nextBatch += 1 }
+            unacknowledged[nextBatch] = pending.map(\.cause)
+            return nextBatch
         }
-        return true
+        send(WorkerFrame.encode(WorkerMessage.derived(batch: batch, records: pending)))
+        pending.removeAll(keepingCapacity: true)
+        pendingBytes = 0
+    }
+
+    /// The daemon stored `batch`: the records it came from may be passed.
+    func stored(batch: UInt64) {
+        let causes = lock.withLock { unacknowledged.removeValue(forKey: batch) } ?? []
+        for cause in causes { completions.complete(cause) }
+    }
+
+    private func send(_ frame: [UInt8]) {
+        // The daemon is gone: nothing to report to.
+        if !writeAll(1, frame) { exit(4) }
     }
 }

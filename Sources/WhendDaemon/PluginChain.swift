@@ -59,15 +59,18 @@ private final class ChainCall {
     func invoke(_ index: Int, _ record: UnsafePointer<whend_record>) -> Int32 {
         let plugin = chain.plugins[index]
         self.index = index
-        var message = [CChar](repeating: 0, count: 512)
-        let capacity = message.count
         let context = Unmanaged.passUnretained(self).toOpaque()
-        let rc = message.withUnsafeMutableBufferPointer { buffer in
-            plugin.handle(record, next: ingestNext, context: context, message: buffer.baseAddress!, capacity: capacity)
+        // On the stack: this runs for every record and every stage.
+        let (rc, text) = withUnsafeTemporaryAllocation(of: CChar.self, capacity: 512) { buffer in
+            buffer[0] = 0
+            let rc = plugin.handle(
+                record, next: ingestNext, context: context, message: buffer.baseAddress!, capacity: buffer.count)
+            guard rc != WHEND_OK else { return (rc, "") }
+            buffer[buffer.count - 1] = 0
+            return (rc, String(cString: buffer.baseAddress!))
         }
         self.index = index
         if rc != WHEND_OK && rejection == nil {
-            let text = String(decoding: message.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
             let verb = rc == WHEND_REJECT ? "rejected the event" : "failed"
             rejection = "plugin \(plugin.name) \(verb)\(text.isEmpty ? "" : ": \(text)")"
         }

@@ -17,10 +17,14 @@ public final class StateDirectoryLock: Sendable {
             try FileManager.default.createDirectory(atPath: stateDirectory, withIntermediateDirectories: true)
         } catch {
             throw DaemonStartError(
-                description: "cannot create the state directory \(stateDirectory): \(error); set --state-dir to a directory you can write")
+                description:
+                    "cannot create the state directory \(stateDirectory): \(error); set --state-dir to a directory you can write"
+            )
         }
         path = stateDirectory + "/whend.lock"
-        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
+        // Held open read-only: a descriptor open for writing would keep the file system from
+        // being remounted read-only under a running daemon (which whend survives).
+        let fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC, 0o644)
         guard fd >= 0 else {
             let reason = String(cString: strerror(errno))
             throw DaemonStartError(
@@ -41,10 +45,14 @@ public final class StateDirectoryLock: Sendable {
             )
         }
         descriptor = fd
-        // Record who holds it; readers of the file take no lock, so a short write is harmless.
-        let pid = Array("\(getpid())\n".utf8)
-        _ = ftruncate(fd, 0)
-        _ = pid.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) }
+        // Record who holds it, through a descriptor closed at once (see above). Readers of the
+        // file take no lock, so a short write is harmless.
+        let writer = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC)
+        if writer >= 0 {
+            let pid = Array("\(getpid())\n".utf8)
+            _ = pid.withUnsafeBytes { write(writer, $0.baseAddress, $0.count) }
+            close(writer)
+        }
     }
 
     /// The pid the holder wrote, if the file holds one.

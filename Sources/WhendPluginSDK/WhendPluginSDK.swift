@@ -1,6 +1,7 @@
 @_exported import CWhendPlugin
 import CWhendPluginABI
 import Foundation
+@_exported import WhendWire
 
 /// What a plugin can be: ingest middleware (in the daemon, before the journal) or a pipeline
 /// stage (in a worker, after the journal).
@@ -21,10 +22,62 @@ public enum PluginError: Error {
 }
 
 /// A record as stored: JSON bytes valid only during the call. A view, not a copy.
+///
+/// The well-known fields (`RecordField`) are found in one pass before `handle` is called, and
+/// read as `JSONValue` views: a plugin that looks at a record's type and passes it on allocates
+/// nothing. `field(_:)` finds any other top-level key; `object()` decodes the whole record.
 public struct PluginRecord {
     public let bytes: UnsafeBufferPointer<UInt8>
     /// `_seq`; 0 before the journal (ingest).
     public let seq: UInt64
+    let index: RecordFieldIndex
+
+    public init(bytes: UnsafeBufferPointer<UInt8>, seq: UInt64) {
+        self.bytes = bytes
+        self.seq = seq
+        index = RecordFieldIndex(bytes)
+    }
+
+    /// A well-known field's value, if the record has it.
+    public subscript(_ field: RecordField) -> JSONValue? {
+        index.span(field).map { JSONValue(raw: UnsafeBufferPointer(rebasing: bytes[$0])) }
+    }
+
+    /// Any top-level field, by key (found by a pass over the record).
+    public func field(_ key: String) -> JSONValue? {
+        if let known = RecordField.allCases.first(where: { "\($0.key)" == key }) { return self[known] }
+        var found: Range<Int>?
+        var wanted = key
+        wanted.withUTF8 { want in
+            forEachMember(of: bytes) { name, escaped, value in
+                let same =
+                    escaped
+                    ? decodeJSONString(name).elementsEqual(want)
+                    : bytesEqual(name, want)
+                if same { found = value }
+                return !same
+            }
+        }
+        return found.map { JSONValue(raw: UnsafeBufferPointer(rebasing: bytes[$0])) }
+    }
+
+    /// A well-known string field, decoded.
+    public func string(_ field: RecordField) -> String? { self[field]?.string }
+
+    /// Whether a well-known field is the string `text`.
+    public func has(_ field: RecordField, _ text: StaticString) -> Bool { self[field]?.isString(text) ?? false }
+
+    /// A well-known field that is `true`.
+    public func flag(_ field: RecordField) -> Bool { self[field]?.bool ?? false }
+
+    /// When it happened: the client's `ts` when it gave one, else when whend received it.
+    public var time: JSONValue? { self[.ts] ?? self[.receivedAt] }
+
+    /// `time` as seconds since 1970.
+    public var seconds: Double? { time?.seconds }
+
+    /// Whether a plugin derived it (it carries `_origin`).
+    public var isDerived: Bool { self[.origin] != nil }
 
     /// The record decoded (a copy, for plugins that do not mind the cost).
     public func object() throws -> [String: Any] {
@@ -79,6 +132,10 @@ public struct PluginHost: @unchecked Sendable {
     public func log(_ level: Level = .info, _ message: String) {
         host.pointee.log(host.pointee.context, level.rawValue, message)
     }
+
+    /// Appends a derived record to the journal (the host sets `_origin` and `_cause`), stored as
+    /// these bytes: build it with `JSONObjectWriter`.
+    public func emit(_ record: JSONObjectWriter) throws { try emit(record.bytes) }
 
     /// Appends a derived record to the journal (the host sets `_origin` and `_cause`).
     public func emit(_ json: [UInt8]) throws {
@@ -190,7 +247,8 @@ private let handleRecord:
         guard let instance, let record, let next else { return Int32(WHEND_FAIL) }
         let view = PluginRecord(
             bytes: UnsafeBufferPointer(start: record.pointee.json, count: record.pointee.length),
-            seq: record.pointee.seq)
+            seq: record.pointee.seq
+        )
         let continuation = PluginNext(call: next, context: nextContext)
         do {
             // Borrowed, not retained: the host holds the instance for as long as it calls it.

@@ -302,21 +302,35 @@ public func decodeJSONString(_ raw: UnsafeBufferPointer<UInt8>) -> [UInt8] {
 
 /// Appends `bytes` to `out` as a JSON string literal, quotes included.
 public func appendJSONString(_ bytes: some Sequence<UInt8>, to out: inout [UInt8]) {
-    let hex: [UInt8] = Array("0123456789abcdef".utf8)
+    if let done: Void = bytes.withContiguousStorageIfAvailable({ appendJSONString($0, to: &out) }) { return done }
+    appendJSONString(Array(bytes), to: &out)
+}
+
+/// Appends `bytes` to `out` as a JSON string literal, quotes included. Runs that need no escape
+/// are copied whole: this runs for every string of every derived record.
+public func appendJSONString(_ bytes: UnsafeBufferPointer<UInt8>, to out: inout [UInt8]) {
+    func hex(_ nibble: UInt8) -> UInt8 { nibble < 10 ? 0x30 + nibble : 0x57 + nibble }
     out.append(UInt8(ascii: "\""))
-    for b in bytes {
+    var runStart = 0
+    for i in 0..<bytes.count {
+        let b = bytes[i]
+        guard b < 0x20 || b == UInt8(ascii: "\"") || b == UInt8(ascii: "\\") else { continue }
+        if i > runStart { out.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[runStart..<i])) }
+        runStart = i + 1
+        out.append(UInt8(ascii: "\\"))
         switch b {
-        case UInt8(ascii: "\""): out.append(UInt8(ascii: "\\")); out.append(b)
-        case UInt8(ascii: "\\"): out.append(UInt8(ascii: "\\")); out.append(b)
-        case 0x0A: out.append(UInt8(ascii: "\\")); out.append(UInt8(ascii: "n"))
-        case 0x0D: out.append(UInt8(ascii: "\\")); out.append(UInt8(ascii: "r"))
-        case 0x09: out.append(UInt8(ascii: "\\")); out.append(UInt8(ascii: "t"))
-        case 0..<0x20:
-            out.append(contentsOf: Array("\\u00".utf8))
-            out.append(hex[Int(b >> 4)])
-            out.append(hex[Int(b & 0xF)])
-        default: out.append(b)
+        case 0x0A: out.append(UInt8(ascii: "n"))
+        case 0x0D: out.append(UInt8(ascii: "r"))
+        case 0x09: out.append(UInt8(ascii: "t"))
+        case UInt8(ascii: "\""), UInt8(ascii: "\\"): out.append(b)
+        default:
+            out.append(UInt8(ascii: "u"))
+            out.append(UInt8(ascii: "0"))
+            out.append(UInt8(ascii: "0"))
+            out.append(hex(b >> 4))
+            out.append(hex(b & 0xF))
         }
     }
+    if bytes.count > runStart { out.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[runStart...])) }
     out.append(UInt8(ascii: "\""))
 }

@@ -115,8 +115,9 @@ struct Whend: ParsableCommand {
     @Option(name: .long, help: "trace, debug, info (default), notice, warning, error, critical. (log_level)")
     var logLevel: String?
 
-    @Option(name: .long, help: .hidden)
-    var pipelineWorker: String?
+    /// Run as a pipeline worker: the daemon says which pipeline on standard input.
+    @Flag(name: .long, help: .hidden)
+    var pipelineWorker = false
 
     /// The flags given, as settings.
     var flagValues: [SettingValue] {
@@ -144,15 +145,10 @@ struct Whend: ParsableCommand {
     }
 
     func run() throws {
-        if let pipelineWorker {
+        if pipelineWorker {
             // A pipeline's worker process, started by the daemon (PipelineSupervisor).
             LoggingSystem.bootstrap { label in StreamLogHandler.standardError(label: label) }
-            guard let spec = try? JSONDecoder().decode(PipelineSpec.self, from: Data(pipelineWorker.utf8)) else {
-                FileHandle.standardError.write(
-                    Data("whend: --pipeline-worker takes the spec the daemon gives it\n".utf8))
-                throw ExitCode(2)
-            }
-            PipelineWorker.run(spec, logger: Logger(label: "whend-pipeline"))
+            PipelineWorker.run(logger: Logger(label: "whend-pipeline"))
         }
         let configuration: DaemonConfiguration
         let file: String?

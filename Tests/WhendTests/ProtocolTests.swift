@@ -270,7 +270,8 @@ import WhendWire
             ])
         #expect(second.status != 0)
         let pid = daemon.process!.processIdentifier
-        #expect(second.error.contains("another whend (pid \(pid)) is already using the state directory"), "\(second.error)")
+        #expect(
+            second.error.contains("another whend (pid \(pid)) is already using the state directory"), "\(second.error)")
         #expect(second.error.contains("--state-dir"))
         let after = (1...500).map { #"{"type":"when","name":"after","id":"a\#($0)"}"# }
         #expect(try exchange(daemon.socketPath, [helloWithAcks] + after).acks.last == 500)

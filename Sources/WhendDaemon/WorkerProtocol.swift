@@ -1,0 +1,232 @@
+import Foundation
+
+/// What a pipeline worker derived from one record: the plugin's bytes, stored as written.
+public struct DerivedRecord: Equatable, Sendable {
+    /// The `_seq` of the record it was derived from.
+    public var cause: UInt64
+    /// The plugin that derived it (`_origin`).
+    public var origin: String
+    public var bytes: [UInt8]
+
+    public init(cause: UInt64, origin: String, bytes: [UInt8]) {
+        self.cause = cause
+        self.origin = origin
+        self.bytes = bytes
+    }
+}
+
+/// A worker's messages to the daemon, on its standard output.
+public enum WorkerMessage: Equatable, Sendable {
+    /// The worker's durable cursor and counters; also its heartbeat for the daemon's watchdog.
+    case progress(cursor: UInt64, failures: UInt64, deadLetters: UInt64)
+    /// Records derived since the last batch, in order; the daemon appends them in one journal
+    /// batch and answers `stored` with the same number.
+    case derived(batch: UInt64, records: [DerivedRecord])
+}
+
+/// The daemon's messages to a worker, on its standard input.
+public enum SupervisorMessage: Equatable, Sendable {
+    /// The first message: which pipeline to run (a `PipelineSpec` as JSON: it holds plugin
+    /// configuration, secrets included, so it never goes on a command line) and the worker's
+    /// generation, which every later message carries.
+    case start(generation: UInt64, spec: [UInt8])
+    /// Every record of `batch` is stored (or refused for good): the worker may let its cursor
+    /// pass their causes. A worker ignores acknowledgements of another generation: they were
+    /// meant for a worker that died.
+    case stored(generation: UInt64, batch: UInt64)
+}
+
+/// The framing both ways: a 4-byte little-endian length, then that many bytes: a tag byte and
+/// the fields (integers 8 bytes little-endian; strings and byte runs as a 4-byte length and
+/// the bytes).
+public enum WorkerFrame {
+    /// A frame longer than this is a broken peer, not a message.
+    public static let maxLength = 64 << 20
+
+    enum Tag: UInt8 {
+        case progress = 1, derived = 2, start = 3, stored = 4
+    }
+
+    public struct DecodeError: Error, CustomStringConvertible {
+        public var description: String
+    }
+
+    public static func encode(_ message: WorkerMessage) -> [UInt8] {
+        var w = Writer()
+        switch message {
+        case .progress(let cursor, let failures, let deadLetters):
+            w.tag(.progress)
+            w.integer(cursor)
+            w.integer(failures)
+            w.integer(deadLetters)
+        case .derived(let batch, let records):
+            w.tag(.derived)
+            w.integer(batch)
+            w.integer(UInt64(records.count))
+            for r in records {
+                w.integer(r.cause)
+                w.run(Array(r.origin.utf8))
+                w.run(r.bytes)
+            }
+        }
+        return w.frame()
+    }
+
+    public static func encode(_ message: SupervisorMessage) -> [UInt8] {
+        var w = Writer()
+        switch message {
+        case .start(let generation, let spec):
+            w.tag(.start)
+            w.integer(generation)
+            w.run(spec)
+        case .stored(let generation, let batch):
+            w.tag(.stored)
+            w.integer(generation)
+            w.integer(batch)
+        }
+        return w.frame()
+    }
+
+    public static func decodeWorkerMessage(_ payload: ArraySlice<UInt8>) throws(DecodeError) -> WorkerMessage {
+        var r = Reader(bytes: payload)
+        switch try r.tag() {
+        case .progress:
+            return .progress(cursor: try r.integer(), failures: try r.integer(), deadLetters: try r.integer())
+        case .derived:
+            let batch = try r.integer()
+            let count = try r.integer()
+            guard count <= UInt64(payload.count) else { throw DecodeError(description: "a batch of \(count) records") }
+            var records: [DerivedRecord] = []
+            records.reserveCapacity(Int(count))
+            for _ in 0..<count {
+                let cause = try r.integer()
+                let origin = String(decoding: try r.run(), as: UTF8.self)
+                records.append(DerivedRecord(cause: cause, origin: origin, bytes: Array(try r.run())))
+            }
+            return .derived(batch: batch, records: records)
+        default:
+            throw DecodeError(description: "not a worker's message")
+        }
+    }
+
+    public static func decodeSupervisorMessage(_ payload: ArraySlice<UInt8>) throws(DecodeError) -> SupervisorMessage {
+        var r = Reader(bytes: payload)
+        switch try r.tag() {
+        case .start: return .start(generation: try r.integer(), spec: Array(try r.run()))
+        case .stored: return .stored(generation: try r.integer(), batch: try r.integer())
+        default: throw DecodeError(description: "not the daemon's message")
+        }
+    }
+
+    struct Writer {
+        var bytes: [UInt8] = [0, 0, 0, 0]
+
+        mutating func tag(_ tag: Tag) { bytes.append(tag.rawValue) }
+
+        mutating func integer(_ value: UInt64) {
+            withUnsafeBytes(of: value.littleEndian) { bytes.append(contentsOf: $0) }
+        }
+
+        mutating func run(_ run: [UInt8]) {
+            withUnsafeBytes(of: UInt32(run.count).littleEndian) { bytes.append(contentsOf: $0) }
+            bytes.append(contentsOf: run)
+        }
+
+        /// The bytes with the length in front.
+        mutating func frame() -> [UInt8] {
+            let length = UInt32(bytes.count - 4).littleEndian
+            withUnsafeBytes(of: length) { for i in 0..<4 { bytes[i] = $0[i] } }
+            return bytes
+        }
+    }
+
+    struct Reader {
+        let bytes: ArraySlice<UInt8>
+        var position: Int
+
+        init(bytes: ArraySlice<UInt8>) {
+            self.bytes = bytes
+            position = bytes.startIndex
+        }
+
+        mutating func take(_ n: Int) throws(DecodeError) -> ArraySlice<UInt8> {
+            guard n >= 0, bytes.endIndex - position >= n else { throw DecodeError(description: "a frame cut short") }
+            defer { position += n }
+            return bytes[position..<(position + n)]
+        }
+
+        mutating func tag() throws(DecodeError) -> Tag {
+            let byte = try take(1).first!
+            guard let tag = Tag(rawValue: byte) else { throw DecodeError(description: "unknown message tag \(byte)") }
+            return tag
+        }
+
+        mutating func integer() throws(DecodeError) -> UInt64 {
+            var value: UInt64 = 0
+            for (i, b) in try take(8).enumerated() { value |= UInt64(b) << (8 * UInt64(i)) }
+            return value
+        }
+
+        mutating func run() throws(DecodeError) -> ArraySlice<UInt8> {
+            var length: UInt32 = 0
+            for (i, b) in try take(4).enumerated() { length |= UInt32(b) << (8 * UInt32(i)) }
+            return try take(Int(length))
+        }
+    }
+}
+
+/// Splits a byte stream into frames' payloads.
+public struct WorkerFrameReader: Sendable {
+    private var pending: [UInt8] = []
+    private var start = 0
+
+    public init() {}
+
+    public mutating func append(_ bytes: UnsafeRawBufferPointer) {
+        if start > 0 && start == pending.count {
+            pending.removeAll(keepingCapacity: true)
+            start = 0
+        }
+        pending.append(contentsOf: bytes)
+    }
+
+    /// The next whole frame's payload, if one has arrived.
+    public mutating func next() throws(WorkerFrame.DecodeError) -> ArraySlice<UInt8>? {
+        guard pending.count - start >= 4 else {
+            compact()
+            return nil
+        }
+        var length = 0
+        for i in 0..<4 { length |= Int(pending[start + i]) << (8 * i) }
+        guard length <= WorkerFrame.maxLength else {
+            throw WorkerFrame.DecodeError(description: "a frame of \(length) bytes (at most \(WorkerFrame.maxLength))")
+        }
+        guard pending.count - start - 4 >= length else {
+            compact()
+            return nil
+        }
+        let payload = pending[(start + 4)..<(start + 4 + length)]
+        start += 4 + length
+        return payload
+    }
+
+    private mutating func compact() {
+        if start > 0 {
+            pending.removeFirst(start)
+            start = 0
+        }
+    }
+}
+
+/// Writes all of `bytes` to `fd`; false if the peer is gone.
+@discardableResult
+func writeAll(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
+    var done = 0
+    while done < bytes.count {
+        let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + done, $0.count - done) }
+        if n < 0 && errno == EINTR { continue }
+        guard n > 0 else { return false }
+        done += n
+    }
+    return true
+}

@@ -1,0 +1,199 @@
+import Foundation
+import WhendWire
+
+/// The fields whend and the seeds give records, found in one pass over the record's top level.
+public enum RecordField: Int, CaseIterable, Sendable {
+    case seq, receivedAt, origin, cause, pipeline
+    case type, app, session, user, id, ts
+    case screen, name, status, action, previous, params, message, stack, fatal
+    case isBeingPresentedInitially, isBeingRemovedIndefinitely
+
+    /// The key as stored.
+    public var key: StaticString {
+        switch self {
+        case .seq: return "_seq"
+        case .receivedAt: return "_rt"
+        case .origin: return "_origin"
+        case .cause: return "_cause"
+        case .pipeline: return "_pipeline"
+        case .type: return "type"
+        case .app: return "app"
+        case .session: return "session"
+        case .user: return "user"
+        case .id: return "id"
+        case .ts: return "ts"
+        case .screen: return "screen"
+        case .name: return "name"
+        case .status: return "status"
+        case .action: return "action"
+        case .previous: return "previous"
+        case .params: return "params"
+        case .message: return "message"
+        case .stack: return "stack"
+        case .fatal: return "fatal"
+        case .isBeingPresentedInitially: return "isBeingPresentedInitially"
+        case .isBeingRemovedIndefinitely: return "isBeingRemovedIndefinitely"
+        }
+    }
+
+    /// The field a key names, if it is one of these. A switch on the length, then one
+    /// comparison or two: this runs for every key of every record, and allocates nothing.
+    static func named(_ key: UnsafeBufferPointer<UInt8>) -> RecordField? {
+        @inline(__always) func check(_ field: RecordField) -> RecordField? {
+            let k = field.key
+            return bytesEqual(key, UnsafeBufferPointer(start: k.utf8Start, count: k.utf8CodeUnitCount)) ? field : nil
+        }
+        guard let first = key.first else { return nil }
+        switch key.count {
+        case 2: return first == UInt8(ascii: "i") ? check(.id) : check(.ts)
+        case 3: return first == UInt8(ascii: "a") ? check(.app) : check(.receivedAt)
+        case 4:
+            switch first {
+            case UInt8(ascii: "_"): return check(.seq)
+            case UInt8(ascii: "t"): return check(.type)
+            case UInt8(ascii: "u"): return check(.user)
+            default: return check(.name)
+            }
+        case 5: return first == UInt8(ascii: "s") ? check(.stack) : check(.fatal)
+        case 6:
+            switch first {
+            case UInt8(ascii: "s"): return key[1] == UInt8(ascii: "c") ? check(.screen) : check(.status)
+            case UInt8(ascii: "a"): return check(.action)
+            case UInt8(ascii: "p"): return check(.params)
+            default: return check(.cause)
+            }
+        case 7:
+            switch first {
+            case UInt8(ascii: "s"): return check(.session)
+            case UInt8(ascii: "m"): return check(.message)
+            default: return check(.origin)
+            }
+        case 8: return check(.previous)
+        case 9: return check(.pipeline)
+        case 25: return check(.isBeingPresentedInitially)
+        case 26: return check(.isBeingRemovedIndefinitely)
+        default: return nil
+        }
+    }
+}
+
+/// Where each `RecordField` is in one record: (start, end) of its value, or nothing.
+struct RecordFieldIndex {
+    private var spans: InlineArray<22, (Int32, Int32)> = .init(repeating: (0, 0))
+
+    init() {}
+
+    /// One pass over the top level of `bytes`. The first occurrence of a key wins, as whend's
+    /// own scanner reads a record; a key spelled with `\u` escapes is the same field as its
+    /// plain spelling.
+    init(_ bytes: UnsafeBufferPointer<UInt8>) {
+        forEachMember(of: bytes) { key, escaped, value in
+            let field: RecordField?
+            if escaped {
+                field = decodeJSONString(key).withUnsafeBufferPointer { RecordField.named($0) }
+            } else {
+                field = RecordField.named(key)
+            }
+            if let field, spans[field.rawValue].1 == 0 {
+                spans[field.rawValue] = (Int32(value.lowerBound), Int32(value.upperBound))
+            }
+            return true
+        }
+    }
+
+    func span(_ field: RecordField) -> Range<Int>? {
+        let (start, end) = spans[field.rawValue]
+        return end > start ? Int(start)..<Int(end) : nil
+    }
+}
+
+/// Calls `body` with each top-level member of the JSON object in `bytes`: the key's raw
+/// contents, whether it has escapes, and the value's range; stops when `body` returns false.
+/// Not a validator: whend validated stored records, and for anything else this is a safe best
+/// effort (`PluginRecord.object()` still reports what is wrong). Allocates nothing.
+func forEachMember(
+    of bytes: UnsafeBufferPointer<UInt8>,
+    _ body: (_ key: UnsafeBufferPointer<UInt8>, _ escaped: Bool, _ value: Range<Int>) -> Bool
+) {
+    var i = 0
+    let n = bytes.count
+    func skipSpace() {
+        while i < n, bytes[i] == 0x20 || bytes[i] == 0x0A || bytes[i] == 0x0D || bytes[i] == 0x09 { i += 1 }
+    }
+    /// Past a string whose opening quote is at i; returns whether it had escapes.
+    func skipString() -> Bool {
+        i += 1
+        var escaped = false
+        while i < n {
+            let b = bytes[i]
+            if b == UInt8(ascii: "\\") {
+                escaped = true
+                i += 2
+            } else if b == UInt8(ascii: "\"") {
+                i += 1
+                return escaped
+            } else {
+                i += 1
+            }
+        }
+        return escaped
+    }
+    func skipValue() {
+        guard i < n else { return }
+        switch bytes[i] {
+        case UInt8(ascii: "\""): _ = skipString()
+        case UInt8(ascii: "{"), UInt8(ascii: "["):
+            var depth = 0
+            while i < n {
+                switch bytes[i] {
+                case UInt8(ascii: "\""):
+                    _ = skipString()
+                    continue
+                case UInt8(ascii: "{"), UInt8(ascii: "["): depth += 1
+                case UInt8(ascii: "}"), UInt8(ascii: "]"):
+                    depth -= 1
+                    if depth == 0 {
+                        i += 1
+                        return
+                    }
+                default: break
+                }
+                i += 1
+            }
+        default:
+            while i < n, bytes[i] != UInt8(ascii: ","), bytes[i] != UInt8(ascii: "}"), bytes[i] > 0x20 { i += 1 }
+        }
+    }
+    skipSpace()
+    guard i < n, bytes[i] == UInt8(ascii: "{") else { return }
+    i += 1
+    while i < n {
+        skipSpace()
+        guard i < n, bytes[i] == UInt8(ascii: "\"") else { return }
+        let keyStart = i + 1
+        let escaped = skipString()
+        let keyEnd = min(i - 1, n)
+        guard keyEnd >= keyStart else { return }
+        skipSpace()
+        guard i < n, bytes[i] == UInt8(ascii: ":") else { return }
+        i += 1
+        skipSpace()
+        let valueStart = i
+        skipValue()
+        let valueEnd = min(i, n)
+        guard valueEnd > valueStart else { return }
+        guard body(UnsafeBufferPointer(rebasing: bytes[keyStart..<keyEnd]), escaped, valueStart..<valueEnd) else {
+            return
+        }
+        skipSpace()
+        guard i < n, bytes[i] == UInt8(ascii: ",") else { return }
+        i += 1
+    }
+}
+
+extension JSONObjectWriter {
+    /// The cause's `session`, unless it has none (or an empty one).
+    public mutating func session(_ cause: PluginRecord) {
+        if let session = cause[.session], session.stringContents?.isEmpty == false { value("session", session) }
+    }
+}
