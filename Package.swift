@@ -103,6 +103,7 @@ let package = Package(
 
         .testTarget(name: "WhendWireTests", dependencies: ["WhendWire"]),
         .testTarget(name: "WhendJournalTests", dependencies: ["WhendJournal", "WhendWire"]),
+        .testTarget(name: "WhendPluginSDKTests", dependencies: ["WhendPluginSDK"]),
         // End to end: real whend and whenctl processes on real sockets. Depends on the
         // executables so that `swift test` builds them beside the test bundle.
         .testTarget(

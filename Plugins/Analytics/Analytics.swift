@@ -62,7 +62,7 @@ final class Analytics: WhendPlugin {
                         "analytics: the event of _seq \(record.seq) is \(line.count) bytes, over event_max_bytes \(eventMaxBytes); not sent"
                     )
                     host.count("oversized")
-                } else if !spool.append(line) {
+                } else if try !spool.append(line) {
                     // The destination has been down for long: hold the pipeline at this record.
                     throw PluginError.fail(
                         "analytics: the spool is full (\(spool.maxBytes) bytes); is the destination down?")
@@ -147,27 +147,45 @@ final class AnalyticsSpool: @unchecked Sendable {
     private let condition = NSCondition()
     private var events: [[UInt8]] = []
     private var bytes = 0
-    private let file: FileHandle
+    private let file: Int32
     let maxBytes: Int
     private let path: String
 
     init(path: String, maxBytes: Int) throws {
         self.path = path
         self.maxBytes = maxBytes
-        if !FileManager.default.fileExists(atPath: path) { FileManager.default.createFile(atPath: path, contents: nil) }
         for line in (FileManager.default.contents(atPath: path) ?? Data()).split(separator: 0x0A) {
             events.append(Array(line))
             bytes += line.count
         }
-        file = try FileHandle(forWritingTo: URL(fileURLWithPath: path))
-        try file.seekToEnd()
+        file = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
+        guard file >= 0 else {
+            throw PluginError.fail("analytics: cannot open the spool \(path): \(String(cString: strerror(errno)))")
+        }
     }
 
-    func append(_ line: [UInt8]) -> Bool {
+    deinit { close(file) }
+
+    /// Spools one event. False when the spool is full; throws when it cannot be written (the
+    /// pipeline then retries the record: an event is never passed without being spooled).
+    func append(_ line: [UInt8]) throws -> Bool {
         condition.lock()
         defer { condition.unlock() }
         guard bytes + line.count <= maxBytes else { return false }
-        try? file.write(contentsOf: line + [0x0A])
+        var entry = line
+        entry.append(0x0A)
+        var done = 0
+        while done < entry.count {
+            let n = entry.withUnsafeBytes { write(file, $0.baseAddress! + done, $0.count - done) }
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else {
+                let reason = String(cString: strerror(errno))
+                // What was written of it is cut off, so the spool stays whole lines.
+                if done > 0 { _ = ftruncate(file, lseek(file, 0, SEEK_END) - off_t(done)) }
+                throw PluginError.fail("analytics: cannot write the spool \(path): \(reason)")
+            }
+            done += n
+        }
         events.append(line)
         bytes += line.count
         condition.signal()
@@ -201,7 +219,7 @@ final class AnalyticsSpool: @unchecked Sendable {
         // Rewritten only when it empties: what stays in it after a crash is sent again, and
         // messageId makes that harmless.
         if events.isEmpty {
-            try? file.truncate(atOffset: 0)
+            _ = ftruncate(file, 0)
         }
     }
 

@@ -21,17 +21,19 @@ final class CrashReports: WhendPlugin {
     private let directory: String
     private var sessions: BoundedSessions<Trail>
 
-    /// A session's last records, as encoded breadcrumbs in a ring, and the screen on show.
+    /// A session's last records in a ring, kept as stored (a copy of the bytes: cheaper than
+    /// building each breadcrumb, which is done only for a report), and the screen on show.
     struct Trail {
-        var ring: [[UInt8]] = []
+        var ring: [(seq: UInt64, record: [UInt8])] = []
         var next = 0
         var screen: String?
 
-        mutating func add(_ crumb: [UInt8], limit: Int) {
+        mutating func add(_ record: PluginRecord, limit: Int) {
+            let entry = (record.seq, Array(record.bytes))
             if ring.count < limit {
-                ring.append(crumb)
+                ring.append(entry)
             } else {
-                ring[next] = crumb
+                ring[next] = entry
                 next = (next + 1) % limit
             }
         }
@@ -41,7 +43,8 @@ final class CrashReports: WhendPlugin {
             var out: [UInt8] = [UInt8(ascii: "[")]
             for i in 0..<ring.count {
                 if i > 0 { out.append(UInt8(ascii: ",")) }
-                out += ring[(next + i) % ring.count]
+                let (seq, bytes) = ring[(next + i) % ring.count]
+                bytes.withUnsafeBufferPointer { out += CrashReports.breadcrumb(PluginRecord(bytes: $0, seq: seq)) }
             }
             out.append(UInt8(ascii: "]"))
             return out
@@ -63,7 +66,7 @@ final class CrashReports: WhendPlugin {
             let before = trail
             if let screen = Self.screen(shownBy: record) { trail.screen = screen }
             if !record.isDerived || record.has(.type, "screen") {
-                trail.add(Self.breadcrumb(record), limit: limit)
+                trail.add(record, limit: limit)
             }
             return before
         }

@@ -41,8 +41,8 @@ final class BufferedIndex: @unchecked Sendable {
     private let lock = NSLock()
     private let writer: SessionIndexWriter
     private let host: PluginHost
-    /// Records handled whose log lines are not written yet, in order.
-    private var waiting: [UInt64] = []
+    /// The last record handled whose log line is not written yet.
+    private var waitingThrough: UInt64?
     private var stopped = false
     private let flusherDone = DispatchSemaphore(value: 0)
 
@@ -67,7 +67,7 @@ final class BufferedIndex: @unchecked Sendable {
                     seq: record.seq, session: SessionID(record), app: app, session: session,
                     type: record.string(.type) ?? "", time: record.time)
             }
-            waiting.append(record.seq)
+            waitingThrough = record.seq
             return writer.buffered >= 64 << 10
         }
         if full { flush() }
@@ -77,18 +77,19 @@ final class BufferedIndex: @unchecked Sendable {
     /// completes nothing: the records stay before the cursor and are handled again after a
     /// restart, if the file system has not recovered by the next flush.
     func flush() {
-        let done: [UInt64]? = lock.withLock {
-            guard !waiting.isEmpty else { return nil }
+        let done: UInt64? = lock.withLock {
+            guard let through = waitingThrough else { return nil }
             do {
                 try writer.flush()
             } catch {
                 host.log(.error, "session-recorder: cannot write the session index: \(error); retrying")
                 return nil
             }
-            defer { waiting.removeAll(keepingCapacity: true) }
-            return waiting
+            waitingThrough = nil
+            return through
         }
-        for seq in done ?? [] { host.complete(seq) }
+        // In order: one call lets the cursor pass every record up to the last one written.
+        if let done { host.complete(through: done) }
     }
 
     func stop() {

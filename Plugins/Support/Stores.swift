@@ -178,14 +178,18 @@ public final class SessionIndexWriter {
                 seq: seq, session: key, app: { app.string ?? "" }, sessionID: { session.string ?? "" }, type: type,
                 time: timeText)
         else { return }
-        var line = JSONObjectWriter(capacity: 160)
-        line.value("app", app)
-        line.number("seq", seq)
-        line.value("session", session)
-        line.string("time", timeText())
-        line.string("type", type)
-        buffer += line.bytes
-        buffer.append(0x0A)
+        // Written straight into the buffer, keys as `Change` decodes them.
+        buffer += #"{"app":"#.utf8
+        buffer += app.raw
+        buffer += #","seq":"#.utf8
+        appendDecimal(seq, to: &buffer)
+        buffer += #","session":"#.utf8
+        buffer += session.raw
+        buffer += #","time":"#.utf8
+        if let time, time.kind == .string { buffer += time.raw } else { buffer += #""""#.utf8 }
+        buffer += #","type":"#.utf8
+        appendJSONString(type.utf8, to: &buffer)
+        buffer += "}\n".utf8
         linesSinceSnapshot += 1
         if linesSinceSnapshot >= compactEvery || index.entries.count > maxSessions + maxSessions / 10 + 1 {
             try snapshot()

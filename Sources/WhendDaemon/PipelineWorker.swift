@@ -37,43 +37,99 @@ public struct PipelineSpec: Codable, Sendable, Equatable {
 final class CompletionTracker: @unchecked Sendable {
     // Unchecked: guarded by `lock`; completions come from other threads.
     private let lock = NSCondition()
-    /// What each record still waits for (completions and acknowledgements).
-    private var pending: [UInt64: Int] = [:]
-    /// Completions that came before the worker marked the record accepted.
-    private var early: [UInt64: Int] = [:]
+    /// Acknowledgements of derived records each record still waits for.
+    private var derived: [UInt64: Int] = [:]
+    /// Acknowledgements that came before the worker marked the record accepted.
+    private var earlyDerived: [UInt64: Int] = [:]
+    /// Records the deferred stage has, in order (from `deferredHead` on), not completed yet.
+    private var deferred: [UInt64] = []
+    private var deferredHead = 0
+    /// Completed one by one out of order, not yet at the head.
+    private var completedOutOfOrder: Set<UInt64> = []
+    /// Everything up to here is completed (the deferred stage said so with `completeThrough`).
+    private var completedThrough: UInt64 = 0
 
-    /// Record `seq` is done once `count` completions for it have come.
-    func accept(_ seq: UInt64, count: Int) {
-        guard count > 0 else { return }
+    /// Record `seq` is done once `derivedCount` acknowledgements have come, and the deferred
+    /// stage has completed it if `deferredStage`.
+    func accept(_ seq: UInt64, derivedCount: Int, deferredStage: Bool) {
         lock.withLock {
-            let left = count - (early.removeValue(forKey: seq) ?? 0)
-            if left > 0 { pending[seq] = left }
+            if derivedCount > 0 {
+                let left = derivedCount - (earlyDerived.removeValue(forKey: seq) ?? 0)
+                if left > 0 { derived[seq] = left }
+            }
+            if deferredStage && seq > completedThrough && completedOutOfOrder.remove(seq) == nil {
+                deferred.append(seq)
+            }
         }
     }
 
+    /// One record derived from `seq` is stored.
+    func derivedStored(_ seq: UInt64) {
+        lock.withLock {
+            if let left = derived[seq] {
+                derived[seq] = left > 1 ? left - 1 : nil
+                if derived.isEmpty { lock.broadcast() }
+            } else {
+                // Bounded: acknowledgements of records never accepted must not grow this.
+                if earlyDerived.count >= 1 << 16 { earlyDerived.removeAll() }
+                earlyDerived[seq, default: 0] += 1
+            }
+        }
+    }
+
+    /// The deferred stage completed `seq` (in any order).
     func complete(_ seq: UInt64) {
         lock.withLock {
-            if let left = pending[seq] {
-                pending[seq] = left > 1 ? left - 1 : nil
-                if pending.isEmpty { lock.broadcast() }
+            guard seq > completedThrough else { return }
+            if deferredHead < deferred.count && deferred[deferredHead] == seq {
+                deferredHead += 1
+                while deferredHead < deferred.count, completedOutOfOrder.remove(deferred[deferredHead]) != nil {
+                    deferredHead += 1
+                }
+                compact()
             } else {
                 // Bounded: completions of records never accepted must not grow this.
-                if early.count >= 1 << 16 { early.removeAll() }
-                early[seq, default: 0] += 1
+                if completedOutOfOrder.count >= 1 << 20 { completedOutOfOrder.removeAll() }
+                completedOutOfOrder.insert(seq)
             }
+        }
+    }
+
+    /// The deferred stage completed every record it was given up to `seq`.
+    func completeThrough(_ seq: UInt64) {
+        lock.withLock {
+            completedThrough = max(completedThrough, seq)
+            while deferredHead < deferred.count, deferred[deferredHead] <= seq { deferredHead += 1 }
+            compact()
+        }
+    }
+
+    private func compact() {
+        if deferredHead == deferred.count {
+            deferred.removeAll(keepingCapacity: true)
+            deferredHead = 0
+            lock.broadcast()
+        } else if deferredHead > 4096 && deferredHead * 2 > deferred.count {
+            deferred.removeFirst(deferredHead)
+            deferredHead = 0
         }
     }
 
     /// The highest `_seq` up to which everything handled is finished.
     func watermark(acceptedThrough cursor: UInt64) -> UInt64 {
-        lock.withLock { pending.keys.min().map { $0 - 1 } ?? cursor }
+        lock.withLock {
+            var mark = cursor
+            if let oldest = derived.keys.min() { mark = min(mark, oldest - 1) }
+            if deferredHead < deferred.count { mark = min(mark, deferred[deferredHead] - 1) }
+            return mark
+        }
     }
 
     /// Waits until nothing is pending, at most `seconds`.
     func drain(seconds: Double) {
         let deadline = Date().addingTimeInterval(seconds)
         lock.withLock {
-            while !pending.isEmpty && lock.wait(until: deadline) {}
+            while !(derived.isEmpty && deferredHead == deferred.count) && lock.wait(until: deadline) {}
         }
     }
 }
@@ -155,7 +211,8 @@ public enum PipelineWorker {
                         library: library, configuration: stage.configuration,
                         stateDirectory: spec.pluginStateRoot + "/" + stage.plugin, logger: logger,
                         emit: { plugin, json in output.emit(json, origin: plugin) },
-                        complete: { seq in completions.complete(seq) }))
+                        complete: { seq in completions.complete(seq) },
+                        completeThrough: { seq in completions.completeThrough(seq) }))
             }
             chain = PluginChain(instances)
         } catch {
@@ -235,8 +292,9 @@ public enum PipelineWorker {
                     // Finished once the deferred stage completes it (if it reached it) and whend
                     // has stored what it derived.
                     switch outcome {
-                    case .unchanged, .changed: completions.accept(seq, count: output.emitted + (deferred ? 1 : 0))
-                    case .dropped: completions.accept(seq, count: output.emitted)
+                    case .unchanged, .changed:
+                        completions.accept(seq, derivedCount: output.emitted, deferredStage: deferred)
+                    case .dropped: completions.accept(seq, derivedCount: output.emitted, deferredStage: false)
                     case .rejected: break
                     }
                     if case .rejected(let why) = outcome {
@@ -360,7 +418,7 @@ final class WorkerOutput: @unchecked Sendable {
     /// The daemon stored `batch`: the records it came from may be passed.
     func stored(batch: UInt64) {
         let causes = lock.withLock { unacknowledged.removeValue(forKey: batch) } ?? []
-        for cause in causes { completions.complete(cause) }
+        for cause in causes { completions.derivedStored(cause) }
     }
 
     private func send(_ frame: [UInt8]) {

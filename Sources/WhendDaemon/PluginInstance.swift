@@ -23,13 +23,14 @@ final class PluginInstance: @unchecked Sendable {
     init(
         library: PluginLibrary, configuration: String, stateDirectory: String, logger: Logger,
         emit: (@Sendable (String, UnsafeBufferPointer<UInt8>) -> Bool)? = nil,
-        complete: (@Sendable (UInt64) -> Void)? = nil
+        complete: (@Sendable (UInt64) -> Void)? = nil, completeThrough: (@Sendable (UInt64) -> Void)? = nil
     ) throws(PluginLoadError) {
         self.library = library
         self.configuration = configuration
         try? FileManager.default.createDirectory(atPath: stateDirectory, withIntermediateDirectories: true)
         let services = Unmanaged.passRetained(
-            PluginServices(name: library.name, logger: logger, emit: emit, complete: complete))
+            PluginServices(
+                name: library.name, logger: logger, emit: emit, complete: complete, completeThrough: completeThrough))
         self.services = services
         let host = UnsafeMutablePointer<whend_host>.allocate(capacity: 1)
         self.host = host
@@ -37,7 +38,8 @@ final class PluginInstance: @unchecked Sendable {
             to: whend_host(
                 abi_version: WHEND_PLUGIN_ABI_VERSION, struct_size: UInt32(MemoryLayout<whend_host>.size),
                 context: services.toOpaque(), log: hostLog, emit: hostEmit, count: hostCount,
-                state_directory: strdup(stateDirectory), complete: hostComplete))
+                state_directory: strdup(stateDirectory), complete: hostComplete,
+                complete_through: hostCompleteThrough))
         var error = [CChar](repeating: 0, count: 1024)
         let capacity = error.count
         let config = Array(configuration.utf8)
@@ -79,15 +81,17 @@ final class PluginServices: Sendable {
     let counters = NIOLockedValueBox<[String: Int64]>([:])
     let emit: (@Sendable (String, UnsafeBufferPointer<UInt8>) -> Bool)?
     let complete: (@Sendable (UInt64) -> Void)?
+    let completeThrough: (@Sendable (UInt64) -> Void)?
 
     init(
         name: String, logger: Logger, emit: (@Sendable (String, UnsafeBufferPointer<UInt8>) -> Bool)?,
-        complete: (@Sendable (UInt64) -> Void)?
+        complete: (@Sendable (UInt64) -> Void)?, completeThrough: (@Sendable (UInt64) -> Void)?
     ) {
         self.name = name
         self.logger = logger
         self.emit = emit
         self.complete = complete
+        self.completeThrough = completeThrough
     }
 }
 
@@ -119,6 +123,11 @@ private let hostEmit: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<UI
 private let hostComplete: @convention(c) (UnsafeMutableRawPointer?, UInt64) -> Void = { context, seq in
     guard let context else { return }
     Unmanaged<PluginServices>.fromOpaque(context).takeUnretainedValue().complete?(seq)
+}
+
+private let hostCompleteThrough: @convention(c) (UnsafeMutableRawPointer?, UInt64) -> Void = { context, seq in
+    guard let context else { return }
+    Unmanaged<PluginServices>.fromOpaque(context).takeUnretainedValue().completeThrough?(seq)
 }
 
 private let hostCount: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>?, Int64) -> Void = {

@@ -50,6 +50,8 @@ func seqPrefix(_ line: UnsafeBufferPointer<UInt8>) -> UInt64? {
 /// moves to the next segment once the writer opens it.
 public struct JournalReader: Sendable {
     public let directory: JournalDirectory
+    /// How long a following reader waits for a change it is not told of (inotify tells it of
+    /// every commit; this bounds the wait where inotify is missing).
     public var pollInterval: TimeInterval = 0.1
 
     public init(directory: JournalDirectory) {
@@ -72,6 +74,8 @@ public struct JournalReader: Sendable {
         onCaughtUp: () -> Bool = { true },
         onProblem: (JournalProblem) -> Void
     ) {
+        // Watching before the first read: a commit between the last read and the wait still wakes it.
+        let changes = follow ? JournalChangeWaiter(directory: directory.path) : nil
         var segments = directory.segments()
         var position = startPosition(segments, fromSeq: fromSeq, sinceMicros: sinceMicros)
         var lastSeqSeen: UInt64 = 0
@@ -79,7 +83,7 @@ public struct JournalReader: Sendable {
             guard let (index, startOffset) = position, index < segments.count else {
                 // Nothing to read yet (an empty journal): wait for a first segment if following.
                 guard follow, onCaughtUp() else { return }
-                Thread.sleep(forTimeInterval: pollInterval)
+                changes?.wait(timeout: pollInterval)
                 segments = directory.segments()
                 position =
                     segments.isEmpty
@@ -167,7 +171,7 @@ public struct JournalReader: Sendable {
                     stop = true
                     break reading
                 }
-                Thread.sleep(forTimeInterval: pollInterval)
+                changes?.wait(timeout: pollInterval)
                 let now = directory.segments()
                 if now.last.map({ $0.firstSeq > segment.firstSeq }) == true {
                     // The writer moved on: this segment is sealed; read what remains, then go on.

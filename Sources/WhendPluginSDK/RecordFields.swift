@@ -182,11 +182,13 @@ func forEachMember(
         skipValue()
         let valueEnd = min(i, n)
         guard valueEnd > valueStart else { return }
+        // Only a member that is whole: followed by `,` or `}` (a cut record ends early).
+        skipSpace()
+        guard i < n, bytes[i] == UInt8(ascii: ",") || bytes[i] == UInt8(ascii: "}") else { return }
         guard body(UnsafeBufferPointer(rebasing: bytes[keyStart..<keyEnd]), escaped, valueStart..<valueEnd) else {
             return
         }
-        skipSpace()
-        guard i < n, bytes[i] == UInt8(ascii: ",") else { return }
+        guard bytes[i] == UInt8(ascii: ",") else { return }
         i += 1
     }
 }

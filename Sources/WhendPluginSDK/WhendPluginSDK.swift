@@ -155,6 +155,18 @@ public struct PluginHost: @unchecked Sendable {
         complete(host.pointee.context, seq)
     }
 
+    /// For a `.deferred` stage that finishes records in the order it was given them: every
+    /// record up to and including `seq` is done (one call for many). Callable from any thread.
+    /// Falls back to nothing on a host that predates it only where there is no cursor.
+    public func complete(through seq: UInt64) {
+        let minimum =
+            MemoryLayout<whend_host>.offset(of: \whend_host.complete_through)! + MemoryLayout<UnsafeRawPointer>.size
+        guard Int(host.pointee.struct_size) >= minimum, let completeThrough = host.pointee.complete_through else {
+            return
+        }
+        completeThrough(host.pointee.context, seq)
+    }
+
     /// The plugin's own directory, kept across restarts.
     public var stateDirectory: String { String(cString: host.pointee.state_directory) }
 }

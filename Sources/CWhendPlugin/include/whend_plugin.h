@@ -75,6 +75,10 @@ typedef struct whend_host {
     /* Added within ABI 1 (present when struct_size covers it): a WHEND_ROLE_DEFERRED plugin
      * says that record `seq` is done. Callable from any thread. */
     void (*complete)(void *context, uint64_t seq);
+    /* Added within ABI 1 (present when struct_size covers it): a WHEND_ROLE_DEFERRED plugin that
+     * finishes records in the order it was given them says that every record it was given up to
+     * and including `seq` is done: one call for many. Callable from any thread. */
+    void (*complete_through)(void *context, uint64_t seq);
 } whend_host;
 
 typedef struct whend_plugin {

@@ -1,0 +1,98 @@
+import Foundation
+import Testing
+import WhendPluginSDK
+
+private func withRecord<R>(_ text: String, seq: UInt64 = 1, _ body: (PluginRecord) throws -> R) rethrows -> R {
+    try Array(text.utf8).withUnsafeBufferPointer { try body(PluginRecord(bytes: $0, seq: seq)) }
+}
+
+@Suite struct PluginRecordTests {
+    @Test func everyWellKnownFieldIsFoundWhereverItStands() {
+        var object: [String] = []
+        for (i, field) in RecordField.allCases.enumerated() { object.append(#""\#(field.key)":"v\#(i)""#) }
+        let text = "{" + object.reversed().joined(separator: ",") + "}"
+        withRecord(text) { r in
+            for (i, field) in RecordField.allCases.enumerated() {
+                #expect(r.string(field) == "v\(i)", "\(field)")
+            }
+        }
+    }
+
+    @Test func nestedValuesStringsWithBracesAndEscapedKeysDoNotMislead() {
+        let text =
+            #"{"_seq":9,"params":{"type":"inner","a":[1,{"b":"}]\"{"}]},"note":"\"type\":\"fake\"","typ\u0065":"lifecycle","em\u0061il":"x@y","type":"second","flag":true,"n":-1.5e3,"screen":"Caf\u00e9"}"#
+        withRecord(text) { r in
+            // The escaped spelling is the key `type`, and the first occurrence wins.
+            #expect(r.has(.type, "lifecycle"))
+            #expect(r[.params]?.kind == .object)
+            #expect(r.field("email")?.string == "x@y")
+            #expect(r.field("flag")?.bool == true)
+            #expect(r.field("n")?.double == -1500)
+            #expect(r[.seq]?.uint64 == 9)
+            #expect(r.string(.screen) == "Café")
+            #expect(r[.screen]?.isString("Café") == true)
+            #expect(r.field("missing") == nil)
+        }
+    }
+
+    @Test func aRecordCutAtEveryByteNeitherCrashesNorInventsAField() {
+        let text = #"{"type":"navigation","action":"push","params":{"a":"b\"c","d":[1,2,{"e":null}]},"screen":"X"}"#
+        let bytes = Array(text.utf8)
+        for end in 0...bytes.count {
+            Array(bytes[0..<end]).withUnsafeBufferPointer { b in
+                let r = PluginRecord(bytes: b, seq: 0)
+                // Only whole members are read: the screen only once `"X"` and what follows it are in.
+                if let screen = r[.screen] { #expect(end >= bytes.count - 1 && screen.isString("X")) }
+                _ = r.field("d")
+            }
+        }
+    }
+
+    @Test func timesAreReadAsSecondsWithAndWithoutOffsets() {
+        withRecord(#"{"ts":"2026-11-21T13:44:59.5Z","_rt":"2026-11-21T13:45:00Z"}"#) { r in
+            #expect(r.seconds == 1_795_268_699.5)
+        }
+        withRecord(#"{"_rt":"2026-11-21T14:45:00+01:00"}"#) { r in #expect(r.seconds == 1_795_268_700) }
+    }
+
+    @Test func theWriterKeepsKeyOrderEscapesStringsAndWritesNumbersExactly() throws {
+        var out = JSONObjectWriter()
+        out.string("z", "quote \" backslash \\ newline \n tab \t bell \u{07} é")
+        out.number("a", 2.089)
+        out.number("b", 0.05)
+        out.number("c", 2.0)
+        out.number("d", -0.5)
+        out.number("e", UInt64.max)
+        out.number("f", -42)
+        out.bool("g", false)
+        out.null("h")
+        out.raw("i", Array(#"{"x":[1]}"#.utf8))
+        let text = String(decoding: out.bytes, as: UTF8.self)
+        #expect(
+            text
+                == #"{"z":"quote \" backslash \\ newline \n tab \t bell \u0007 é","a":2.089,"b":0.05,"c":2,"d":-0.5,"e":18446744073709551615,"f":-42,"g":false,"h":null,"i":{"x":[1]}}"#
+        )
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(out.bytes)) as? [String: Any])
+        #expect(object["z"] as? String == "quote \" backslash \\ newline \n tab \t bell \u{07} é")
+        #expect(JSONObjectWriter().bytes == Array("{}".utf8))
+    }
+
+    @Test func sessionsAreOneWhateverTheSpellingAndTwoAcrossApps() {
+        let a = withRecord(#"{"app":"com.a","session":"s1"}"#) { SessionID($0) }
+        let b = withRecord(#"{"app":"com.\u0061","session":"s1"}"#) { SessionID($0) }
+        let c = withRecord(#"{"app":"com.b","session":"s1"}"#) { SessionID($0) }
+        let d = withRecord(#"{"app":"com.as","session":"1"}"#) { SessionID($0) }
+        #expect(a == b)
+        #expect(a != c)
+        #expect(a != d)
+    }
+
+    @Test func boundedSessionsKeepAtMostTheirLimit() {
+        var sessions = BoundedSessions<Int>(limit: 100)
+        for i in 0..<1000 {
+            let id = withRecord(#"{"app":"a","session":"\#(i)"}"#) { SessionID($0) }
+            sessions.with(id, seq: UInt64(i), make: { 0 }) { $0 += 1 }
+            #expect(sessions.count <= 100)
+        }
+    }
+}
