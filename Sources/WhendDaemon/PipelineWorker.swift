@@ -39,6 +39,10 @@ final class CompletionTracker: @unchecked Sendable {
     private let lock = NSCondition()
     /// Acknowledgements of derived records each record still waits for.
     private var derived: [UInt64: Int] = [:]
+    /// The records in `derived`, in the order accepted (ascending), from `derivedHead` on; some
+    /// may be done already (removed from `derived`): the watermark skips them.
+    private var derivedOrder: [UInt64] = []
+    private var derivedHead = 0
     /// Acknowledgements that came before the worker marked the record accepted.
     private var earlyDerived: [UInt64: Int] = [:]
     /// Records the deferred stage has, in order (from `deferredHead` on), not completed yet.
@@ -55,7 +59,10 @@ final class CompletionTracker: @unchecked Sendable {
         lock.withLock {
             if derivedCount > 0 {
                 let left = derivedCount - (earlyDerived.removeValue(forKey: seq) ?? 0)
-                if left > 0 { derived[seq] = left }
+                if left > 0 {
+                    derived[seq] = left
+                    derivedOrder.append(seq)
+                }
             }
             if deferredStage && seq > completedThrough && completedOutOfOrder.remove(seq) == nil {
                 deferred.append(seq)
@@ -119,7 +126,16 @@ final class CompletionTracker: @unchecked Sendable {
     func watermark(acceptedThrough cursor: UInt64) -> UInt64 {
         lock.withLock {
             var mark = cursor
-            if let oldest = derived.keys.min() { mark = min(mark, oldest - 1) }
+            // The oldest still waiting: amortised O(1), where `derived.keys.min()` was a scan.
+            while derivedHead < derivedOrder.count, derived[derivedOrder[derivedHead]] == nil { derivedHead += 1 }
+            if derivedHead == derivedOrder.count {
+                derivedOrder.removeAll(keepingCapacity: true)
+                derivedHead = 0
+            } else if derivedHead > 4096 && derivedHead * 2 > derivedOrder.count {
+                derivedOrder.removeFirst(derivedHead)
+                derivedHead = 0
+            }
+            if derivedHead < derivedOrder.count { mark = min(mark, derivedOrder[derivedHead] - 1) }
             if deferredHead < deferred.count { mark = min(mark, deferred[deferredHead] - 1) }
             return mark
         }

@@ -10,32 +10,46 @@ extension SessionDigest {
 /// Per-session state with a bound: at most `limit` sessions are kept; past it, the least
 /// recently seen tenth is forgotten (a session that comes back starts afresh). A plugin's memory
 /// is then bounded by its configuration, whatever the number of sessions clients open.
-public struct BoundedSessions<State> {
-    public private(set) var states: [SessionID: (state: State, seen: UInt64)] = [:]
+///
+/// Inlinable, so that a plugin's use of it is specialised for its state type: a generic call
+/// across the library boundary looked up tuple metadata at run time for every record.
+@frozen public struct BoundedSessions<State> {
+    @usableFromInline var entries: [SessionID: Entry] = [:]
     public let limit: Int
 
-    public init(limit: Int) { self.limit = max(1, limit) }
+    @usableFromInline struct Entry {
+        @usableFromInline var state: State
+        @usableFromInline var seen: UInt64
+        @inlinable init(state: State, seen: UInt64) {
+            self.state = state
+            self.seen = seen
+        }
+    }
 
-    public var count: Int { states.count }
+    @inlinable public init(limit: Int) { self.limit = max(1, limit) }
+
+    @inlinable public var count: Int { entries.count }
 
     /// Runs `body` on the state of `key` (made by `make` if new), marking it seen at `seq`.
-    public mutating func with<R>(_ key: SessionID, seq: UInt64, make: () -> State, _ body: (inout State) -> R) -> R {
+    @inlinable public mutating func with<R>(
+        _ key: SessionID, seq: UInt64, make: () -> State, _ body: (inout State) -> R
+    ) -> R {
         let result: R
-        if let index = states.index(forKey: key) {
+        if let index = entries.index(forKey: key) {
             // In place: no copy of the state on the way in or out.
-            result = body(&states.values[index].state)
-            states.values[index].seen = seq
+            result = body(&entries.values[index].state)
+            entries.values[index].seen = seq
         } else {
             var state = make()
             result = body(&state)
-            states[key] = (state, seq)
-            if states.count > limit { forgetOldest() }
+            entries[key] = Entry(state: state, seen: seq)
+            if entries.count > limit { forgetOldest() }
         }
         return result
     }
 
-    private mutating func forgetOldest() {
-        let cut = states.values.map(\.seen).sorted()[limit / 10]
-        states = states.filter { $0.value.seen > cut }
+    @inlinable mutating func forgetOldest() {
+        let cut = entries.values.map(\.seen).sorted()[limit / 10]
+        entries = entries.filter { $0.value.seen > cut }
     }
 }

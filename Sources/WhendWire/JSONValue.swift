@@ -77,10 +77,15 @@ public struct JSONValue {
     }
 }
 
-/// Byte-wise equality of two views.
+/// Byte-wise equality of two views. Short ones (keys, names) are compared in line: a call to
+/// memcmp costs more than the comparison itself there.
 @inline(__always)
 public func bytesEqual(_ a: UnsafeBufferPointer<UInt8>, _ b: UnsafeBufferPointer<UInt8>) -> Bool {
     guard a.count == b.count else { return false }
     guard let pa = a.baseAddress, let pb = b.baseAddress else { return true }
+    if a.count <= 32 {
+        for i in 0..<a.count where pa[i] != pb[i] { return false }
+        return true
+    }
     return memcmp(pa, pb, a.count) == 0
 }
