@@ -44,6 +44,8 @@ final class PipelineSupervisor: @unchecked Sendable {
     private let acknowledgementQueue = DispatchQueue(label: "whend-pipeline-acks")
     let state = NIOLockedValueBox(State())
     private let finished = DispatchSemaphore(value: 0)
+    /// Signalled by `stop()`: a supervisor waiting out its restart backoff stops at once.
+    private let stopSignal = DispatchSemaphore(value: 0)
 
     init(
         spec: PipelineSpec, executable: String, watchdog: TimeInterval, logger: Logger,
@@ -126,6 +128,7 @@ final class PipelineSupervisor: @unchecked Sendable {
             return $0.pid
         }
         if pid > 0 { kill(pid, SIGTERM) }
+        stopSignal.signal()
         if finished.wait(timeout: .now() + grace) == .timedOut {
             let pid = state.withLockedValue { $0.pid }
             if pid > 0 { kill(pid, SIGKILL) }
@@ -155,7 +158,8 @@ final class PipelineSupervisor: @unchecked Sendable {
             if Date().timeIntervalSince(started) > 60 { backoff = 0.1 }
             logger.error("pipeline \(spec.name): worker \(exit); restarting in \(String(format: "%.1f", backoff)) s")
             state.withLockedValue { $0.restarts += 1 }
-            Thread.sleep(forTimeInterval: backoff)
+            // Not a plain sleep: a stop must not wait out a backoff of up to 10 s.
+            if stopSignal.wait(timeout: .now() + backoff) == .success { break }
             backoff = min(10, backoff * 2)
         }
         finished.signal()

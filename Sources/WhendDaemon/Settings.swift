@@ -181,11 +181,11 @@ public enum Settings {
             return c.pluginDirectories.allSatisfy { $0.hasPrefix("/") }
         },
         Setting(
-            key: "ingest", allowed: "plugin names separated by ','", help: "the ingest middleware, in order",
+            key: "ingest", allowed: "plugin names separated by ',', each once", help: "the ingest middleware, in order",
             reload: .live, value: { $0.ingestPlugins.joined(separator: ",") }
         ) { c, v in
-            c.ingestPlugins = v.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
-                .filter { !$0.isEmpty }
+            guard let plugins = pluginList(v) else { return false }
+            c.ingestPlugins = plugins
             return true
         },
         Setting(
@@ -239,10 +239,10 @@ public enum Settings {
     /// `pipeline.<name> = a, b`: a pipeline and its plugins, in order.
     static func pipelineSetting(_ name: String) -> Setting {
         Setting(
-            key: "pipeline.\(name)", allowed: "plugin names separated by ','", help: "pipeline \(name)",
+            key: "pipeline.\(name)", allowed: "plugin names separated by ',', each once", help: "pipeline \(name)",
             reload: .live, value: { $0.pipelines[name]?.joined(separator: ",") ?? "" }
         ) { c, v in
-            let plugins = v.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+            guard let plugins = pluginList(v) else { return false }
             guard
                 name.utf8.allSatisfy({
                     $0 == 0x2D || $0 == 0x5F || (0x30...0x39).contains($0) || (0x61...0x7A).contains($0)
@@ -251,6 +251,13 @@ public enum Settings {
             c.pipelines[name] = plugins
             return true
         }
+    }
+
+    /// Plugin names in order; nil if one is named twice (a chain holds one instance of a
+    /// plugin: named twice, its `next` would call into itself while it handles the record).
+    static func pluginList(_ value: String) -> [String]? {
+        let plugins = value.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+        return Set(plugins).count == plugins.count ? plugins : nil
     }
 
     static func setting(_ key: String) -> Setting? {
@@ -311,7 +318,8 @@ public enum Settings {
     }
 
     /// Reads a configuration file: one `key = value` a line; `#` starts a comment; a value may
-    /// be "quoted" (then `\"` and `\\` are its escapes).
+    /// be "quoted" (then `\"` and `\\` are its escapes), and a JSON value (`{…}` or `[…]`) runs
+    /// to its closing bracket, `#` in its strings included.
     public static func parse(_ text: String, path: String) throws(SettingError) -> [SettingValue] {
         var values: [SettingValue] = []
         var seen: [String: Int] = [:]
@@ -319,10 +327,8 @@ public enum Settings {
         // would join a CRLF file into one line.
         for (number, raw) in text.split(omittingEmptySubsequences: false, whereSeparator: \.isNewline).enumerated() {
             let source = "\(path):\(number + 1)"
-            var line = Substring(raw)
-            if let hash = line.firstIndex(of: "#"), !line[..<hash].contains("\"") { line = line[..<hash] }
-            let trimmed = line.trimmingCharacters(in: .whitespaces)
-            if trimmed.isEmpty { continue }
+            let trimmed = raw.trimmingCharacters(in: .whitespaces)
+            if trimmed.isEmpty || trimmed.hasPrefix("#") { continue }
             guard let eq = trimmed.firstIndex(of: "=") else {
                 throw SettingError(description: "\(source): expected key = value, got \"\(trimmed)\"")
             }
@@ -359,6 +365,18 @@ public enum Settings {
                     )
                 }
                 value = unquoted
+            } else if value.hasPrefix("{") || value.hasPrefix("[") {
+                // A JSON value (a plugin's configuration) runs to its closing bracket: a `#`
+                // inside its strings is part of it; after it, only a comment.
+                guard let end = jsonValueEnd(value) else {
+                    throw SettingError(description: "\(source): the JSON value of \(key) is not closed on its line")
+                }
+                let rest = value[end...].trimmingCharacters(in: .whitespaces)
+                guard rest.isEmpty || rest.hasPrefix("#") else {
+                    throw SettingError(
+                        description: "\(source): \"\(rest)\" after the JSON value of \(key); put a # before a comment")
+                }
+                value = String(value[..<end])
             } else if let hash = value.firstIndex(of: "#") {
                 value = value[..<hash].trimmingCharacters(in: .whitespaces)
             }
@@ -369,6 +387,38 @@ public enum Settings {
             values.append(SettingValue(key: key, value: value, source: source))
         }
         return values
+    }
+
+    /// Where the JSON object or array at the start of `text` ends (just past its closing
+    /// bracket), minding strings and their escapes; nil if it does not close.
+    static func jsonValueEnd(_ text: String) -> String.Index? {
+        var depth = 0
+        var inString = false
+        var escaped = false
+        var i = text.startIndex
+        while i < text.endIndex {
+            let ch = text[i]
+            i = text.index(after: i)
+            if inString {
+                if escaped {
+                    escaped = false
+                } else if ch == "\\" {
+                    escaped = true
+                } else if ch == "\"" {
+                    inString = false
+                }
+                continue
+            }
+            switch ch {
+            case "\"": inString = true
+            case "{", "[": depth += 1
+            case "}", "]":
+                depth -= 1
+                if depth == 0 { return i }
+            default: break
+            }
+        }
+        return nil
     }
 
     /// `WHEND_<KEY>` variables for every key (`WHEND_SOCKET` is also the protocol's own).

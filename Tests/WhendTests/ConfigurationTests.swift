@@ -138,4 +138,30 @@ import WhendWire
         #expect(throws: SettingError.self) { try parse(#"socket = "/a" trailing"#) }
         #expect(throws: SettingError.self) { try parse(#"socket = "/a\"#) }
     }
+
+    /// A plugin's JSON may hold `#` (a colour, a URL fragment, a secret) without quoting the
+    /// whole value; a comment may follow it.
+    @Test func aJSONValueRunsToItsClosingBracketHashesIncluded() throws {
+        let c = try parse(
+            #"plugin.analytics = {"write_key": "k#1", "endpoint": "http://127.0.0.1/#frag", "x": "a\"}#"}  # the key"#
+                + "\npipeline.a = screen-tracking # one stage\n")
+        #expect(
+            c.pluginConfigurations["analytics"]
+                == #"{"write_key": "k#1", "endpoint": "http://127.0.0.1/#frag", "x": "a\"}#"}"#)
+        #expect(c.pipelines["a"] == ["screen-tracking"])
+        #expect(throws: SettingError.self) { try parse(#"plugin.x = {"a": "b"} trailing"#) }
+        #expect(throws: SettingError.self) { try parse(#"plugin.x = {"a": "b""#) }
+    }
+
+    /// A chain holds one instance of a plugin: named twice, its `next` would re-enter it.
+    @Test func aPluginNamedTwiceInOneChainIsRefused() throws {
+        for text in ["ingest = redact, redact", "pipeline.p = screen-tracking, analytics, screen-tracking"] {
+            #expect {
+                try parse(text)
+            } throws: { error in
+                "\(error)".contains("each once")
+            }
+        }
+        #expect(try parse("ingest = redact").ingestPlugins == ["redact"])
+    }
 }

@@ -50,9 +50,11 @@ func buildTestPlugin(_ source: String, into directory: String, name: String, def
             #"{"type":"when","name":"debugTrace","params":{"email":"ann@example.com"}}"#,
             #"{"type":"when","name":"forbidden"}"#,
             #"{"type":"screen","name":"Settings","id":"s-1"}"#,
+            // The same key spelled with an escape is the same key: redacted all the same.
+            #"{"type":"when","name":"escaped","params":{"em\u0061il":"escaped@x.com","step":2}}"#,
         ]
         let answers = try exchange(daemon.socketPath, [helloWithAcks] + events)
-        #expect(answers.acks.last == 4)
+        #expect(answers.acks.last == 5)
         #expect(answers.errors.map(\.code) == ["rejected"])
         #expect(answers.errors.first?.event == 3)
         #expect(answers.errors.first?.message.contains("gate") == true)
@@ -61,7 +63,7 @@ func buildTestPlugin(_ source: String, into directory: String, name: String, def
         let listed = try daemon.whenctl(["plugins"])
         #expect(listed.status == 0 && listed.output.contains("redact 1.0.0 (ABI 1)"), "\(listed.output)")
         // The counter the C plugin keeps through the host: it saw all four events.
-        #expect(listed.output.contains("gate 0.1.0 (ABI 1) running in ingest; seen 4"), "\(listed.output)")
+        #expect(listed.output.contains("gate 0.1.0 (ABI 1) running in ingest; seen 5"), "\(listed.output)")
 
         // An ABI this whend does not speak: refused with the reason, never called; the daemon
         // carries on with the chain it had.
@@ -83,9 +85,10 @@ func buildTestPlugin(_ source: String, into directory: String, name: String, def
         // The journal: the changed event without its secrets but with its trusted fields, the
         // screen; not the dropped or the rejected one.
         let records = daemon.records()
-        #expect(records.map { $0["name"] as? String } == ["changeEmail", "Settings", "changeEmail"])
+        #expect(records.map { $0["name"] as? String } == ["changeEmail", "Settings", "escaped", "changeEmail"])
         let journalText = try runCommand(executable("whenctl"), ["cat", "--state-dir", daemon.stateDirectory]).output
         #expect(!journalText.contains("ann@example.com") && !journalText.contains("password"))
+        #expect(!journalText.contains("escaped@x.com"), "\(journalText)")
         #expect((records[0]["params"] as? [String: Any])?["step"] as? Int == 1)
         #expect(records[0]["_pid"] as? Int == Int(getpid()) && records[0]["_comm"] != nil)
     }

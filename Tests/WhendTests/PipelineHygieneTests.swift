@@ -1,0 +1,52 @@
+import Foundation
+import Testing
+
+/// The pipeline workers as other local users and the service manager see them.
+@Suite(.serialized) struct PipelineHygieneTests {
+    /// Plugin configuration (a write key) never reaches a worker's command line, which every
+    /// local user can read in /proc/PID/cmdline; the worker gets it over a pipe.
+    @Test func aPluginsSecretIsNotOnTheWorkersCommandLine() throws {
+        let directory = scratchDirectory("secret-conf")
+        let secret = "wk-\(UInt32.random(in: 0...UInt32.max))"
+        try """
+        plugin.analytics = {"write_key": "\(secret)", "endpoint": "http://127.0.0.1:9/v1/batch"}
+        """.write(toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
+        let daemon = DaemonProcess(
+            "secret", arguments: ["--builtin-pipelines", "true", "--config", directory + "/whend.conf"])
+        try daemon.start()
+        var workers: [Int] = []
+        #expect(
+            eventually {
+                let pipelines = (try? daemon.status())?["pipelines"] as? [[String: Any]] ?? []
+                workers = pipelines.compactMap { $0["pid"] as? Int }.filter { $0 > 0 }
+                return workers.count == 4
+            })
+        for pid in workers {
+            let cmdline = (try? Data(contentsOf: URL(fileURLWithPath: "/proc/\(pid)/cmdline"))) ?? Data()
+            #expect(!cmdline.isEmpty)
+            #expect(!String(decoding: cmdline, as: UTF8.self).contains(secret), "worker \(pid)")
+            let environ = (try? Data(contentsOf: URL(fileURLWithPath: "/proc/\(pid)/environ"))) ?? Data()
+            #expect(!String(decoding: environ, as: UTF8.self).contains(secret), "worker \(pid)")
+        }
+        #expect(daemon.stop() == 0)
+    }
+
+    /// A pipeline whose worker keeps failing waits longer and longer between restarts (up to
+    /// 10 s); a graceful stop does not wait that out.
+    @Test func aStopDoesNotWaitOutAPipelinesRestartBackoff() throws {
+        let directory = scratchDirectory("backoff-conf")
+        // Nowhere to send: analytics will not start, so its worker exits at once, again and again.
+        try """
+        pipeline.failing = analytics
+        plugin.analytics = {"file": null}
+        """.write(toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
+        let daemon = DaemonProcess(
+            "backoff", arguments: ["--config", directory + "/whend.conf", "--shutdown-timeout", "3"])
+        try daemon.start()
+        #expect(daemon.waitForLog("restarting in 3.2 s", seconds: 20), "\(daemon.log)")
+        let started = Date()
+        #expect(daemon.stop() == 0)
+        let took = Date().timeIntervalSince(started)
+        #expect(took < 2, "the stop took \(took) s")
+    }
+}
