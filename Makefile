@@ -35,8 +35,13 @@ release: deps
 run: build
 	.build/debug/whend
 
+# Warnings in whend's own code fail the build (a dropped result is often a dropped error).
 test: test-deps
-	$(SWIFT) build --build-tests
+	@mkdir -p .build
+	@$(SWIFT) build --build-tests > .build/build-tests.log 2>&1; status=$$?; cat .build/build-tests.log; \
+	if [ $$status -ne 0 ]; then exit $$status; fi; \
+	if grep -E "^$(CURDIR)/(Sources|Plugins|Tests)/[^:]+:[0-9]+:[0-9]+: warning:" .build/build-tests.log; then \
+		echo "warnings in whend's code are errors: fix the above"; exit 1; fi
 	$(SWIFT) test --skip-build
 
 # Longer variants of the reliability tests: SOAK_ROUNDS SIGKILL rounds instead of 20.

@@ -318,16 +318,26 @@ final class AnalyticsSender: @unchecked Sendable {
         return body
     }
 
+    /// Appends to the NDJSON destination; throws (and the batch is written again later) when it
+    /// cannot, so that no batch is counted sent that is not in the file.
     static func append(_ bytes: [UInt8], to path: String) throws {
-        if !FileManager.default.fileExists(atPath: path) {
-            try FileManager.default.createDirectory(
-                atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
-            FileManager.default.createFile(atPath: path, contents: nil)
+        try FileManager.default.createDirectory(
+            atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        let fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { throw PluginError.fail("cannot open \(path): \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        var done = 0
+        while done < bytes.count {
+            let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + done, $0.count - done) }
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else {
+                let reason = String(cString: strerror(errno))
+                // Whole lines only: what was written of this one is cut off again.
+                if done > 0 { _ = ftruncate(fd, lseek(fd, 0, SEEK_END) - off_t(done)) }
+                throw PluginError.fail("cannot write \(path): \(reason)")
+            }
+            done += n
         }
-        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: path))
-        defer { try? handle.close() }
-        try handle.seekToEnd()
-        try handle.write(contentsOf: bytes)
     }
 
     /// POSTs one batch until it is accepted (true), dropped for a 4xx (true: nothing more to

@@ -17,13 +17,10 @@ public enum CrashReportStore {
     }
 }
 
-/// Written beside and renamed: a reader never sees half a file.
+/// Written beside, synced and renamed (`DurableFile`): a reader, or whend after a power cut,
+/// never sees half a file.
 public func writeFileAtomically(_ bytes: [UInt8], to path: String) throws {
-    let temporary = path + ".tmp"
-    try Data(bytes).write(to: URL(fileURLWithPath: temporary))
-    guard rename(temporary, path) == 0 else {
-        throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: path])
-    }
+    try DurableFile.replace(path, with: bytes)
 }
 
 /// The session index session-recorder keeps and `whenctl sessions` reads: a snapshot

@@ -284,8 +284,14 @@ public enum PipelineWorker {
             guard saveDue || progressDue else { return }
             let durable = completions.watermark(acceptedThrough: cursor)
             if saveDue, durable != savedCursor {
-                save(durable, to: spec.cursorPath)
-                savedCursor = durable
+                do {
+                    try save(durable, to: spec.cursorPath)
+                    savedCursor = durable
+                } catch {
+                    // The old cursor stands (records are handled again, never skipped); tried
+                    // again at the next save.
+                    logger.error("pipeline \(spec.name): \(error); the cursor stays at \(savedCursor)")
+                }
                 lastSave = now
             }
             if progressDue {
@@ -317,12 +323,17 @@ public enum PipelineWorker {
                         attempt += 1
                         failures += 1
                         if spec.retryLimit > 0 && attempt >= spec.retryLimit {
-                            deadLetter(record.line, seq: seq, why: why, to: spec.deadLetterPath)
-                            deadLetters += 1
-                            logger.error(
-                                "pipeline \(spec.name): _seq \(seq) failed \(attempt) times (\(why)); written to \(spec.deadLetterPath)"
-                            )
-                            break
+                            do {
+                                try deadLetter(record.line, seq: seq, why: why, to: spec.deadLetterPath)
+                                deadLetters += 1
+                                logger.error(
+                                    "pipeline \(spec.name): _seq \(seq) failed \(attempt) times (\(why)); written to \(spec.deadLetterPath)"
+                                )
+                                break
+                            } catch {
+                                // Not in the dead letters: not passed either. Tried again below.
+                                logger.error("pipeline \(spec.name): _seq \(seq) cannot go to the dead letters: \(error)")
+                            }
                         }
                         let delay = min(30, 0.05 * pow(2, Double(min(attempt, 20))))
                         if attempt == 1 || attempt % 10 == 0 {
@@ -365,23 +376,22 @@ public enum PipelineWorker {
         exit(0)
     }
 
-    /// Written beside, then renamed: a crash leaves the old cursor or the new one, never half.
-    static func save(_ cursor: UInt64, to path: String) {
-        let temporary = path + ".new"
-        guard (try? "\(cursor)\n".write(toFile: temporary, atomically: false, encoding: .utf8)) != nil else { return }
-        rename(temporary, path)
+    /// A crash or a power cut leaves the old cursor or the new one, never half (`DurableFile`).
+    static func save(_ cursor: UInt64, to path: String) throws(DurableFileError) {
+        try DurableFile.replace(path, with: Array("\(cursor)\n".utf8))
     }
 
-    static func deadLetter(_ line: UnsafeBufferPointer<UInt8>, seq: UInt64, why: String, to path: String) {
+    /// One line in the pipeline's dead letters, synced: the record is passed only once it is
+    /// there.
+    static func deadLetter(_ line: UnsafeBufferPointer<UInt8>, seq: UInt64, why: String, to path: String)
+        throws(DurableFileError)
+    {
         var entry = Array(#"{"_seq":\#(seq),"error":"#.utf8)
-        appendJSONString(Array(why.utf8), to: &entry)
-        entry += Array(#","record":"#.utf8)
+        appendJSONString(why.utf8, to: &entry)
+        entry += #","record":"#.utf8
         entry += line
-        entry += Array("}\n".utf8)
-        let fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { return }
-        _ = entry.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        close(fd)
+        entry += "}\n".utf8
+        try DurableFile.append(entry, to: path, sync: true)
     }
 }
 

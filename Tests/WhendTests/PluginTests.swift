@@ -235,7 +235,7 @@ func isInOrderAtLeastOnce(_ seqs: [Int], upTo n: Int) -> Bool {
     @Test func aPipelineWhoseDestinationIsDownCatchesUpAcrossARestart() throws {
         let (daemon, seen) = try pipelineDaemon("pipe-down")
         let down = (seen as NSString).deletingLastPathComponent + "/down"
-        FileManager.default.createFile(atPath: down, contents: nil)
+        #expect(FileManager.default.createFile(atPath: down, contents: nil))
         try daemon.start()
         let first = (1...50).map { #"{"type":"when","name":"tap","id":"a\#($0)"}"# }
         #expect(try exchange(daemon.socketPath, [helloWithAcks] + first).acks.last == 50)
