@@ -48,6 +48,8 @@ public final class Daemon: Sendable {
     private let lastRateReport = NIOLockedValueBox<Date>(Date())
     private let nextConnectionID = NIOLockedValueBox<UInt64>(0)
     let supervisors = NIOLockedValueBox<[String: PipelineSupervisor]>([:])
+    /// Records retention deleted before a pipeline read them, by pipeline (since start).
+    let retentionLosses = NIOLockedValueBox<[String: UInt64]>([:])
     /// Plugins `whenctl plugins unload` took out of routing, until `load` puts them back.
     let unloaded = NIOLockedValueBox<Set<String>>([])
 
@@ -98,6 +100,13 @@ public final class Daemon: Sendable {
         // The watchdog is fed from the journal writer's loop: if that loop hangs, pings stop.
         let notifier = self.notifier
         let metrics = self.metrics
+        // Retention waits for every configured pipeline's durable cursor.
+        writer.waitForReaders { [weak self] in
+            self?.pipelineCursors() ?? []
+        } onLoss: { [weak self] pipeline, first, last in
+            self?.retentionLosses.withLockedValue { $0[pipeline, default: 0] += last - first + 1 }
+            self?.metrics.lostToRetention(pipeline: pipeline, records: last - first + 1)
+        }
         writer.start(heartbeatInterval: notifier.watchdogInterval ?? 1) { [weak self] in
             notifier.watchdog()
             self?.publishStatusIfDue()

@@ -35,6 +35,7 @@ final class DaemonMetrics: Sendable {
     private let journalSegmentsGauge: CoreMetrics.Gauge
     private let factory: PrometheusMetricsFactory
     private let pipelineGauges = NIOLockedValueBox<[String: [CoreMetrics.Gauge]]>([:])
+    private let lostCounters = NIOLockedValueBox<[String: CoreMetrics.Counter]>([:])
 
     init() {
         var factory = PrometheusMetricsFactory(registry: registry)
@@ -101,6 +102,19 @@ final class DaemonMetrics: Sendable {
     }
 
     /// From the journal writer's thread, once per group commit.
+    /// Retention deleted `records` records before `pipeline` read them.
+    func lostToRetention(pipeline: String, records: UInt64) {
+        let counter = lostCounters.withLockedValue { known in
+            if let c = known[pipeline] { return c }
+            let c = CoreMetrics.Counter(
+                label: "whend_pipeline_records_lost_to_retention_total", dimensions: [("pipeline", pipeline)],
+                factory: factory)
+            known[pipeline] = c
+            return c
+        }
+        counter.increment(by: Int64(records))
+    }
+
     func committed(records: Int, bytes: Int, seconds: Double) {
         storedCounter.increment(by: records)
         storedBytesCounter.increment(by: bytes)

@@ -131,6 +131,18 @@ extension Daemon {
         }
     }
 
+    /// Each configured pipeline's durable cursor, for retention: its worker's last report,
+    /// else the cursor it saved (a pipeline waiting on an unloaded plugin still needs its records).
+    func pipelineCursors() -> [(name: String, cursor: UInt64)] {
+        let configuration = self.configuration
+        let running = supervisors.withLockedValue { $0 }
+        return configuration.effectivePipelines.keys.sorted().map { name in
+            if let supervisor = running[name] { return (name, supervisor.state.withLockedValue { $0.cursor }) }
+            let path = configuration.stateDirectory + "/pipelines/" + name + "/cursor"
+            return (name, PipelineSpec.savedCursor(at: path))
+        }
+    }
+
     func pipelineList() -> [[String: Any]] {
         let lastSeq = writer.statistics.lastSeq
         return supervisors.withLockedValue { $0 }.sorted { $0.key < $1.key }.map { name, supervisor in
@@ -140,6 +152,9 @@ extension Daemon {
                 "state": s.running ? "running" : "restarting",
                 "pid": Int(s.pid), "cursor": s.cursor, "lag": lastSeq > s.cursor ? lastSeq - s.cursor : 0,
                 "failures": s.failures, "dead_letters": s.deadLetters, "restarts": s.restarts,
+                // Records this pipeline never saw: deleted by retention before it read them
+                // (as the daemon counted them, and as its worker found the gaps).
+                "lost_to_retention": retentionLosses.withLockedValue { $0[name] ?? 0 }, "skipped": s.skipped,
             ]
             if let exit = s.lastExit { entry["last_exit"] = exit }
             return entry

@@ -14,6 +14,8 @@ final class PipelineSupervisor: @unchecked Sendable {
         var cursor: UInt64 = 0
         var failures = 0
         var deadLetters = 0
+        /// Records the worker found gone from the journal (retention) and skipped.
+        var skipped: UInt64 = 0
         var restarts = 0
         var running = false
         var stopping = false
@@ -274,12 +276,13 @@ final class PipelineSupervisor: @unchecked Sendable {
 
     private func handle(_ message: WorkerMessage, generation: UInt64) {
         switch message {
-        case .progress(let cursor, let failures, let deadLetters):
+        case .progress(let cursor, let failures, let deadLetters, let skipped):
             state.withLockedValue {
                 $0.lastReport = Date()
                 $0.cursor = cursor
                 $0.failures = Int(failures)
                 $0.deadLetters = Int(deadLetters)
+                $0.skipped = skipped
             }
         case .derived(let batch, let records):
             // Each record's place as (its cause, its ordinal among that cause's): what was

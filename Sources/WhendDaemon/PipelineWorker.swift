@@ -261,6 +261,14 @@ public enum PipelineWorker {
         }.start()
         var cursor = PipelineSpec.savedCursor(at: spec.cursorPath)
         var savedCursor = cursor
+        // A pipeline that has never saved a cursor starts at the journal's oldest record, and
+        // what retention deleted before it existed is no gap of its.
+        var expected: UInt64? = FileManager.default.fileExists(atPath: spec.cursorPath) ? cursor + 1 : nil
+        var skipped: UInt64 = 0
+        // The pipeline exists from now on: a later worker tells a gap from a first start.
+        if expected == nil {
+            do { try save(cursor, to: spec.cursorPath) } catch { logger.error("pipeline \(spec.name): \(error)") }
+        }
         var failures = 0
         var deadLetters = 0
         var lastSave = Date()
@@ -295,7 +303,7 @@ public enum PipelineWorker {
                 lastSave = now
             }
             if progressDue {
-                output.progress(cursor: durable, failures: failures, deadLetters: deadLetters)
+                output.progress(cursor: durable, failures: failures, deadLetters: deadLetters, skipped: skipped)
                 lastProgress = now
             }
         }
@@ -306,6 +314,14 @@ public enum PipelineWorker {
             body: { record, _ in
                 guard workerStopRequested == 0 else { return false }
                 guard let seq = record.seq, seq > cursor else { return true }
+                if let expected, seq > expected {
+                    // Gone before this pipeline read them: said, counted, never silent.
+                    skipped += seq - expected
+                    logger.error(
+                        "pipeline \(spec.name): _seq \(expected)…\(seq - 1) are gone from the journal (retention deleted them before this pipeline read them); skipped \(seq - expected) records"
+                    )
+                }
+                expected = seq + 1
                 var attempt = 0
                 while true {
                     output.cause = seq
@@ -332,7 +348,8 @@ public enum PipelineWorker {
                                 break
                             } catch {
                                 // Not in the dead letters: not passed either. Tried again below.
-                                logger.error("pipeline \(spec.name): _seq \(seq) cannot go to the dead letters: \(error)")
+                                logger.error(
+                                    "pipeline \(spec.name): _seq \(seq) cannot go to the dead letters: \(error)")
                             }
                         }
                         let delay = min(30, 0.05 * pow(2, Double(min(attempt, 20))))
@@ -413,10 +430,11 @@ final class WorkerOutput: @unchecked Sendable {
 
     init(completions: CompletionTracker) { self.completions = completions }
 
-    func progress(cursor: UInt64, failures: Int, deadLetters: Int) {
+    func progress(cursor: UInt64, failures: Int, deadLetters: Int, skipped: UInt64) {
         send(
             WorkerFrame.encode(
-                WorkerMessage.progress(cursor: cursor, failures: UInt64(failures), deadLetters: UInt64(deadLetters))))
+                WorkerMessage.progress(
+                    cursor: cursor, failures: UInt64(failures), deadLetters: UInt64(deadLetters), skipped: skipped)))
     }
 
     /// A derived record, for the daemon to append with `_origin` and `_cause` as the plugin

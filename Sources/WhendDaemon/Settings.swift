@@ -133,6 +133,16 @@ public enum Settings {
             value: { number($0.journal.retentionMaxAge) },
             apply: seconds { $0.journal.retentionMaxAge = $1 }),
         Setting(
+            key: "retention_hard_max_bytes", allowed: "an integer, 0 for no limit",
+            help: "past this size old segments go even if a pipeline has not read them (and it is told)",
+            reload: .live, value: { String($0.journal.retentionHardMaxBytes) },
+            apply: int(0...Int.max) { $0.journal.retentionHardMaxBytes = Int64($1) }),
+        Setting(
+            key: "retention_min_free_bytes", allowed: "an integer, 0 for no floor",
+            help: "below this much free space old segments go even if a pipeline has not read them",
+            reload: .live, value: { String($0.journal.retentionMinFreeBytes) },
+            apply: int(0...Int.max) { $0.journal.retentionMinFreeBytes = Int64($1) }),
+        Setting(
             key: "dedup_window", allowed: "an integer, 0 to turn it off", help: "records resends are checked against",
             reload: .restart, value: { String($0.journal.dedupWindow) },
             apply: int(0...100_000_000) { $0.journal.dedupWindow = $1 }),

@@ -17,8 +17,9 @@ public struct DerivedRecord: Equatable, Sendable {
 
 /// A worker's messages to the daemon, on its standard output.
 public enum WorkerMessage: Equatable, Sendable {
-    /// The worker's durable cursor and counters; also its heartbeat for the daemon's watchdog.
-    case progress(cursor: UInt64, failures: UInt64, deadLetters: UInt64)
+    /// The worker's durable cursor and counters (`skipped`: records gone from the journal
+    /// before it read them); also its heartbeat for the daemon's watchdog.
+    case progress(cursor: UInt64, failures: UInt64, deadLetters: UInt64, skipped: UInt64)
     /// Records derived since the last batch, in order; the daemon appends them in one journal
     /// batch and answers `stored` with the same number.
     case derived(batch: UInt64, records: [DerivedRecord])
@@ -54,11 +55,12 @@ public enum WorkerFrame {
     public static func encode(_ message: WorkerMessage) -> [UInt8] {
         var w = Writer()
         switch message {
-        case .progress(let cursor, let failures, let deadLetters):
+        case .progress(let cursor, let failures, let deadLetters, let skipped):
             w.tag(.progress)
             w.integer(cursor)
             w.integer(failures)
             w.integer(deadLetters)
+            w.integer(skipped)
         case .derived(let batch, let records):
             w.tag(.derived)
             w.integer(batch)
@@ -91,7 +93,9 @@ public enum WorkerFrame {
         var r = Reader(bytes: payload)
         switch try r.tag() {
         case .progress:
-            return .progress(cursor: try r.integer(), failures: try r.integer(), deadLetters: try r.integer())
+            return .progress(
+                cursor: try r.integer(), failures: try r.integer(), deadLetters: try r.integer(),
+                skipped: try r.integer())
         case .derived:
             let batch = try r.integer()
             let count = try r.integer()

@@ -68,6 +68,13 @@ enum FileIO {
         }
     }
 
+    /// Bytes free to an unprivileged writer on the file system holding `path`.
+    static func freeBytes(_ path: String) -> Int64? {
+        var fs = statvfs()
+        guard statvfs(path, &fs) == 0 else { return nil }
+        return Int64(fs.f_bavail) * Int64(fs.f_frsize)
+    }
+
     static func size(_ path: String) -> Int64? {
         var st = stat()
         guard stat(path, &st) == 0 else { return nil }

@@ -25,6 +25,12 @@ public struct JournalConfiguration: Sendable {
     public var retentionMaxBytes: Int64 = 1 << 30
     /// Delete sealed segments older than this many seconds (0: no limit).
     public var retentionMaxAge: TimeInterval = 0
+    /// The limits above wait for readers (pipelines) to pass a segment; past this size the
+    /// oldest segments go even so, and the readers that had not read them are told (0: none).
+    public var retentionHardMaxBytes: Int64 = 4 << 30
+    /// Likewise while the file system holding the journal has less free space than this (0:
+    /// no floor; then a full file system makes whend answer `unavailable` instead).
+    public var retentionMinFreeBytes: Int64 = 0
     /// How many of the latest records the de-duplication of resent events covers.
     public var dedupWindow: Int = 100_000
     public var compressionLevel: Int32 = 3
@@ -111,6 +117,17 @@ public final class JournalWriter: @unchecked Sendable {
     private var lastRetention = Date.distantPast
     private var lastMaintenance = Date.distantPast
     private let log: @Sendable (String) -> Void
+    /// The readers retention waits for: each one's name and durable cursor (the last `_seq` it
+    /// has finished), asked for when retention runs.
+    public typealias RetentionReaders = @Sendable () -> [(name: String, cursor: UInt64)]
+    /// Told when retention deletes records a reader had not read: the reader, and the first
+    /// and last `_seq` it loses.
+    public typealias RetentionLoss = @Sendable (_ reader: String, _ first: UInt64, _ last: UInt64) -> Void
+    private var retentionReaders: RetentionReaders?
+    private var retentionLoss: RetentionLoss?
+    /// When retention last said it was keeping segments for a reader (said at most hourly).
+    private var lastKeptNotice = Date.distantPast
+
     /// Called from the writer's loop at least every `heartbeatInterval` while it is healthy: the
     /// service manager's watchdog is fed from here, so that a writer stuck in a write or a sync
     /// stops the pings.
@@ -464,32 +481,76 @@ public final class JournalWriter: @unchecked Sendable {
         if Date().timeIntervalSince(lastRetention) >= 60 { applyRetention() }
     }
 
+    /// Sets who retention waits for, and who hears of records deleted before they were read.
+    /// Call before `start()`.
+    public func waitForReaders(_ readers: @escaping RetentionReaders, onLoss: @escaping RetentionLoss) {
+        retentionReaders = readers
+        retentionLoss = onLoss
+    }
+
     /// Deletes whole sealed segments, oldest first, while the journal is over its size or age
-    /// limits. The active segment is never deleted.
+    /// limits, but only segments every reader has passed: the oldest segment a reader still
+    /// needs stops it. Past the hard limits (`retentionHardMaxBytes`, `retentionMinFreeBytes`)
+    /// segments go even so, and each reader that loses records is told which. The active
+    /// segment is never deleted.
     private func applyRetention() {
         lastRetention = Date()
-        let maxBytes = configurationInUse.retentionMaxBytes
-        let maxAge = configurationInUse.retentionMaxAge
-        guard maxBytes > 0 || maxAge > 0 else { return }
-        var segments = configurationInUse.directory.segments()
+        let configuration = configurationInUse
+        let maxBytes = configuration.retentionMaxBytes
+        let maxAge = configuration.retentionMaxAge
+        let hardMax = configuration.retentionHardMaxBytes
+        let minFree = configuration.retentionMinFreeBytes
+        guard maxBytes > 0 || maxAge > 0 || hardMax > 0 || minFree > 0 else { return }
+        let all = configuration.directory.segments()
+        var segments = all
         if let active, segments.last?.firstSeq == active.file.firstSeq { segments.removeLast() }
         if let broken, segments.last?.firstSeq == broken.firstSeq { segments.removeLast() }
         var sizes = segments.map { FileIO.size($0.path) ?? 0 }
         var total = sizes.reduce(0, +) + (active?.size ?? 0)
+        let readers = retentionReaders?() ?? []
         let now = Date().timeIntervalSince1970
-        while let oldest = segments.first {
+        var index = 0
+        while index < segments.count {
+            let oldest = segments[index]
+            // A sealed segment's records end where the next segment's begin.
+            let lastSeq = (all.first { $0.firstSeq > oldest.firstSeq }?.firstSeq).map { $0 - 1 } ?? nextSeq - 1
             var st = stat()
             let age = stat(oldest.path, &st) == 0 ? now - TimeInterval(st.st_mtim.tv_sec) : 0
+            let overHard = hardMax > 0 && total > hardMax
+            let short = minFree > 0 && (FileIO.freeBytes(configuration.directory.path) ?? .max) < minFree
             let overSize = maxBytes > 0 && total > maxBytes
             let overAge = maxAge > 0 && age > maxAge
-            guard overSize || overAge else { break }
-            if unlink(oldest.path) == 0 {
-                log(
-                    "retention: deleted \(oldest.path) (\(overSize ? "journal over \(maxBytes) bytes" : "older than \(Int(maxAge)) s"))"
-                )
+            guard overHard || short || overSize || overAge else { break }
+            let behind = readers.filter { $0.cursor < lastSeq }
+            if !behind.isEmpty && !overHard && !short {
+                if Date().timeIntervalSince(lastKeptNotice) >= 3600 {
+                    lastKeptNotice = Date()
+                    let who = behind.map { "\($0.name) at _seq \($0.cursor)" }.joined(separator: ", ")
+                    log(
+                        "retention: keeping \(oldest.path) and what follows (\(total) bytes in all) past the limit: \(who) has not read it yet; past retention_hard_max_bytes or under retention_min_free_bytes it goes even so"
+                    )
+                }
+                break
             }
-            total -= sizes.removeFirst()
-            segments.removeFirst()
+            guard unlink(oldest.path) == 0 else {
+                log("retention: cannot delete \(oldest.path): \(String(cString: strerror(errno)))")
+                break
+            }
+            try? FileIO.syncDirectory(configuration.directory.path)
+            let reason =
+                overHard
+                ? "journal over retention_hard_max_bytes \(hardMax)"
+                : short
+                    ? "file system under retention_min_free_bytes \(minFree)"
+                    : overSize ? "journal over \(maxBytes) bytes" : "older than \(Int(maxAge)) s"
+            log("retention: deleted \(oldest.path) (\(reason))")
+            for reader in behind {
+                let first = max(reader.cursor + 1, oldest.firstSeq)
+                log("retention: pipeline \(reader.name) loses _seq \(first)…\(lastSeq), deleted before it read them")
+                retentionLoss?(reader.name, first, lastSeq)
+            }
+            total -= sizes[index]
+            index += 1
         }
     }
 }

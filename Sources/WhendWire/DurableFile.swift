@@ -63,7 +63,9 @@ public enum DurableFile {
         let fd = open(directory.isEmpty ? "." : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { throw DurableFileError(operation: "open the directory", path: directory, code: errno) }
         defer { close(fd) }
-        guard fsync(fd) == 0 else { throw DurableFileError(operation: "sync the directory", path: directory, code: errno) }
+        guard fsync(fd) == 0 else {
+            throw DurableFileError(operation: "sync the directory", path: directory, code: errno)
+        }
     }
 
     private static func writeAll(_ fd: Int32, _ bytes: [UInt8], path: String) throws(DurableFileError) {

@@ -187,7 +187,7 @@ struct Plugins: ParsableCommand {
         for p in pipelines {
             let stages = (p["plugins"] as? [String] ?? []).joined(separator: " → ")
             print(
-                "pipeline \(p["name"] ?? "?"): \(stages); \(p["state"] ?? "?") (pid \(p["pid"] ?? "-")), cursor \(p["cursor"] ?? 0), lag \(p["lag"] ?? 0), failures \(p["failures"] ?? 0), dead letters \(p["dead_letters"] ?? 0), restarts \(p["restarts"] ?? 0)"
+                "pipeline \(p["name"] ?? "?"): \(stages); \(p["state"] ?? "?") (pid \(p["pid"] ?? "-")), cursor \(p["cursor"] ?? 0), lag \(p["lag"] ?? 0), failures \(p["failures"] ?? 0), dead letters \(p["dead_letters"] ?? 0), restarts \(p["restarts"] ?? 0)\(retentionLosses(p))"
             )
         }
         for p in plugins {
@@ -204,4 +204,12 @@ struct Plugins: ParsableCommand {
             print("  \(p["path"] ?? "")")
         }
     }
+}
+
+/// ", lost to retention N (skipped M)" when retention deleted records before a pipeline read them.
+func retentionLosses(_ pipeline: [String: Any]) -> String {
+    let lost = pipeline["lost_to_retention"] as? Int ?? 0
+    let skipped = pipeline["skipped"] as? Int ?? 0
+    guard lost > 0 || skipped > 0 else { return "" }
+    return ", LOST TO RETENTION \(lost) records (the worker skipped \(skipped))"
 }

@@ -62,6 +62,20 @@ struct Whend: ParsableCommand {
         help: "Delete sealed segments older than this many seconds; default 0: no limit. (retention_max_age)")
     var retentionMaxAge: String?
 
+    @Option(
+        name: .long,
+        help:
+            "Past this many bytes old segments go even if a pipeline has not read them; default 4294967296, 0: no limit. (retention_hard_max_bytes)"
+    )
+    var retentionHardMaxBytes: String?
+
+    @Option(
+        name: .long,
+        help:
+            "Below this much free space old segments go even if a pipeline has not read them; default 0: no floor. (retention_min_free_bytes)"
+    )
+    var retentionMinFreeBytes: String?
+
     @Option(name: .long, help: "Records resent events are de-duplicated against; default 100000. (dedup_window)")
     var dedupWindow: String?
 
@@ -126,7 +140,9 @@ struct Whend: ParsableCommand {
             ("state_dir", stateDir), ("durability", durability),
             ("max_event_bytes", maxEventBytes), ("segment_max_bytes", segmentMaxBytes),
             ("segment_max_age", segmentMaxAge), ("retention_max_bytes", retentionMaxBytes),
-            ("retention_max_age", retentionMaxAge), ("dedup_window", dedupWindow), ("rate_limit", rateLimit),
+            ("retention_max_age", retentionMaxAge), ("retention_hard_max_bytes", retentionHardMaxBytes),
+            ("retention_min_free_bytes", retentionMinFreeBytes), ("dedup_window", dedupWindow),
+            ("rate_limit", rateLimit),
             ("rate_burst", rateBurst), ("rate_limit_by", rateLimitBy),
             ("rate_limit_report_interval", rateLimitReportInterval), ("max_pending_bytes", maxPendingBytes),
             ("shutdown_timeout", shutdownTimeout),

@@ -118,7 +118,7 @@ private func pluginPart(_ line: [UInt8]) -> (cause: Int, bytes: [UInt8])? {
             let deadline = Date().addingTimeInterval(seconds)
             var last: UInt64 = 0
             while Date() < deadline {
-                if case .progress(let cursor, _, _) = try next() { last = cursor }
+                if case .progress(let cursor, _, _, _) = try next() { last = cursor }
             }
             return last
         }

@@ -1,0 +1,76 @@
+import Foundation
+import Testing
+
+@Suite(.serialized) struct RetentionTests {
+    /// Retention waits for a pipeline held at its cursor (its destination down): past
+    /// retention_max_bytes nothing it needs is deleted; past retention_hard_max_bytes the oldest
+    /// segments go, and the loss is logged, counted and reported as a gap with its exact range.
+    @Test func retentionWaitsForAPipelineUntilTheHardLimit() throws {
+        let (daemon, seen) = try pipelineDaemon(
+            "retention",
+            settings: """
+                segment_max_bytes = 4096
+                retention_max_bytes = 12000
+                retention_hard_max_bytes = 40000
+                """)
+        let down = (seen as NSString).deletingLastPathComponent + "/down"
+        #expect(FileManager.default.createFile(atPath: down, contents: nil))
+        try daemon.start()
+        func journalBytes() -> Int {
+            let segments = daemon.journal.segments()
+            return segments.map { (try? FileManager.default.attributesOfItem(atPath: $0.path)[.size] as? Int) ?? 0 }
+                .reduce(0, +)
+        }
+        func firstSeq() -> UInt64? { daemon.journal.segments().first?.firstSeq }
+
+        // Over the soft limit: every segment kept for the pipeline, which is still at _seq 0.
+        var part = 0
+        while journalBytes() < 24000 {
+            try sendNoisyParts(daemon, part..<(part + 1))
+            part += 1
+            guard part < 400 else { throw TestFailure(description: "the journal does not grow: \(daemon.log)") }
+        }
+        #expect(firstSeq() == 1, "a segment the pipeline needs was deleted")
+        #expect(daemon.waitForLog("retention: keeping"), "\(daemon.log)")
+        #expect(try daemon.pipeline("rec")?["cursor"] as? Int == 0)
+
+        // Over the hard limit: the oldest go, and the pipeline is told exactly what it lost.
+        while firstSeq() == 1 {
+            try sendNoisyParts(daemon, part..<(part + 1))
+            part += 1
+            guard part < 400 else {
+                throw TestFailure(description: "nothing deleted past the hard limit: \(daemon.log)")
+            }
+        }
+        // Once retention is done: what it says was lost is exactly what is gone.
+        var lostThrough: UInt64 = 0
+        #expect(
+            eventually {
+                lostThrough = (firstSeq() ?? 1) - 1
+                return (try? daemon.pipeline("rec")?["lost_to_retention"] as? Int) == Int(lostThrough)
+            })
+        #expect(daemon.waitForLog("retention: pipeline rec loses _seq 1…"), "\(daemon.log)")
+        #expect(daemon.log.contains("retention: pipeline rec loses _seq 1…"))
+        let entry = try #require(try daemon.pipeline("rec"))
+        #expect(entry["lost_to_retention"] as? Int == Int(lostThrough), "\(entry)")
+        let metrics = try daemon.whenctl(["metrics"]).output
+        #expect(
+            metrics.contains(#"whend_pipeline_records_lost_to_retention_total{pipeline="rec"} \#(lostThrough)"#),
+            "\(metrics)")
+        let listed = try daemon.whenctl(["plugins"]).output
+        #expect(listed.contains("LOST TO RETENTION \(lostThrough) records"), "\(listed)")
+
+        // The destination is back and the worker starts again from its cursor: it finds the gap,
+        // says so with its exact range, counts it, and carries on with the first record kept.
+        try FileManager.default.removeItem(atPath: down)
+        #expect(try daemon.whenctl(["plugins", "restart", "rec"]).status == 0)
+        #expect(
+            daemon.waitForLog(
+                "_seq 1…\(lostThrough) are gone from the journal (retention deleted them before this pipeline read them); skipped \(lostThrough) records"
+            ), "\(daemon.log)")
+        #expect(eventually { (try? daemon.pipeline("rec")?["skipped"] as? Int) == Int(lostThrough) })
+        let total = part * 30
+        #expect(try daemon.waitForPipeline("rec", cursor: total))
+        #expect(daemon.stop() == 0)
+    }
+}
