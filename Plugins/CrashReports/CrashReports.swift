@@ -10,7 +10,7 @@ import WhendPluginSDK
 /// so the pipeline retries). A report is named after the `_seq` that caused it, so a record
 /// handled again after a restart rewrites the same report rather than adding one.
 /// Configuration: `{"breadcrumbs": 100, "on_every_error": false, "max_sessions": 10000}`.
-final class CrashReports: WhendPlugin {
+final class CrashReports: PersistentStatePlugin {
     static let name = "crash-reports"
     static let version = "1.0.0"
     static let roles: PluginRoles = [.pipeline]
@@ -20,16 +20,46 @@ final class CrashReports: WhendPlugin {
     private let onEveryError: Bool
     private let directory: String
     private var sessions: BoundedSessions<Trail>
+    private let maxSessions: Int
+
+    /// Saved with the pipeline's cursor: every session's breadcrumbs and screen on show.
+    var state: BoundedSessions<Trail> {
+        get { sessions }
+        set { sessions = newValue.withLimit(maxSessions) }
+    }
 
     /// A session's last records in a ring, kept as stored (a copy of the bytes: cheaper than
     /// building each breadcrumb, which is done only for a report), and the screen on show.
-    struct Trail {
-        var ring: [(seq: UInt64, record: [UInt8])] = []
+    struct Trail: Codable {
+        /// A record as stored (its JSON text, as a string when saved).
+        struct Crumb: Codable {
+            var seq: UInt64
+            var record: [UInt8]
+
+            init(seq: UInt64, record: [UInt8]) {
+                self.seq = seq
+                self.record = record
+            }
+
+            init(from decoder: any Decoder) throws {
+                var c = try decoder.unkeyedContainer()
+                seq = try c.decode(UInt64.self)
+                record = Array(try c.decode(String.self).utf8)
+            }
+
+            func encode(to encoder: any Encoder) throws {
+                var c = encoder.unkeyedContainer()
+                try c.encode(seq)
+                try c.encode(String(decoding: record, as: UTF8.self))
+            }
+        }
+
+        var ring: [Crumb] = []
         var next = 0
         var screen: String?
 
         mutating func add(_ record: PluginRecord, limit: Int) {
-            let entry = (record.seq, Array(record.bytes))
+            let entry = Crumb(seq: record.seq, record: Array(record.bytes))
             if ring.count < limit {
                 ring.append(entry)
             } else {
@@ -43,8 +73,10 @@ final class CrashReports: WhendPlugin {
             var out: [UInt8] = [UInt8(ascii: "[")]
             for i in 0..<ring.count {
                 if i > 0 { out.append(UInt8(ascii: ",")) }
-                let (seq, bytes) = ring[(next + i) % ring.count]
-                bytes.withUnsafeBufferPointer { out += CrashReports.breadcrumb(PluginRecord(bytes: $0, seq: seq)) }
+                let crumb = ring[(next + i) % ring.count]
+                crumb.record.withUnsafeBufferPointer {
+                    out += CrashReports.breadcrumb(PluginRecord(bytes: $0, seq: crumb.seq))
+                }
             }
             out.append(UInt8(ascii: "]"))
             return out
@@ -55,7 +87,8 @@ final class CrashReports: WhendPlugin {
         self.host = host
         breadcrumbLimit = max(1, configuration["breadcrumbs"] as? Int ?? 100)
         onEveryError = configuration["on_every_error"] as? Bool ?? false
-        sessions = BoundedSessions(limit: configuration["max_sessions"] as? Int ?? 10_000)
+        maxSessions = configuration["max_sessions"] as? Int ?? 10_000
+        sessions = BoundedSessions(limit: maxSessions)
         directory = CrashReportStore.directory(pluginState: host.stateDirectory)
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
     }

@@ -4,17 +4,25 @@ import WhendPluginSDK
 /// `screen` events, a `screen_time` record when a viewed screen goes away, and a `diagnostic`
 /// record for lifecycle sequences that break the rules. The rules are in the README ("The
 /// built-in plugins"). Configuration: `{"max_sessions": 100000}`.
-final class ScreenTracking: WhendPlugin {
+final class ScreenTracking: PersistentStatePlugin {
     static let name = "screen-tracking"
     static let version = "1.1.0"
     static let roles: PluginRoles = [.pipeline]
 
     private let host: PluginHost
+    private let maxSessions: Int
     private var sessions: BoundedSessions<SessionScreens>
+
+    /// Saved with the pipeline's cursor: every session's stack, phases and open view.
+    var state: BoundedSessions<SessionScreens> {
+        get { sessions }
+        set { sessions = newValue.withLimit(maxSessions) }
+    }
 
     init(host: PluginHost, configuration: [String: Any]) throws {
         self.host = host
-        sessions = BoundedSessions(limit: configuration["max_sessions"] as? Int ?? 100_000)
+        maxSessions = configuration["max_sessions"] as? Int ?? 100_000
+        sessions = BoundedSessions(limit: maxSessions)
     }
 
     func handle(_ record: PluginRecord, next: PluginNext) throws {
@@ -87,8 +95,13 @@ enum DerivedScreenRecord {
 
 /// One session's screens: the navigation stack, each screen's lifecycle phase, and the view
 /// that is open (the screen on show since its appearance was counted).
-struct SessionScreens {
-    enum Phase { case willAppear, didAppear, willDisappear, didDisappear }
+struct SessionScreens: Codable {
+    enum Phase: String, Codable { case willAppear, didAppear, willDisappear, didDisappear }
+
+    /// What is saved: all but the records being derived.
+    private enum CodingKeys: String, CodingKey {
+        case stack, phase, removed, broken, current, currentOpen, currentSince
+    }
 
     var stack: [String] = []
     var phase: [String: Phase] = [:]

@@ -81,6 +81,11 @@ public struct DaemonConfiguration: Sendable {
     public var pipelineRetryLimit: Int = 0
     /// Seconds a pipeline worker may go without reporting before it is killed and restarted.
     public var pipelineWatchdog: TimeInterval = 30
+    /// How often a pipeline whose plugins keep state saves it with its cursor (seconds; 0: never).
+    public var pipelineSnapshotInterval: TimeInterval = 5
+    /// How far back (records) a pipeline starts, with empty state, when its saved state cannot be
+    /// used (corrupt, or of another plugin version): its plugins rebuild their state from there.
+    public var pipelineSnapshotRebuild: Int = 100_000
     /// Event-loop threads (0: one per core).
     public var eventLoopThreads: Int = 0
 

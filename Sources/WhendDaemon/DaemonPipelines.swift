@@ -41,7 +41,8 @@ extension Daemon {
                 directory: configuration.stateDirectory + "/pipelines/" + name,
                 pluginStateRoot: configuration.stateDirectory + "/plugins",
                 pluginDirectories: configuration.pluginDirectories,
-                retryLimit: configuration.pipelineRetryLimit)
+                retryLimit: configuration.pipelineRetryLimit, snapshotInterval: configuration.pipelineSnapshotInterval,
+                snapshotRebuild: UInt64(configuration.pipelineSnapshotRebuild))
         }
         return specs
     }

@@ -88,6 +88,10 @@ final class PipelineSupervisor: @unchecked Sendable {
             return true
         } onProblem: { _ in
         }
+        // Everything derived from records up to the cursor is stored (the cursor passes a
+        // record only then): a worker that resumes from an older snapshot, or rebuilds its
+        // plugins' state from further back, derives them again, and they are not appended.
+        state.withLockedValue { if (cursor, Int.max) > $0.appendedThrough { $0.appendedThrough = (cursor, Int.max) } }
         if last.cause > 0 {
             state.withLockedValue { if last > $0.appendedThrough { $0.appendedThrough = last } }
             logger.notice(
@@ -148,16 +152,18 @@ final class PipelineSupervisor: @unchecked Sendable {
         var backoff: TimeInterval = 0.1
         while !state.withLockedValue({ $0.stopping }) {
             let started = Date()
+            let cursorBefore = state.withLockedValue { $0.cursor }
             let exit = runWorkerOnce()
-            let stopping = state.withLockedValue {
+            let (stopping, cursorAfter) = state.withLockedValue {
                 $0.running = false
                 $0.pid = 0
                 $0.lastExit = exit
-                return $0.stopping
+                return ($0.stopping, $0.cursor)
             }
             if stopping { break }
-            // A worker that ran a good while earns a fresh backoff.
-            if Date().timeIntervalSince(started) > 60 { backoff = 0.1 }
+            // A worker that ran a good while, or moved its cursor on, is no crash loop: it
+            // earns a fresh backoff. One that dies on the same record again waits longer each time.
+            if Date().timeIntervalSince(started) > 60 || cursorAfter > cursorBefore { backoff = 0.1 }
             logger.error("pipeline \(spec.name): worker \(exit); restarting in \(String(format: "%.1f", backoff)) s")
             state.withLockedValue { $0.restarts += 1 }
             // Not a plain sleep: a stop must not wait out a backoff of up to 10 s.

@@ -21,8 +21,13 @@ public struct PipelineSpec: Codable, Sendable, Equatable {
     public var pluginDirectories: [String]
     /// Attempts at one record before it goes to the dead letters; 0: retry forever.
     public var retryLimit: Int
+    /// Seconds between saves of the plugins' state with the cursor; 0: never.
+    public var snapshotInterval: Double = 0
+    /// Records before its cursor the pipeline starts from when no saved state can be used.
+    public var snapshotRebuild: UInt64 = 0
 
     var cursorPath: String { directory + "/cursor" }
+    var snapshotPath: String { directory + "/snapshot" }
     var deadLetterPath: String { directory + "/dead-letter.jsonl" }
 
     /// The last `_seq` the pipeline finished, as it was last saved.
@@ -206,35 +211,38 @@ public enum PipelineWorker {
         signal(SIGTERM) { _ in workerStopRequested = 1 }
         let completions = CompletionTracker()
         let output = WorkerOutput(completions: completions)
-        var chain: PluginChain
         var deferred = false
-        do {
-            try FileManager.default.createDirectory(atPath: spec.directory, withIntermediateDirectories: true)
-            var instances: [PluginInstance] = []
-            for (index, stage) in spec.stages.enumerated() {
-                let library = try PluginLibrary.load(name: stage.plugin, directories: spec.pluginDirectories)
-                if library.roles & WHEND_ROLE_DEFERRED != 0 {
-                    guard index == spec.stages.count - 1 else {
-                        throw PluginLoadError(
-                            description:
-                                "plugin \(stage.plugin) finishes records later, so it must be the last stage of pipeline \(spec.name)"
-                        )
+        func buildChain() -> PluginChain {
+            do {
+                try FileManager.default.createDirectory(atPath: spec.directory, withIntermediateDirectories: true)
+                var instances: [PluginInstance] = []
+                for (index, stage) in spec.stages.enumerated() {
+                    let library = try PluginLibrary.load(name: stage.plugin, directories: spec.pluginDirectories)
+                    if library.roles & WHEND_ROLE_DEFERRED != 0 {
+                        guard index == spec.stages.count - 1 else {
+                            throw PluginLoadError(
+                                description:
+                                    "plugin \(stage.plugin) finishes records later, so it must be the last stage of pipeline \(spec.name)"
+                            )
+                        }
+                        deferred = true
                     }
-                    deferred = true
+                    instances.append(
+                        try PluginInstance(
+                            library: library, configuration: stage.configuration,
+                            stateDirectory: spec.pluginStateRoot + "/" + stage.plugin, logger: logger,
+                            emit: { plugin, json in output.emit(json, origin: plugin) },
+                            complete: { seq in completions.complete(seq) },
+                            completeThrough: { seq in completions.completeThrough(seq) }))
                 }
-                instances.append(
-                    try PluginInstance(
-                        library: library, configuration: stage.configuration,
-                        stateDirectory: spec.pluginStateRoot + "/" + stage.plugin, logger: logger,
-                        emit: { plugin, json in output.emit(json, origin: plugin) },
-                        complete: { seq in completions.complete(seq) },
-                        completeThrough: { seq in completions.completeThrough(seq) }))
+                return PluginChain(instances)
+            } catch {
+                logger.error("pipeline \(spec.name): \(error)")
+                exit(3)
             }
-            chain = PluginChain(instances)
-        } catch {
-            logger.error("pipeline \(spec.name): \(error)")
-            exit(3)
         }
+        var chain = buildChain()
+        let keepsState = spec.snapshotInterval > 0 && chain.plugins.contains { $0.keepsState }
         // whend acknowledges each batch of derived records once stored, on standard input;
         // the end of it means whend is gone.
         Thread {
@@ -260,7 +268,27 @@ public enum PipelineWorker {
             }
         }.start()
         var cursor = PipelineSpec.savedCursor(at: spec.cursorPath)
+        if keepsState {
+            switch restoreState(spec, chain, logger: logger) {
+            case .restored(let at):
+                cursor = at
+            case .nothingSaved:
+                break
+            case .unusable:
+                // Plugins may hold part of a state that was not used: start them afresh, from
+                // far enough back to rebuild it. What they derive again is not stored twice.
+                chain = PluginChain([])
+                chain = buildChain()
+                let from = cursor > spec.snapshotRebuild ? cursor - spec.snapshotRebuild : 0
+                logger.error(
+                    "pipeline \(spec.name): no saved state can be used; its plugins rebuild theirs from the journal, from _seq \(from + 1) (pipeline_snapshot_rebuild = \(spec.snapshotRebuild)) to its cursor \(cursor)"
+                )
+                cursor = from
+            }
+        }
         var savedCursor = cursor
+        var lastSnapshot = Date()
+        var snapshotCursor = cursor
         // A pipeline that has never saved a cursor starts at the journal's oldest record, and
         // what retention deleted before it existed is no gap of its.
         var expected: UInt64? = FileManager.default.fileExists(atPath: spec.cursorPath) ? cursor + 1 : nil
@@ -286,6 +314,24 @@ public enum PipelineWorker {
             {
                 output.flush()
                 lastFlush = now
+            }
+            if keepsState, !chain.plugins.isEmpty, cursor != snapshotCursor,
+                force || now.timeIntervalSince(lastSnapshot) >= spec.snapshotInterval
+            {
+                lastSnapshot = now
+                // The state goes with a cursor only when every record handled is finished: its
+                // derived records stored, the deferred stage done. Wait for that, briefly.
+                output.flush()
+                lastFlush = now
+                if completions.watermark(acceptedThrough: cursor) != cursor { completions.drain(seconds: 2) }
+                if completions.watermark(acceptedThrough: cursor) == cursor {
+                    do {
+                        try takeSnapshot(chain, cursor: cursor).save(to: spec.snapshotPath)
+                        snapshotCursor = cursor
+                    } catch {
+                        logger.error("pipeline \(spec.name): its plugins' state was not saved: \(error)")
+                    }
+                }
             }
             let saveDue = force || now.timeIntervalSince(lastSave) >= 0.1
             let progressDue = force || now.timeIntervalSince(lastProgress) >= 0.25
@@ -386,11 +432,76 @@ public enum PipelineWorker {
             onProblem: { problem in logger.warning("pipeline \(spec.name): \(problem)") })
         // The plugins close before the process ends (an analytics spool, a session index, a
         // deferred stage waiting for its last acknowledgements), then the cursor is saved.
+        // The state goes with the cursor it reached (while the plugins are still there to give it).
+        output.flush()
+        completions.drain(seconds: 1)
+        report(force: true)
         chain = PluginChain([])
         output.flush()
         completions.drain(seconds: 1)
         report(force: true)
         exit(0)
+    }
+
+    enum Restored {
+        case restored(at: UInt64)
+        case nothingSaved
+        case unusable
+    }
+
+    /// Gives each stage the state saved with the newest usable snapshot (else the one before),
+    /// and says from which cursor to resume.
+    static func restoreState(_ spec: PipelineSpec, _ chain: PluginChain, logger: Logger) -> Restored {
+        let candidates = [(spec.snapshotPath, "newest"), (spec.snapshotPath + ".previous", "previous")]
+        var found = false
+        for (path, which) in candidates {
+            guard let bytes = FileManager.default.contents(atPath: path) else { continue }
+            found = true
+            do {
+                let snapshot = try PipelineSnapshot.decode(Array(bytes))
+                let stateful = chain.plugins.filter(\.keepsState)
+                guard snapshot.stages.map(\.plugin) == stateful.map(\.library.name) else {
+                    throw PipelineSnapshot.Unusable(
+                        description:
+                            "it is of stages \(snapshot.stages.map(\.plugin)), the pipeline now has \(stateful.map(\.library.name))"
+                    )
+                }
+                for (stage, plugin) in zip(snapshot.stages, stateful) {
+                    guard stage.version == plugin.library.version else {
+                        throw PipelineSnapshot.Unusable(
+                            description:
+                                "it is of \(stage.plugin) \(stage.version), and \(plugin.library.version) is loaded")
+                    }
+                    do {
+                        try plugin.restore(stage.state)
+                    } catch {
+                        throw PipelineSnapshot.Unusable(description: error.description)
+                    }
+                }
+                logger.notice(
+                    "pipeline \(spec.name): restored its plugins' state saved at _seq \(snapshot.cursor) (\(which) snapshot); resuming after it"
+                )
+                return .restored(at: snapshot.cursor)
+            } catch {
+                logger.error("pipeline \(spec.name): the \(which) snapshot \(path) cannot be used: \(error)")
+            }
+        }
+        return found ? .unusable : .nothingSaved
+    }
+
+    /// Every stateful stage's state, with the cursor it goes with.
+    static func takeSnapshot(_ chain: PluginChain, cursor: UInt64) throws(PipelineSnapshot.Unusable)
+        -> PipelineSnapshot
+    {
+        var stages: [PipelineSnapshot.Stage] = []
+        for plugin in chain.plugins where plugin.keepsState {
+            guard let state = plugin.snapshot() else {
+                throw PipelineSnapshot.Unusable(description: "plugin \(plugin.library.name) gave no state")
+            }
+            stages.append(
+                PipelineSnapshot.Stage(plugin: plugin.library.name, version: plugin.library.version, state: state))
+        }
+        return PipelineSnapshot(cursor: cursor, stages: stages)
     }
 
     /// A crash or a power cut leaves the old cursor or the new one, never half (`DurableFile`).

@@ -65,6 +65,40 @@ final class PluginInstance: @unchecked Sendable {
         services.release()
     }
 
+    /// Whether the plugin can save and restore its state (`snapshot` and `restore` in ABI 1).
+    var keepsState: Bool {
+        let d = library.descriptor.pointee
+        let minimum =
+            MemoryLayout<whend_plugin>.offset(of: \whend_plugin.restore)! + MemoryLayout<UnsafeRawPointer>.size
+        return Int(d.struct_size) >= minimum && d.snapshot != nil && d.restore != nil
+    }
+
+    /// The plugin's state as bytes, or nil if it keeps none or could not give it.
+    func snapshot() -> [UInt8]? {
+        guard keepsState, let snapshot = library.descriptor.pointee.snapshot else { return nil }
+        let sink = SnapshotSink()
+        let rc = lock.withLock {
+            snapshot(instance, snapshotWrite, Unmanaged.passUnretained(sink).toOpaque())
+        }
+        return rc == WHEND_OK ? sink.bytes : nil
+    }
+
+    /// Gives the plugin back a state `snapshot()` took; throws with the plugin's reason.
+    func restore(_ bytes: [UInt8]) throws(PluginLoadError) {
+        guard keepsState, let restore = library.descriptor.pointee.restore else {
+            throw PluginLoadError(description: "plugin \(library.name) keeps no state")
+        }
+        var error = [CChar](repeating: 0, count: 1024)
+        let capacity = error.count
+        let rc = lock.withLock {
+            bytes.withUnsafeBufferPointer { restore(instance, $0.baseAddress, $0.count, &error, capacity) }
+        }
+        guard rc == WHEND_OK else {
+            let why = String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            throw PluginLoadError(description: "plugin \(library.name) could not restore its state: \(why)")
+        }
+    }
+
     /// Calls the plugin's middleware with `record`; `next` continues the chain.
     func handle(
         _ record: UnsafePointer<whend_record>, next: whend_next_fn, context: UnsafeMutableRawPointer,
@@ -136,4 +170,16 @@ private let hostCount: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<C
     let services = Unmanaged<PluginServices>.fromOpaque(context).takeUnretainedValue()
     let key = String(cString: name)
     services.counters.withLockedValue { $0[key, default: 0] += delta }
+}
+
+/// Where a plugin's snapshot() writes.
+private final class SnapshotSink {
+    var bytes: [UInt8] = []
+}
+
+private let snapshotWrite: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<UInt8>?, Int) -> Void = {
+    context, bytes, length in
+    guard let context, let bytes else { return }
+    Unmanaged<SnapshotSink>.fromOpaque(context).takeUnretainedValue().bytes += UnsafeBufferPointer(
+        start: bytes, count: length)
 }

@@ -89,17 +89,23 @@ final class PluginLibrary: @unchecked Sendable {
         guard let raw = entry() else {
             throw PluginLoadError(description: "\(path): whend_plugin_entry returned nothing")
         }
-        let descriptor = UnsafeRawPointer(raw).assumingMemoryBound(to: whend_plugin.self)
-        // Read the size before any other field: an older, smaller struct must not be overread.
-        let size = UnsafeRawPointer(raw).load(fromByteOffset: 4, as: UInt32.self)
-        guard raw.pointee.abi_version == WHEND_PLUGIN_ABI_VERSION,
-            size >= UInt32(MemoryLayout<whend_plugin>.size)
-        else {
+        // Read the version and size before any other field: an older, smaller struct must not
+        // be overread. ABI 1 began with the fields up to `handle`; later ones (snapshot,
+        // restore) are read only when the plugin's struct has them, and are NULL otherwise.
+        let abi = UnsafeRawPointer(raw).load(fromByteOffset: 0, as: UInt32.self)
+        let size = Int(UnsafeRawPointer(raw).load(fromByteOffset: 4, as: UInt32.self))
+        let firstSize = MemoryLayout<whend_plugin>.offset(of: \whend_plugin.snapshot)!
+        guard abi == WHEND_PLUGIN_ABI_VERSION, size >= firstSize else {
             throw PluginLoadError(
                 description:
-                    "\(path): its description is for ABI \(raw.pointee.abi_version) with \(size) bytes; this whend needs ABI \(WHEND_PLUGIN_ABI_VERSION) with \(MemoryLayout<whend_plugin>.size)"
+                    "\(path): its description is for ABI \(abi) with \(size) bytes; this whend needs ABI \(WHEND_PLUGIN_ABI_VERSION) with at least \(firstSize)"
             )
         }
+        // A copy of what the plugin declared, the rest zero: never read past its struct.
+        let descriptor = UnsafeMutablePointer<whend_plugin>.allocate(capacity: 1)
+        UnsafeMutableRawPointer(descriptor).initializeMemory(
+            as: UInt8.self, repeating: 0, count: MemoryLayout<whend_plugin>.size)
+        UnsafeMutableRawPointer(descriptor).copyMemory(from: raw, byteCount: min(size, MemoryLayout<whend_plugin>.size))
         guard descriptor.pointee.name != nil, descriptor.pointee.version != nil, descriptor.pointee.create != nil,
             descriptor.pointee.destroy != nil, descriptor.pointee.handle != nil
         else {

@@ -221,6 +221,16 @@ public enum Settings {
             return true
         },
         Setting(
+            key: "pipeline_snapshot_interval", allowed: "seconds, 0 for never",
+            help: "how often a pipeline whose plugins keep state saves it with its cursor", reload: .live,
+            value: { number($0.pipelineSnapshotInterval) }, apply: seconds { $0.pipelineSnapshotInterval = $1 }),
+        Setting(
+            key: "pipeline_snapshot_rebuild", allowed: "an integer, 0 or more",
+            help:
+                "records before its cursor a pipeline rebuilds its plugins' state from when the saved one cannot be used",
+            reload: .live, value: { String($0.pipelineSnapshotRebuild) },
+            apply: int(0...Int.max) { $0.pipelineSnapshotRebuild = $1 }),
+        Setting(
             key: "log_level", allowed: "trace, debug, info, notice, warning, error or critical", help: "log level",
             reload: .live, value: { $0.logLevel }
         ) { c, v in

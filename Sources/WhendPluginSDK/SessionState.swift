@@ -48,8 +48,42 @@ extension SessionDigest {
         return result
     }
 
+    /// The same sessions under another limit (a restored state under the configuration in force).
+    public func withLimit(_ limit: Int) -> BoundedSessions {
+        var copy = BoundedSessions(limit: limit)
+        copy.entries = entries
+        while copy.entries.count > copy.limit { copy.forgetOldest() }
+        return copy
+    }
+
     @inlinable mutating func forgetOldest() {
         let cut = entries.values.map(\.seen).sorted()[limit / 10]
         entries = entries.filter { $0.value.seen > cut }
+    }
+}
+
+/// Saved as a list of sessions, each with its digest, when it was last seen and its state.
+extension BoundedSessions: Codable where State: Codable {
+    private struct Saved: Codable {
+        var id: SessionID
+        var seen: UInt64
+        var state: State
+    }
+
+    private enum Keys: String, CodingKey { case limit, sessions }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: Keys.self)
+        self.init(limit: try c.decode(Int.self, forKey: .limit))
+        for s in try c.decode([Saved].self, forKey: .sessions) { entries[s.id] = Entry(state: s.state, seen: s.seen) }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: Keys.self)
+        try c.encode(limit, forKey: .limit)
+        // In the order last seen, so that the same state writes the same bytes.
+        let saved = entries.map { Saved(id: $0.key, seen: $0.value.seen, state: $0.value.state) }
+            .sorted { ($0.seen, $0.id.low, $0.id.high) < ($1.seen, $1.id.low, $1.id.high) }
+        try c.encode(saved, forKey: .sessions)
     }
 }

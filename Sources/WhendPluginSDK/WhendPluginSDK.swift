@@ -184,6 +184,24 @@ public protocol WhendPlugin: AnyObject {
     func handle(_ record: PluginRecord, next: PluginNext) throws
 }
 
+/// A plugin whose state survives restarts: declare the state `Codable` and keep it in `state`.
+/// A pipeline's worker saves it with its cursor every so often (JSON, beside the cursor) and
+/// restores it after a restart before the first record, so that what the plugin derives after
+/// a crash is what it would have derived without one. A snapshot of another plugin version, or
+/// one that cannot be read, is not used: the worker rebuilds the state from the journal.
+public protocol PersistentStatePlugin: WhendPlugin {
+    associatedtype State: Codable
+    var state: State { get set }
+}
+
+private func encodeState<P: PersistentStatePlugin>(_ plugin: P) throws -> Data {
+    try JSONEncoder().encode(plugin.state)
+}
+
+private func decodeState<P: PersistentStatePlugin>(_ plugin: P, _ data: Data) throws {
+    plugin.state = try JSONDecoder().decode(P.State.self, from: data)
+}
+
 /// The one plugin type this library exports, and its C description. One plugin per library.
 nonisolated(unsafe) private var exportedType: (any WhendPlugin.Type)?
 nonisolated(unsafe) private var exportedDescription: UnsafeMutablePointer<whend_plugin>?
@@ -198,7 +216,9 @@ public func exportPlugin<P: WhendPlugin>(_ type: P.Type) -> UnsafeRawPointer {
             abi_version: whend_plugin_abi_version,
             struct_size: UInt32(MemoryLayout<whend_plugin>.size),
             name: strdup(P.name), version: strdup(P.version), roles: P.roles.rawValue,
-            create: createInstance, destroy: destroyInstance, handle: handleRecord))
+            create: createInstance, destroy: destroyInstance, handle: handleRecord,
+            snapshot: type is any PersistentStatePlugin.Type ? snapshotInstance : nil,
+            restore: type is any PersistentStatePlugin.Type ? restoreInstance : nil))
     exportedDescription = description
     return UnsafeRawPointer(description)
 }
@@ -279,3 +299,33 @@ private let handleRecord:
             return Int32(WHEND_FAIL)
         }
     }
+
+private let snapshotInstance:
+    @convention(c) (
+        UnsafeMutableRawPointer?,
+        (@convention(c) (UnsafeMutableRawPointer?, UnsafePointer<UInt8>?, Int) -> Void)?, UnsafeMutableRawPointer?
+    ) -> Int32 = { instance, write, context in
+        guard let instance, let write else { return Int32(WHEND_FAIL) }
+        let plugin = Unmanaged<InstanceBox>.fromOpaque(instance).takeUnretainedValue().plugin
+        guard let persistent = plugin as? any PersistentStatePlugin, let data = try? encodeState(persistent) else {
+            return Int32(WHEND_FAIL)
+        }
+        data.withUnsafeBytes { write(context, $0.bindMemory(to: UInt8.self).baseAddress, $0.count) }
+        return Int32(WHEND_OK)
+    }
+
+private let restoreInstance:
+    @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<UInt8>?, Int, UnsafeMutablePointer<CChar>?, Int) -> Int32 =
+        {
+            instance, bytes, length, errorBuffer, capacity in
+            guard let instance else { return Int32(WHEND_FAIL) }
+            let plugin = Unmanaged<InstanceBox>.fromOpaque(instance).takeUnretainedValue().plugin
+            guard let persistent = plugin as? any PersistentStatePlugin else { return Int32(WHEND_FAIL) }
+            do {
+                try decodeState(persistent, bytes.map { Data(bytes: $0, count: length) } ?? Data())
+                return Int32(WHEND_OK)
+            } catch {
+                write("the saved state cannot be read: \(error)", to: errorBuffer, capacity: capacity)
+                return Int32(WHEND_FAIL)
+            }
+        }

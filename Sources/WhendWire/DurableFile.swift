@@ -6,6 +6,12 @@ public struct DurableFileError: Error, CustomStringConvertible {
     public var path: String
     public var code: Int32
 
+    public init(operation: String, path: String, code: Int32) {
+        self.operation = operation
+        self.path = path
+        self.code = code
+    }
+
     public var description: String { "cannot \(operation) \(path): \(String(cString: strerror(code)))" }
 }
 

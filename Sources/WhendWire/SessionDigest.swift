@@ -1,31 +1,24 @@
 /// A session's identity — its app and session id (the same id in two apps is two sessions) —
-/// hashed to 128 bits from their decoded bytes, so that finding a session's state allocates
-/// nothing. The digest is seeded per process: it is for memory, never for files.
-public struct SessionDigest: Hashable, Sendable {
+/// hashed to 128 bits (SipHash-1-3 under a fixed key) from their decoded bytes, so that finding
+/// a session's state allocates nothing, and the same session has the same digest in every
+/// process (a plugin's saved state keys by it).
+public struct SessionDigest: Hashable, Sendable, Codable {
     public let low: UInt64
     public let high: UInt64
 
     /// `nil` for a record without that field (a different session from an empty id).
     public init(app: UnsafeBufferPointer<UInt8>?, session: UnsafeBufferPointer<UInt8>?) {
-        // One SipHash (seeded per process) and one FNV-1a over the same bytes: two sessions
-        // share a digest only if both collide.
-        var hasher = Hasher()
-        var fnv: UInt64 = 0xcbf2_9ce4_8422_2325
+        var hash = SipHash128()
+        // Length first: ("ab", "c") and ("a", "bc") are two sessions. (No array of the two:
+        // this runs for every record.)
         func add(_ part: UnsafeBufferPointer<UInt8>?) {
-            guard let part else {
-                hasher.combine(-1)
-                fnv = (fnv ^ 0xFF) &* 0x100_0000_01b3
-                return
-            }
-            hasher.combine(bytes: UnsafeRawBufferPointer(part))
-            hasher.combine(part.count)
-            for b in part { fnv = (fnv ^ UInt64(b)) &* 0x100_0000_01b3 }
-            fnv = (fnv ^ UInt64(part.count)) &* 0x100_0000_01b3
+            guard let part else { return hash.write(UInt64.max) }
+            hash.write(UInt64(part.count))
+            hash.write(UnsafeRawBufferPointer(part))
         }
         add(app)
         add(session)
-        low = UInt64(UInt(bitPattern: hasher.finalize()))
-        high = fnv
+        (low, high) = hash.finalize()
     }
 
     public init(app: String, session: String) {

@@ -126,6 +126,20 @@ struct Whend: ParsableCommand {
     )
     var pipelineWatchdog: String?
 
+    @Option(
+        name: .long,
+        help:
+            "Seconds between saves of a pipeline's plugin state with its cursor; default 5, 0: never. (pipeline_snapshot_interval)"
+    )
+    var pipelineSnapshotInterval: String?
+
+    @Option(
+        name: .long,
+        help:
+            "Records a pipeline goes back to rebuild its plugins' state when the saved one is unusable; default 100000. (pipeline_snapshot_rebuild)"
+    )
+    var pipelineSnapshotRebuild: String?
+
     @Option(name: .long, help: "trace, debug, info (default), notice, warning, error, critical. (log_level)")
     var logLevel: String?
 
@@ -148,7 +162,8 @@ struct Whend: ParsableCommand {
             ("shutdown_timeout", shutdownTimeout),
             ("plugin_dirs", pluginDirs), ("ingest", ingest), ("builtin_pipelines", builtinPipelines),
             ("pipeline_retry_limit", pipelineRetryLimit),
-            ("pipeline_watchdog", pipelineWatchdog), ("log_level", logLevel),
+            ("pipeline_watchdog", pipelineWatchdog), ("pipeline_snapshot_interval", pipelineSnapshotInterval),
+            ("pipeline_snapshot_rebuild", pipelineSnapshotRebuild), ("log_level", logLevel),
         ]
         return pairs.compactMap { key, value in
             value.map { SettingValue(key: key, value: $0, source: "--" + key.replacingOccurrences(of: "_", with: "-")) }

@@ -85,6 +85,7 @@ private func pluginPart(_ line: [UInt8]) -> (cause: Int, bytes: [UInt8])? {
             "journalDirectory": daemon.journal.path, "directory": directory + "/pipelines/screens",
             "pluginStateRoot": directory + "/plugins",
             "pluginDirectories": [(executable("whend") as NSString).deletingLastPathComponent], "retryLimit": 0,
+            "snapshotInterval": 0, "snapshotRebuild": 0,
         ]
         let worker = Process()
         worker.executableURL = URL(fileURLWithPath: executable("whend"))

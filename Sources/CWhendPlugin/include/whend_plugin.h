@@ -96,6 +96,16 @@ typedef struct whend_plugin {
      * one instance never overlap: the host serialises them. */
     int (*handle)(void *instance, const whend_record *record, whend_next_fn next, void *next_context,
                   char *message, size_t message_capacity);
+    /* Added within ABI 1 (read only when struct_size covers them; either may be NULL): the
+     * instance's state, saved by a pipeline's worker together with its cursor, so that a
+     * restarted worker resumes with the state it had there instead of an empty one.
+     * snapshot() hands the state to write() (in one call or several) and returns WHEND_OK, or
+     * WHEND_FAIL with nothing saved. restore(), called after create() and before any record,
+     * takes what snapshot() wrote (for the same plugin version) and returns WHEND_OK, or
+     * WHEND_FAIL with why in error: the worker then rebuilds the state from the journal. */
+    int (*snapshot)(void *instance, void (*write)(void *write_context, const uint8_t *bytes, size_t length),
+                    void *write_context);
+    int (*restore)(void *instance, const uint8_t *bytes, size_t length, char *error, size_t error_capacity);
 } whend_plugin;
 
 typedef const whend_plugin *(*whend_plugin_entry_fn)(void);

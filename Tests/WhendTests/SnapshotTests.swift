@@ -1,0 +1,187 @@
+import Foundation
+import Testing
+import WhendDaemon
+import WhendJournal
+
+/// What screen-tracking derived, as stored: each record's plugin part and cause, in journal order.
+private func liveDerived(_ daemon: DaemonProcess) -> [(cause: Int, text: String)] {
+    var out: [(Int, String)] = []
+    JournalReader(directory: daemon.journal).read { record, _ in
+        let text = String(decoding: record.line, as: UTF8.self)
+        if text.contains(#""_origin":"screen-tracking""#), let part = derivedPart(text) { out.append(part) }
+        return true
+    } onProblem: {
+        Issue.record("journal problem: \($0)")
+    }
+    return out
+}
+
+/// The members a plugin wrote (before the trusted `_origin`…), and the `_cause`.
+private func derivedPart(_ text: String) -> (cause: Int, text: String)? {
+    guard let origin = text.range(of: #","_origin":"#),
+        let cause = text.range(of: #""_cause":"#).flatMap({ Int(text[$0.upperBound...].prefix { $0.isNumber }) })
+    else { return nil }
+    var start = text.index(after: text.startIndex)
+    if text.hasPrefix(#"{"_seq":"#), let comma = text.firstIndex(of: ",") { start = text.index(after: comma) }
+    return (cause, String(text[start..<origin.lowerBound]))
+}
+
+@Suite(.serialized) struct SnapshotTests {
+    /// The seeds' journeys stream while the screens worker is SIGKILLed at 20 random moments and
+    /// whend itself twice: what screen-tracking derived is, byte for byte and in the order of
+    /// their causes, what `whenctl replay` derives from the same journal in one go. (Without
+    /// saved state, a restarted worker handles the records after its cursor against empty
+    /// sessions, and derives other records.)
+    @Test func derivedRecordsSurviveWorkerAndDaemonKillsUnchanged() throws {
+        let directory = scratchDirectory("snapshot-conf")
+        let file = directory + "/whend.conf"
+        let interval = ProcessInfo.processInfo.environment["WHEND_TEST_SNAPSHOT_INTERVAL"] ?? "0.2"
+        try """
+        pipeline_snapshot_interval = \(interval)
+        pipeline.analytics =
+        pipeline.crashes =
+        pipeline.sessions =
+        """.write(toFile: file, atomically: true, encoding: .utf8)
+        let daemon = DaemonProcess("snapshots", arguments: ["--builtin-pipelines", "true", "--config", file])
+        try daemon.start()
+        let demo = Process()
+        demo.executableURL = URL(fileURLWithPath: executable("whend-demo"))
+        demo.arguments = [
+            "--socket", daemon.socketPath, "--rate", "600", "--duration", "12", "--seed", "11", "--quiet",
+            "--fatal-one-in", "0",
+        ]
+        demo.standardOutput = FileHandle.nullDevice
+        demo.standardError = FileHandle.nullDevice
+        try demo.run()
+        var generator = SystemRandomNumberGenerator()
+        var workerKills = 0
+        var daemonKills = 0
+        while workerKills < 20 {
+            usleep(UInt32.random(in: 150_000...450_000, using: &generator))
+            if (workerKills == 7 && daemonKills == 0) || (workerKills == 14 && daemonKills == 1) {
+                daemon.crash()
+                daemonKills += 1
+                try daemon.start()
+                continue
+            }
+            // The worker as it runs now (it may be starting again after the last kill).
+            var pid = 0
+            _ = eventually(5) {
+                let pipelines = (try? daemon.status())?["pipelines"] as? [[String: Any]] ?? []
+                let screens = pipelines.first { $0["name"] as? String == "screens" }
+                pid = screens?["state"] as? String == "running" ? screens?["pid"] as? Int ?? 0 : 0
+                return pid > 0
+            }
+            guard pid > 0 else { break }
+            Glibc.kill(pid_t(pid), SIGKILL)
+            workerKills += 1
+        }
+        demo.waitUntilExit()
+        #expect(workerKills == 20 && daemonKills == 2)
+        var settled = 0
+        #expect(
+            eventually(60) {
+                guard let entry = try? daemon.pipeline("screens"), let lag = entry["lag"] as? Int else { return false }
+                settled = lag == 0 ? settled + 1 : 0
+                return settled >= 3
+            })
+        #expect(daemon.stop() == 0)
+
+        let live = liveDerived(daemon)
+        let replay = try whenctl([
+            "replay", "--state-dir", daemon.stateDirectory, "--pipeline", "screens", "--config", file, "--state-out",
+            scratchDirectory("snapshot-replay"),
+        ])
+        #expect(replay.status == 0, "\(replay.error)")
+        let replayed = replay.output.split(separator: "\n").compactMap { derivedPart(String($0)) }
+        #expect(live.count > 500, "\(live.count) derived records")
+        #expect(live.count == replayed.count, "live \(live.count), replay \(replayed.count)")
+        if let i = (0..<min(live.count, replayed.count)).first(where: {
+            live[$0].cause != replayed[$0].cause || live[$0].text != replayed[$0].text
+        }) {
+            Issue.record(
+                "first difference at \(i): live _cause \(live[i].cause) \(live[i].text) / replay _cause \(replayed[i].cause) \(replayed[i].text)"
+            )
+        }
+        #expect(daemon.log.contains("restored its plugins' state saved at _seq"), "\(daemon.log.suffix(2000))")
+    }
+
+    /// A snapshot cut at any byte, or with any byte changed, is never taken for a state; the
+    /// worker then falls back to the snapshot before it (and its cursor), and with neither
+    /// usable, to `pipeline_snapshot_rebuild` records before its cursor, never to 0.
+    @Test func aDamagedSnapshotIsDetectedAndTheOneBeforeItUsed() throws {
+        let directory = scratchDirectory("snapshot-dmg")
+        let file = directory + "/whend.conf"
+        try """
+        pipeline_snapshot_interval = 0.05
+        pipeline_snapshot_rebuild = 7
+        pipeline.analytics =
+        pipeline.crashes =
+        pipeline.sessions =
+        """.write(toFile: file, atomically: true, encoding: .utf8)
+        let daemon = DaemonProcess("snapshot-dmg", arguments: ["--builtin-pipelines", "true", "--config", file])
+        let snapshot = daemon.stateDirectory + "/pipelines/screens/snapshot"
+        func snapshotCursor(_ path: String) -> UInt64? {
+            (FileManager.default.contents(atPath: path)).flatMap { try? PipelineSnapshot.decode(Array($0)).cursor }
+        }
+        let journey = [
+            #"{"type":"navigation","action":"root","screen":"CharacterList"}"#,
+            #"{"type":"navigation","action":"push","screen":"CharacterDetail"}"#,
+            #"{"type":"navigation","action":"pop"}"#,
+        ]
+        try daemon.start()
+        try sendSession(daemon, app: "com.example.marvel", session: "a", journey)
+        #expect(eventually { (snapshotCursor(snapshot) ?? 0) >= 3 })
+        try sendSession(daemon, app: "com.example.marvel", session: "b", journey)
+        #expect(eventually { (snapshotCursor(snapshot) ?? 0) > snapshotCursor(snapshot + ".previous") ?? .max })
+        #expect(daemon.stop() == 0)
+        let newest = try #require(FileManager.default.contents(atPath: snapshot).map { Array($0) })
+        let previousCursor = try #require(snapshotCursor(snapshot + ".previous"))
+
+        // Every cut, every flipped byte: refused.
+        for end in 0..<newest.count {
+            #expect(throws: PipelineSnapshot.Unusable.self) { try PipelineSnapshot.decode(Array(newest[0..<end])) }
+        }
+        for i in 0..<newest.count {
+            var changed = newest
+            changed[i] ^= 0x20
+            #expect(throws: PipelineSnapshot.Unusable.self, "byte \(i)") { try PipelineSnapshot.decode(changed) }
+        }
+
+        // Through the worker: the newest cut short, the previous one used, and what is derived
+        // after it is what one uninterrupted run derives.
+        try Data(newest[0..<(newest.count / 2)]).write(to: URL(fileURLWithPath: snapshot))
+        try daemon.start()
+        #expect(daemon.waitForLog("the newest snapshot \(snapshot) cannot be used"), "\(daemon.log)")
+        #expect(daemon.waitForLog("restored its plugins' state saved at _seq \(previousCursor) (previous snapshot)"))
+        try sendSession(daemon, app: "com.example.marvel", session: "a", journey)
+        #expect(eventually { (try? daemon.pipeline("screens")?["lag"] as? Int) == 0 })
+        #expect(daemon.stop() == 0)
+        let live = liveDerived(daemon)
+        let replay = try whenctl([
+            "replay", "--state-dir", daemon.stateDirectory, "--pipeline", "screens", "--config", file, "--state-out",
+            scratchDirectory("snapshot-dmg-replay"),
+        ])
+        let replayed = replay.output.split(separator: "\n").compactMap { derivedPart(String($0)) }
+        #expect(live.map(\.text) == replayed.map(\.text))
+        #expect(live.map(\.cause) == replayed.map(\.cause))
+
+        // Both damaged: back pipeline_snapshot_rebuild records from the cursor, with empty state.
+        let cursor = UInt64(
+            try String(contentsOfFile: daemon.stateDirectory + "/pipelines/screens/cursor", encoding: .utf8)
+                .trimmingCharacters(in: .whitespacesAndNewlines))!
+        for path in [snapshot, snapshot + ".previous"] {
+            var bytes = try #require(FileManager.default.contents(atPath: path).map { Array($0) })
+            bytes[bytes.count / 3] ^= 0x01
+            try Data(bytes).write(to: URL(fileURLWithPath: path))
+        }
+        try daemon.start()
+        #expect(
+            daemon.waitForLog(
+                "no saved state can be used; its plugins rebuild theirs from the journal, from _seq \(cursor - 7 + 1) (pipeline_snapshot_rebuild = 7) to its cursor \(cursor)"
+            ), "\(daemon.log)")
+        #expect(daemon.stop() == 0)
+        // Nothing derived twice by the rebuild.
+        #expect(liveDerived(daemon).count == live.count)
+    }
+}
