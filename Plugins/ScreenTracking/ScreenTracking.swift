@@ -104,12 +104,12 @@ struct SessionScreens: Codable {
     }
 
     var stack: [String] = []
-    var phase: [String: Phase] = [:]
+    var phase = SmallMap<Phase>()
     /// Screens removed indefinitely and not presented again since.
-    var removed: Set<String> = []
+    var removed = SmallSet()
     /// Screens in a broken lifecycle sequence: their appearances are not views until they
     /// disappear or are presented again.
-    var broken: Set<String> = []
+    var broken = SmallSet()
     var current: String?
     var currentOpen = false
     var currentSince: Double?
@@ -219,6 +219,39 @@ struct SessionScreens: Codable {
     private mutating func problem(_ text: StaticString, _ screen: String, _ r: PluginRecord) {
         out.append(.diagnostic(problem: text, screen: screen, cause: r.seq))
     }
+}
+
+/// A session's few screens and their phases in a plain array: less memory than a dictionary
+/// per session (a session sees a handful of screens), and no hashing.
+struct SmallMap<Value: Codable>: Codable {
+    private var pairs: [Pair] = []
+
+    struct Pair: Codable {
+        var key: String
+        var value: Value
+    }
+
+    subscript(_ key: String) -> Value? {
+        get { pairs.first { $0.key == key }?.value }
+        set {
+            if let i = pairs.firstIndex(where: { $0.key == key }) {
+                if let newValue { pairs[i].value = newValue } else { pairs.remove(at: i) }
+            } else if let newValue {
+                pairs.append(Pair(key: key, value: newValue))
+            }
+        }
+    }
+}
+
+/// A session's few screens in a plain array (see `SmallMap`).
+struct SmallSet: Codable {
+    private var members: [String] = []
+
+    func contains(_ member: String) -> Bool { members.contains(member) }
+
+    mutating func insert(_ member: String) { if !members.contains(member) { members.append(member) } }
+
+    mutating func remove(_ member: String) { members.removeAll { $0 == member } }
 }
 
 @_cdecl("whend_plugin_entry") public func whendPluginEntry() -> UnsafeRawPointer { exportPlugin(ScreenTracking.self) }

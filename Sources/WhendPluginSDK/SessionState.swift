@@ -1,3 +1,4 @@
+import Foundation
 import WhendWire
 
 /// A session's identity, from a record's `app` and `session`.
@@ -63,12 +64,15 @@ extension SessionDigest {
 }
 
 /// Saved as a list of sessions, each with its digest, when it was last seen and its state.
+/// One session as saved: its digest, when last seen, its state.
+struct SavedSession<State: Codable>: Codable {
+    var id: SessionID
+    var seen: UInt64
+    var state: State
+}
+
 extension BoundedSessions: Codable where State: Codable {
-    private struct Saved: Codable {
-        var id: SessionID
-        var seen: UInt64
-        var state: State
-    }
+    typealias Saved = SavedSession<State>
 
     private enum Keys: String, CodingKey { case limit, sessions }
 
@@ -85,5 +89,44 @@ extension BoundedSessions: Codable where State: Codable {
         let saved = entries.map { Saved(id: $0.key, seen: $0.value.seen, state: $0.value.state) }
             .sorted { ($0.seen, $0.id.low, $0.id.high) < ($1.seen, $1.id.low, $1.id.high) }
         try c.encode(saved, forKey: .sessions)
+    }
+}
+
+/// A state saved as lines, one piece at a time, so that saving a large state does not build
+/// all of it as one tree in memory first (JSONEncoder's way: three times the state's size).
+public protocol LineSnapshot {
+    /// Hands the state over as lines of bytes, each ending in a newline.
+    func snapshotLines(_ emit: ([UInt8]) -> Void) throws
+    init(snapshotLines: [UInt8]) throws
+}
+
+extension BoundedSessions: LineSnapshot where State: Codable {
+    private struct Header: Codable { var limit: Int }
+
+    /// A header line, then one line per session (its digest, when last seen, its state), in
+    /// the order last seen: the same state writes the same bytes.
+    public func snapshotLines(_ emit: ([UInt8]) -> Void) throws {
+        let encoder = JSONEncoder()
+        emit(Array(try encoder.encode(Header(limit: limit))) + [0x0A])
+        let order = entries.keys.sorted {
+            let a = entries[$0]!.seen
+            let b = entries[$1]!.seen
+            return (a, $0.low, $0.high) < (b, $1.low, $1.high)
+        }
+        for id in order {
+            let entry = entries[id]!
+            emit(Array(try encoder.encode(Saved(id: id, seen: entry.seen, state: entry.state))) + [0x0A])
+        }
+    }
+
+    public init(snapshotLines bytes: [UInt8]) throws {
+        let decoder = JSONDecoder()
+        var lines = bytes.split(separator: 0x0A, omittingEmptySubsequences: true)[...]
+        guard let first = lines.popFirst() else { throw DecodingError.dataCorrupted(.init(codingPath: [], debugDescription: "no header")) }
+        self.init(limit: try decoder.decode(Header.self, from: Data(first)).limit)
+        for line in lines {
+            let s = try decoder.decode(Saved.self, from: Data(line))
+            entries[s.id] = Entry(state: s.state, seen: s.seen)
+        }
     }
 }

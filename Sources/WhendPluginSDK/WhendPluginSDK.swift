@@ -194,12 +194,21 @@ public protocol PersistentStatePlugin: WhendPlugin {
     var state: State { get set }
 }
 
-private func encodeState<P: PersistentStatePlugin>(_ plugin: P) throws -> Data {
-    try JSONEncoder().encode(plugin.state)
+private func encodeState<P: PersistentStatePlugin>(_ plugin: P) throws -> [UInt8] {
+    if let lines = plugin.state as? any LineSnapshot {
+        var out: [UInt8] = []
+        try lines.snapshotLines { out += $0 }
+        return out
+    }
+    return Array(try JSONEncoder().encode(plugin.state))
 }
 
-private func decodeState<P: PersistentStatePlugin>(_ plugin: P, _ data: Data) throws {
-    plugin.state = try JSONDecoder().decode(P.State.self, from: data)
+private func decodeState<P: PersistentStatePlugin>(_ plugin: P, _ bytes: [UInt8]) throws {
+    if let type = P.State.self as? any LineSnapshot.Type, let state = try type.init(snapshotLines: bytes) as? P.State {
+        plugin.state = state
+    } else {
+        plugin.state = try JSONDecoder().decode(P.State.self, from: Data(bytes))
+    }
 }
 
 /// The one plugin type this library exports, and its C description. One plugin per library.
@@ -307,10 +316,10 @@ private let snapshotInstance:
     ) -> Int32 = { instance, write, context in
         guard let instance, let write else { return Int32(WHEND_FAIL) }
         let plugin = Unmanaged<InstanceBox>.fromOpaque(instance).takeUnretainedValue().plugin
-        guard let persistent = plugin as? any PersistentStatePlugin, let data = try? encodeState(persistent) else {
+        guard let persistent = plugin as? any PersistentStatePlugin, let bytes = try? encodeState(persistent) else {
             return Int32(WHEND_FAIL)
         }
-        data.withUnsafeBytes { write(context, $0.bindMemory(to: UInt8.self).baseAddress, $0.count) }
+        bytes.withUnsafeBufferPointer { write(context, $0.baseAddress, $0.count) }
         return Int32(WHEND_OK)
     }
 
@@ -322,7 +331,7 @@ private let restoreInstance:
             let plugin = Unmanaged<InstanceBox>.fromOpaque(instance).takeUnretainedValue().plugin
             guard let persistent = plugin as? any PersistentStatePlugin else { return Int32(WHEND_FAIL) }
             do {
-                try decodeState(persistent, bytes.map { Data(bytes: $0, count: length) } ?? Data())
+                try decodeState(persistent, bytes.map { Array(UnsafeBufferPointer(start: $0, count: length)) } ?? [])
                 return Int32(WHEND_OK)
             } catch {
                 write("the saved state cannot be read: \(error)", to: errorBuffer, capacity: capacity)
