@@ -188,7 +188,11 @@ public final class SessionIndexWriter {
         appendJSONString(type.utf8, to: &buffer)
         buffer += "}\n".utf8
         linesSinceSnapshot += 1
-        if linesSinceSnapshot >= compactEvery || index.entries.count > maxSessions + maxSessions / 10 + 1 {
+        // A snapshot costs the whole index: taken after at least four lines per session, its
+        // cost per record stays the same however many sessions there are.
+        if linesSinceSnapshot >= max(compactEvery, 4 * index.entries.count)
+            || index.entries.count > maxSessions + maxSessions / 10 + 1
+        {
             try snapshot()
         }
     }

@@ -125,6 +125,15 @@ func forEachMember(
         i += 1
         var escaped = false
         while i < n {
+            // Eight bytes at a time to the next quote or backslash: most of a record is strings.
+            if let base = bytes.baseAddress {
+                while i + 8 <= n {
+                    let word = UInt64(littleEndian: UnsafeRawPointer(base + i).loadUnaligned(as: UInt64.self))
+                    if hasQuoteOrBackslash(word) { break }
+                    i += 8
+                }
+            }
+            guard i < n else { break }
             let b = bytes[i]
             if b == UInt8(ascii: "\\") {
                 escaped = true
@@ -191,6 +200,17 @@ func forEachMember(
         guard bytes[i] == UInt8(ascii: ",") else { return }
         i += 1
     }
+}
+
+/// Whether any byte of `word` is `"` or `\\` (the classic has-zero-byte test on the word
+/// xor'ed with each): exact, no false positives.
+@inline(__always)
+func hasQuoteOrBackslash(_ word: UInt64) -> Bool {
+    let ones: UInt64 = 0x0101_0101_0101_0101
+    let highs: UInt64 = 0x8080_8080_8080_8080
+    let q = word ^ (ones &* 0x22)
+    let b = word ^ (ones &* 0x5C)
+    return ((q &- ones) & ~q & highs) | ((b &- ones) & ~b & highs) != 0
 }
 
 extension JSONObjectWriter {

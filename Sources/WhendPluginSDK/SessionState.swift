@@ -122,7 +122,9 @@ extension BoundedSessions: LineSnapshot where State: Codable {
     public init(snapshotLines bytes: [UInt8]) throws {
         let decoder = JSONDecoder()
         var lines = bytes.split(separator: 0x0A, omittingEmptySubsequences: true)[...]
-        guard let first = lines.popFirst() else { throw DecodingError.dataCorrupted(.init(codingPath: [], debugDescription: "no header")) }
+        guard let first = lines.popFirst() else {
+            throw DecodingError.dataCorrupted(.init(codingPath: [], debugDescription: "no header"))
+        }
         self.init(limit: try decoder.decode(Header.self, from: Data(first)).limit)
         for line in lines {
             let s = try decoder.decode(Saved.self, from: Data(line))
