@@ -385,11 +385,12 @@ public enum Settings {
                     )
                 }
                 value = unquoted
-            } else if value.hasPrefix("{") || value.hasPrefix("[") {
-                // A JSON value (a plugin's configuration) runs to its closing bracket: a `#`
-                // inside its strings is part of it; after it, only a comment.
-                guard let end = jsonValueEnd(value) else {
-                    throw SettingError(description: "\(source): the JSON value of \(key) is not closed on its line")
+            } else if key.hasPrefix("plugin.") {
+                // A plugin's configuration is JSON, and runs to its closing bracket: a `#` inside
+                // its strings is part of it; after it, only a comment.
+                guard value.hasPrefix("{") || value.hasPrefix("["), let end = jsonValueEnd(value) else {
+                    throw SettingError(
+                        description: "\(source): the value of \(key) is not a JSON object closed on its line")
                 }
                 let rest = value[end...].trimmingCharacters(in: .whitespaces)
                 guard rest.isEmpty || rest.hasPrefix("#") else {

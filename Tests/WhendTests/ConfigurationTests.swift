@@ -151,6 +151,10 @@ import WhendWire
         #expect(c.pipelines["a"] == ["screen-tracking"])
         #expect(throws: SettingError.self) { try parse(#"plugin.x = {"a": "b"} trailing"#) }
         #expect(throws: SettingError.self) { try parse(#"plugin.x = {"a": "b""#) }
+        // Only a plugin's value is read as JSON: another that merely starts like it stays as it was.
+        let odd = try parse("socket = /tmp/[odd.sock\nplugin_dirs = /opt/{x}")
+        #expect(try Settings.render(parse(Settings.render(odd))) == Settings.render(odd))
+        #expect(odd.socketPath == "/tmp/[odd.sock" && odd.pluginDirectories == ["/opt/{x}"])
     }
 
     /// A chain holds one instance of a plugin: named twice, its `next` would re-enter it.
