@@ -480,7 +480,7 @@ print("each row: the median of \(rounds) interleaved rounds (peak RSS: the highe
 print("")
 print("whend as it ships (embedded defaults: the four built-in pipelines on), 4 connections, acks and fsync:")
 print(
-    "  ingest: \(fmt(shippedIngest.eventsPerSecond)) events/s (\(fmt(shippedIngest.eventsPerSecond / shippedPeer.eventsPerSecond, 2)) × rsyslog \(fmt(shippedPeer.eventsPerSecond)) events/s), daemon CPU \(fmt(shippedIngest.cpuMicrosPerEvent, 2)) µs/event, daemon peak RSS \(fmt(shippedIngest.peakRSSMiB, 1)) MiB"
+    "  ingest: \(fmt(shippedIngest.eventsPerSecond)) events/s (\(fmt(shippedIngest.eventsPerSecond / shippedPeer.eventsPerSecond, 2)) × rsyslog \(fmt(shippedPeer.eventsPerSecond)) events/s), CPU of whend and its workers \(fmt(shippedIngest.cpuMicrosPerEvent, 2)) µs/event, daemon peak RSS \(fmt(shippedIngest.peakRSSMiB, 1)) MiB"
 )
 print(
     "  end to end (first byte → every pipeline's lag 0): \(fmt(shipped.endToEndEventsPerSecond)) events/s (\(fmt(shipped.endToEndEventsPerSecond / shippedPeer.eventsPerSecond, 2)) × rsyslog); \(shipped.derived) derived records"
