@@ -174,17 +174,11 @@ final class AnalyticsSpool: @unchecked Sendable {
         guard bytes + line.count <= maxBytes else { return false }
         var entry = line
         entry.append(0x0A)
-        var done = 0
-        while done < entry.count {
-            let n = entry.withUnsafeBytes { write(file, $0.baseAddress! + done, $0.count - done) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else {
-                let reason = String(cString: strerror(errno))
-                // What was written of it is cut off, so the spool stays whole lines.
-                if done > 0 { _ = ftruncate(file, lseek(file, 0, SEEK_END) - off_t(done)) }
-                throw PluginError.fail("analytics: cannot write the spool \(path): \(reason)")
-            }
-            done += n
+        do {
+            // Whole lines only: the spool is read back line by line after a restart.
+            try DurableFile.append(entry, to: file, path: path)
+        } catch {
+            throw PluginError.fail("analytics: \(error)")
         }
         events.append(line)
         bytes += line.count
@@ -323,21 +317,8 @@ final class AnalyticsSender: @unchecked Sendable {
     static func append(_ bytes: [UInt8], to path: String) throws {
         try FileManager.default.createDirectory(
             atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
-        let fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
-        guard fd >= 0 else { throw PluginError.fail("cannot open \(path): \(String(cString: strerror(errno)))") }
-        defer { close(fd) }
-        var done = 0
-        while done < bytes.count {
-            let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + done, $0.count - done) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else {
-                let reason = String(cString: strerror(errno))
-                // Whole lines only: what was written of this one is cut off again.
-                if done > 0 { _ = ftruncate(fd, lseek(fd, 0, SEEK_END) - off_t(done)) }
-                throw PluginError.fail("cannot write \(path): \(reason)")
-            }
-            done += n
-        }
+        // Readable by other local tools, as an NDJSON destination is meant to be.
+        try DurableFile.append(bytes, to: path, mode: 0o644)
     }
 
     /// POSTs one batch until it is accepted (true), dropped for a 4xx (true: nothing more to

@@ -505,7 +505,7 @@ public final class JournalWriter: @unchecked Sendable {
         var segments = all
         if let active, segments.last?.firstSeq == active.file.firstSeq { segments.removeLast() }
         if let broken, segments.last?.firstSeq == broken.firstSeq { segments.removeLast() }
-        var sizes = segments.map { FileIO.size($0.path) ?? 0 }
+        let sizes = segments.map { FileIO.size($0.path) ?? 0 }
         var total = sizes.reduce(0, +) + (active?.size ?? 0)
         let readers = retentionReaders?() ?? []
         let now = Date().timeIntervalSince1970

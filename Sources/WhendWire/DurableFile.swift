@@ -49,10 +49,19 @@ public enum DurableFile {
     /// Appends `bytes` whole to `path` (created if need be), and syncs it when `sync`. If the
     /// write fails part-way, what was written of it is cut off again, so that the file stays
     /// whole lines.
-    public static func append(_ bytes: [UInt8], to path: String, sync: Bool = false) throws(DurableFileError) {
-        let fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
+    public static func append(_ bytes: [UInt8], to path: String, sync: Bool = false, mode: mode_t = 0o600)
+        throws(DurableFileError)
+    {
+        let fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, mode)
         guard fd >= 0 else { throw DurableFileError(operation: "open", path: path, code: errno) }
         defer { close(fd) }
+        try append(bytes, to: fd, path: path)
+        if sync, fsync(fd) != 0 { throw DurableFileError(operation: "sync", path: path, code: errno) }
+    }
+
+    /// Appends `bytes` whole to the file open (`O_APPEND`) on `fd`: if the write fails
+    /// part-way, what was written of it is cut off again.
+    public static func append(_ bytes: [UInt8], to fd: Int32, path: String) throws(DurableFileError) {
         let start = lseek(fd, 0, SEEK_END)
         do throws(DurableFileError) {
             try writeAll(fd, bytes, path: path)
@@ -60,7 +69,6 @@ public enum DurableFile {
             if start >= 0 { _ = ftruncate(fd, start) }
             throw error
         }
-        if sync, fsync(fd) != 0 { throw DurableFileError(operation: "sync", path: path, code: errno) }
     }
 
     /// Syncs the directory holding `path`: a rename or a new file is durable only then.

@@ -3,19 +3,6 @@ import Testing
 import WhendDaemon
 import WhendJournal
 
-/// What a plugin wrote of a derived record: the members before the trusted fields whend adds
-/// (`_origin` first among them), and the `_cause` it came from.
-private func pluginPart(_ line: [UInt8]) -> (cause: Int, bytes: [UInt8])? {
-    let text = String(decoding: line, as: UTF8.self)
-    guard let origin = text.range(of: #","_origin":"#),
-        let cause = text.range(of: #""_cause":"#).flatMap({ Int(text[$0.upperBound...].prefix { $0.isNumber }) })
-    else { return nil }
-    // A stored line starts `{"_seq":N,`; a replayed one `{`.
-    var start = text.index(after: text.startIndex)
-    if text.hasPrefix(#"{"_seq":"#), let comma = text.firstIndex(of: ",") { start = text.index(after: comma) }
-    return (cause, Array(text[start..<origin.lowerBound].utf8))
-}
-
 @Suite(.serialized) struct PipelineSpeedTests {
     /// The same journal gives byte-identical derived records through a live pipeline (worker,
     /// framed protocol, journal) and through `whenctl replay` in one go.
@@ -38,30 +25,17 @@ private func pluginPart(_ line: [UInt8]) -> (cause: Int, bytes: [UInt8])? {
             })
         #expect(daemon.stop() == 0)
 
-        var live: [(cause: Int, bytes: [UInt8])] = []
-        JournalReader(directory: daemon.journal).read { record, _ in
-            let line = Array(record.line)
-            if String(decoding: line, as: UTF8.self).contains(#""_origin":"screen-tracking""#),
-                let part = pluginPart(line)
-            {
-                live.append(part)
-            }
-            return true
-        } onProblem: {
-            Issue.record("journal problem: \($0)")
-        }
+        let live = liveDerived(daemon)
         let replay = try whenctl([
             "replay", "--state-dir", daemon.stateDirectory, "--pipeline", "screens", "--state-out",
             scratchDirectory("live-replay-out"),
         ])
         #expect(replay.status == 0, "\(replay.error)")
-        let replayed = replay.output.split(separator: "\n").compactMap { pluginPart(Array($0.utf8)) }
+        let replayed = replay.output.split(separator: "\n").compactMap { derivedPart(String($0)) }
         #expect(live.count > 100, "\(live.count) derived records")
         #expect(replayed.count == live.count)
-        for (a, b) in zip(live, replayed) where a.cause != b.cause || a.bytes != b.bytes {
-            Issue.record(
-                "live _cause \(a.cause): \(String(decoding: a.bytes, as: UTF8.self))\nreplay _cause \(b.cause): \(String(decoding: b.bytes, as: UTF8.self))"
-            )
+        for (a, b) in zip(live, replayed) where a.cause != b.cause || a.text != b.text {
+            Issue.record("live _cause \(a.cause): \(a.text)\nreplay _cause \(b.cause): \(b.text)")
             break
         }
     }

@@ -3,29 +3,6 @@ import Testing
 import WhendDaemon
 import WhendJournal
 
-/// What screen-tracking derived, as stored: each record's plugin part and cause, in journal order.
-private func liveDerived(_ daemon: DaemonProcess) -> [(cause: Int, text: String)] {
-    var out: [(Int, String)] = []
-    JournalReader(directory: daemon.journal).read { record, _ in
-        let text = String(decoding: record.line, as: UTF8.self)
-        if text.contains(#""_origin":"screen-tracking""#), let part = derivedPart(text) { out.append(part) }
-        return true
-    } onProblem: {
-        Issue.record("journal problem: \($0)")
-    }
-    return out
-}
-
-/// The members a plugin wrote (before the trusted `_origin`…), and the `_cause`.
-private func derivedPart(_ text: String) -> (cause: Int, text: String)? {
-    guard let origin = text.range(of: #","_origin":"#),
-        let cause = text.range(of: #""_cause":"#).flatMap({ Int(text[$0.upperBound...].prefix { $0.isNumber }) })
-    else { return nil }
-    var start = text.index(after: text.startIndex)
-    if text.hasPrefix(#"{"_seq":"#), let comma = text.firstIndex(of: ",") { start = text.index(after: comma) }
-    return (cause, String(text[start..<origin.lowerBound]))
-}
-
 @Suite(.serialized) struct SnapshotTests {
     /// The seeds' journeys stream while the screens worker is SIGKILLed at 20 random moments and
     /// whend itself twice: what screen-tracking derived is, byte for byte and in the order of

@@ -268,3 +268,26 @@ func sendSession(_ daemon: DaemonProcess, app: String, session: String, _ events
     #expect(answers.errors.isEmpty, "\(answers.errors)")
     #expect(answers.acks.last == events.count)
 }
+
+/// What screen-tracking derived, as stored: each record's plugin part and cause, in journal order.
+func liveDerived(_ daemon: DaemonProcess) -> [(cause: Int, text: String)] {
+    var out: [(Int, String)] = []
+    JournalReader(directory: daemon.journal).read { record, _ in
+        let text = String(decoding: record.line, as: UTF8.self)
+        if text.contains(#""_origin":"screen-tracking""#), let part = derivedPart(text) { out.append(part) }
+        return true
+    } onProblem: {
+        Issue.record("journal problem: \($0)")
+    }
+    return out
+}
+
+/// The members a plugin wrote (before the trusted `_origin`…), and the `_cause`.
+func derivedPart(_ text: String) -> (cause: Int, text: String)? {
+    guard let origin = text.range(of: #","_origin":"#),
+        let cause = text.range(of: #""_cause":"#).flatMap({ Int(text[$0.upperBound...].prefix { $0.isNumber }) })
+    else { return nil }
+    var start = text.index(after: text.startIndex)
+    if text.hasPrefix(#"{"_seq":"#), let comma = text.firstIndex(of: ",") { start = text.index(after: comma) }
+    return (cause, String(text[start..<origin.lowerBound]))
+}
