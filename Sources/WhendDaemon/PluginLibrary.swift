@@ -11,8 +11,9 @@ public struct PluginLoadError: Error, CustomStringConvertible {
 /// Libraries are never closed: unloading a Swift library crashes its runtime, so "unload"
 /// means "stop routing records to it". Opening the same file again gives the same library.
 final class PluginLibrary: @unchecked Sendable {
-    // Unchecked: every field is set once in init; `descriptor` points at the plugin's constant
-    // description, which lives as long as the process (the library is never closed).
+    // Unchecked: every field is set once in init; `descriptor` points at a copy of the plugin's
+    // description (no more than it declared, the rest zero), kept as long as the process: the
+    // library is never closed.
     let path: String
     let descriptor: UnsafePointer<whend_plugin>
     let name: String
