@@ -68,12 +68,13 @@ final class CrashReports: PersistentStatePlugin {
             }
         }
 
-        /// The breadcrumbs oldest first, as a JSON array.
-        var json: [UInt8] {
+        /// The last `limit` breadcrumbs before the newest one when `skippingNewest` (the record
+        /// being reported on), oldest first, as a JSON array.
+        func json(limit: Int, skippingNewest: Bool) -> [UInt8] {
+            let ordered = (0..<ring.count).map { ring[(next + $0) % ring.count] }
             var out: [UInt8] = [UInt8(ascii: "[")]
-            for i in 0..<ring.count {
+            for (i, crumb) in ordered.dropLast(skippingNewest ? 1 : 0).suffix(limit).enumerated() {
                 if i > 0 { out.append(UInt8(ascii: ",")) }
-                let crumb = ring[(next + i) % ring.count]
                 crumb.record.withUnsafeBufferPointer {
                     out += CrashReports.breadcrumb(PluginRecord(bytes: $0, seq: crumb.seq))
                 }
@@ -94,29 +95,39 @@ final class CrashReports: PersistentStatePlugin {
     }
 
     func handle(_ record: PluginRecord, next: PluginNext) throws {
-        let limit = breadcrumbLimit
-        let trail = sessions.with(SessionID(record), seq: record.seq, make: Trail.init) { trail -> Trail in
-            let before = trail
+        // One more than the limit is kept: a report shows the `breadcrumbs` records before the
+        // one it is about. Changed in place: copying a session's trail per record cost more
+        // than all the rest.
+        let capacity = breadcrumbLimit + 1
+        let id = SessionID(record)
+        let crumb = !record.isDerived || record.has(.type, "screen")
+        let screenBefore = sessions.with(id, seq: record.seq, make: Trail.init) { trail -> String? in
+            let before = trail.screen
             if let screen = Self.screen(shownBy: record) { trail.screen = screen }
-            if !record.isDerived || record.has(.type, "screen") {
-                trail.add(record, limit: limit)
-            }
+            if crumb { trail.add(record, limit: capacity) }
             return before
         }
+        // The trail as it was before this record, read only for a report.
+        func trail() -> (json: [UInt8], screen: String?) {
+            let now = sessions.with(id, seq: record.seq, make: Trail.init) { $0 }
+            return (now.json(limit: breadcrumbLimit, skippingNewest: crumb), screenBefore)
+        }
         if record.has(.type, "error"), !record.isDerived, record.flag(.fatal) || onEveryError {
-            try write(kind: "error", record: record, trail: trail, error: Self.errorPart(record).bytes)
+            try write(kind: "error", record: record, trail: trail(), error: Self.errorPart(record).bytes)
         }
         do {
             try next(record)
         } catch {
             var part = JSONObjectWriter()
             part.string("message", "a plugin after crash-reports failed on _seq \(record.seq): \(error)")
-            try? write(kind: "plugin_failure", record: record, trail: trail, error: part.bytes)
+            try? write(kind: "plugin_failure", record: record, trail: trail(), error: part.bytes)
             throw error
         }
     }
 
-    private func write(kind: String, record: PluginRecord, trail: Trail, error: [UInt8]) throws {
+    private func write(kind: String, record: PluginRecord, trail: (json: [UInt8], screen: String?), error: [UInt8])
+        throws
+    {
         var report = JSONObjectWriter(capacity: 4096)
         report.value("app", record[.app])
         report.raw("breadcrumbs", trail.json)

@@ -77,45 +77,102 @@ public enum RecordField: Int, CaseIterable, Sendable {
     }
 }
 
-/// Where each `RecordField` is in one record: (start, end) of its value, or nothing.
+/// Where each `RecordField` is in one record: (start, end) of its value, found as far as they
+/// are asked for. A record a plugin tells apart by its `type` (the first field whend stores
+/// after `_seq`) is scanned no further than that.
 struct RecordFieldIndex {
     private var spans: InlineArray<22, (Int32, Int32)> = .init(repeating: (0, 0))
+    /// Where the scan goes on (just past a member's comma), once started.
+    private var position = 0
+    private var started = false
+    private var finished = false
+    /// The first trusted key after `_seq`, once the scan has passed it: whend stores a record's
+    /// trusted fields after the app's, and `_origin` first among them in a derived record.
+    private var firstTrusted: RecordField?
+    private var passedTrusted = false
 
+    /// Nothing scanned yet: fields are found when asked for.
     init() {}
 
-    /// One pass over the top level of `bytes`. The first occurrence of a key wins, as whend's
-    /// own scanner reads a record; a key spelled with `\u` escapes is the same field as its
-    /// plain spelling.
+    /// Every field found at once (for a record a plugin makes itself).
     init(_ bytes: UnsafeBufferPointer<UInt8>) {
-        forEachMember(of: bytes) { key, escaped, value in
+        _ = find(nil, in: bytes)
+    }
+
+    /// Forgets the last record: the next lookups scan the next one.
+    mutating func reset() {
+        spans = .init(repeating: (0, 0))
+        position = 0
+        started = false
+        finished = false
+        firstTrusted = nil
+        passedTrusted = false
+    }
+
+    /// Whether the record carries `_origin`, read from whend's layout: the scan stops at the
+    /// first trusted key after `_seq` (the app's own keys never begin with `_`), which is
+    /// `_origin` exactly when a plugin derived the record.
+    mutating func isDerived(in bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+        while !passedTrusted && !finished { _ = scan(nil, in: bytes, stopAtTrusted: true) }
+        return passedTrusted ? firstTrusted == .origin : stored(.origin) != nil
+    }
+
+    /// Where `field`'s value is, scanning on from where the last lookup stopped; with `nil`,
+    /// scans to the end. The first occurrence of a key wins, as whend's own scanner reads a
+    /// record; a key spelled with `\u` escapes is the same field as its plain spelling.
+    mutating func find(_ wanted: RecordField?, in bytes: UnsafeBufferPointer<UInt8>) -> Range<Int>? {
+        if let wanted, let known = stored(wanted) { return known }
+        return scan(wanted, in: bytes, stopAtTrusted: false)
+    }
+
+    private mutating func scan(_ wanted: RecordField?, in bytes: UnsafeBufferPointer<UInt8>, stopAtTrusted: Bool)
+        -> Range<Int>?
+    {
+        guard !finished else { return nil }
+        var found: Range<Int>?
+        let resume = forEachMember(of: bytes, from: started ? position : nil) { key, escaped, value in
             let field: RecordField?
-            if escaped {
-                field = decodeJSONString(key).withUnsafeBufferPointer { RecordField.named($0) }
+            let decoded = escaped ? decodeJSONString(key) : nil
+            if let decoded {
+                field = decoded.withUnsafeBufferPointer { RecordField.named($0) }
             } else {
                 field = RecordField.named(key)
             }
-            if let field, spans[field.rawValue].1 == 0 {
-                spans[field.rawValue] = (Int32(value.lowerBound), Int32(value.upperBound))
+            let trusted = (decoded?.first ?? key.first) == UInt8(ascii: "_") && field != .seq
+            var stop = false
+            if trusted && !passedTrusted {
+                passedTrusted = true
+                firstTrusted = field
+                stop = stopAtTrusted
             }
-            return true
+            guard let field, spans[field.rawValue].1 == 0 else { return !stop }
+            spans[field.rawValue] = (Int32(value.lowerBound), Int32(value.upperBound))
+            guard field == wanted else { return !stop }
+            found = value
+            return false
         }
+        started = true
+        if let resume { position = resume } else { finished = true }
+        return found
     }
 
-    func span(_ field: RecordField) -> Range<Int>? {
+    func stored(_ field: RecordField) -> Range<Int>? {
         let (start, end) = spans[field.rawValue]
         return end > start ? Int(start)..<Int(end) : nil
     }
 }
 
 /// Calls `body` with each top-level member of the JSON object in `bytes`: the key's raw
-/// contents, whether it has escapes, and the value's range; stops when `body` returns false.
+/// contents, whether it has escapes, and the value's range; stops when `body` returns false,
+/// and then returns where to go on (`from:` a later call), else nil once the object is done.
 /// Not a validator: whend validated stored records, and for anything else this is a safe best
 /// effort (`PluginRecord.object()` still reports what is wrong). Allocates nothing.
+@discardableResult
 func forEachMember(
-    of bytes: UnsafeBufferPointer<UInt8>,
+    of bytes: UnsafeBufferPointer<UInt8>, from position: Int? = nil,
     _ body: (_ key: UnsafeBufferPointer<UInt8>, _ escaped: Bool, _ value: Range<Int>) -> Bool
-) {
-    var i = 0
+) -> Int? {
+    var i = position ?? 0
     let n = bytes.count
     func skipSpace() {
         while i < n, bytes[i] == 0x20 || bytes[i] == 0x0A || bytes[i] == 0x0D || bytes[i] == 0x09 { i += 1 }
@@ -173,33 +230,37 @@ func forEachMember(
             while i < n, bytes[i] != UInt8(ascii: ","), bytes[i] != UInt8(ascii: "}"), bytes[i] > 0x20 { i += 1 }
         }
     }
-    skipSpace()
-    guard i < n, bytes[i] == UInt8(ascii: "{") else { return }
-    i += 1
+    if position == nil {
+        skipSpace()
+        guard i < n, bytes[i] == UInt8(ascii: "{") else { return nil }
+        i += 1
+    }
     while i < n {
         skipSpace()
-        guard i < n, bytes[i] == UInt8(ascii: "\"") else { return }
+        guard i < n, bytes[i] == UInt8(ascii: "\"") else { return nil }
         let keyStart = i + 1
         let escaped = skipString()
         let keyEnd = min(i - 1, n)
-        guard keyEnd >= keyStart else { return }
+        guard keyEnd >= keyStart else { return nil }
         skipSpace()
-        guard i < n, bytes[i] == UInt8(ascii: ":") else { return }
+        guard i < n, bytes[i] == UInt8(ascii: ":") else { return nil }
         i += 1
         skipSpace()
         let valueStart = i
         skipValue()
         let valueEnd = min(i, n)
-        guard valueEnd > valueStart else { return }
+        guard valueEnd > valueStart else { return nil }
         // Only a member that is whole: followed by `,` or `}` (a cut record ends early).
         skipSpace()
-        guard i < n, bytes[i] == UInt8(ascii: ",") || bytes[i] == UInt8(ascii: "}") else { return }
+        guard i < n, bytes[i] == UInt8(ascii: ",") || bytes[i] == UInt8(ascii: "}") else { return nil }
+        let more = bytes[i] == UInt8(ascii: ",")
+        if more { i += 1 }
         guard body(UnsafeBufferPointer(rebasing: bytes[keyStart..<keyEnd]), escaped, valueStart..<valueEnd) else {
-            return
+            return more ? i : nil
         }
-        guard bytes[i] == UInt8(ascii: ",") else { return }
-        i += 1
+        guard more else { return nil }
     }
+    return nil
 }
 
 /// Whether any byte of `word` is `"` or `\\` (the classic has-zero-byte test on the word

@@ -30,17 +30,30 @@ public struct PluginRecord {
     public let bytes: UnsafeBufferPointer<UInt8>
     /// `_seq`; 0 before the journal (ingest).
     public let seq: UInt64
-    let index: RecordFieldIndex
+    /// The instance's index, reset for this record and filled as fields are asked for (the
+    /// records whend hands a plugin), or nil with `index` complete (a record it makes itself).
+    private let lazy: UnsafeMutablePointer<RecordFieldIndex>?
+    private let index: RecordFieldIndex?
 
     public init(bytes: UnsafeBufferPointer<UInt8>, seq: UInt64) {
         self.bytes = bytes
         self.seq = seq
+        lazy = nil
         index = RecordFieldIndex(bytes)
+    }
+
+    init(bytes: UnsafeBufferPointer<UInt8>, seq: UInt64, index: UnsafeMutablePointer<RecordFieldIndex>) {
+        self.bytes = bytes
+        self.seq = seq
+        index.pointee.reset()
+        lazy = index
+        self.index = nil
     }
 
     /// A well-known field's value, if the record has it.
     public subscript(_ field: RecordField) -> JSONValue? {
-        index.span(field).map { JSONValue(raw: UnsafeBufferPointer(rebasing: bytes[$0])) }
+        let span = lazy.map { $0.pointee.find(field, in: bytes) } ?? index?.stored(field)
+        return span.map { JSONValue(raw: UnsafeBufferPointer(rebasing: bytes[$0])) }
     }
 
     /// Any top-level field, by key (found by a pass over the record).
@@ -49,7 +62,7 @@ public struct PluginRecord {
         var found: Range<Int>?
         var wanted = key
         wanted.withUTF8 { want in
-            forEachMember(of: bytes) { name, escaped, value in
+            _ = forEachMember(of: bytes) { name, escaped, value in
                 let same =
                     escaped
                     ? decodeJSONString(name).elementsEqual(want)
@@ -76,8 +89,13 @@ public struct PluginRecord {
     /// `time` as seconds since 1970.
     public var seconds: Double? { time?.seconds }
 
-    /// Whether a plugin derived it (it carries `_origin`).
-    public var isDerived: Bool { self[.origin] != nil }
+    /// Whether a plugin derived it (it carries `_origin`). For a record from the journal this
+    /// reads no further than the app's own fields: whend stores the trusted ones after them,
+    /// `_origin` first.
+    public var isDerived: Bool {
+        guard let lazy, seq > 0 else { return self[.origin] != nil }
+        return lazy.pointee.isDerived(in: bytes)
+    }
 
     /// The record decoded (a copy, for plugins that do not mind the cost).
     public func object() throws -> [String: Any] {
@@ -236,7 +254,18 @@ public func exportPlugin<P: WhendPlugin>(_ type: P.Type) -> UnsafeRawPointer {
 /// happens per record.
 private final class InstanceBox {
     let plugin: any WhendPlugin
-    init(_ plugin: any WhendPlugin) { self.plugin = plugin }
+    /// The field index of the record in hand: one per instance, whose calls never overlap.
+    let index = UnsafeMutablePointer<RecordFieldIndex>.allocate(capacity: 1)
+
+    init(_ plugin: any WhendPlugin) {
+        self.plugin = plugin
+        index.initialize(to: RecordFieldIndex())
+    }
+
+    deinit {
+        index.deinitialize(count: 1)
+        index.deallocate()
+    }
 }
 
 private func write(_ text: String, to buffer: UnsafeMutablePointer<CChar>?, capacity: Int) {
@@ -286,15 +315,14 @@ private let handleRecord:
         UnsafeMutablePointer<CChar>?, Int
     ) -> Int32 = { instance, record, next, nextContext, message, capacity in
         guard let instance, let record, let next else { return Int32(WHEND_FAIL) }
-        let view = PluginRecord(
-            bytes: UnsafeBufferPointer(start: record.pointee.json, count: record.pointee.length),
-            seq: record.pointee.seq
-        )
         let continuation = PluginNext(call: next, context: nextContext)
         do {
             // Borrowed, not retained: the host holds the instance for as long as it calls it.
-            try Unmanaged<InstanceBox>.fromOpaque(instance)._withUnsafeGuaranteedRef {
-                try $0.plugin.handle(view, next: continuation)
+            try Unmanaged<InstanceBox>.fromOpaque(instance)._withUnsafeGuaranteedRef { box in
+                let view = PluginRecord(
+                    bytes: UnsafeBufferPointer(start: record.pointee.json, count: record.pointee.length),
+                    seq: record.pointee.seq, index: box.index)
+                try box.plugin.handle(view, next: continuation)
             }
             return Int32(WHEND_OK)
         } catch PluginError.reject(let text) {

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
-import WhendPluginSDK
+
+@testable import WhendPluginSDK
 
 private func withRecord<R>(_ text: String, seq: UInt64 = 1, _ body: (PluginRecord) throws -> R) rethrows -> R {
     try Array(text.utf8).withUnsafeBufferPointer { try body(PluginRecord(bytes: $0, seq: seq)) }
@@ -93,6 +94,57 @@ private func withRecord<R>(_ text: String, seq: UInt64 = 1, _ body: (PluginRecor
             let id = withRecord(#"{"app":"a","session":"\#(i)"}"#) { SessionID($0) }
             sessions.with(id, seq: UInt64(i), make: { 0 }) { $0 += 1 }
             #expect(sessions.count <= 100)
+        }
+    }
+
+    /// Fields found as they are asked for, in any order, are the fields one full pass finds,
+    /// whatever the record (duplicates, escapes, nesting, cut short).
+    @Test func fieldsFoundOnDemandAreThoseOfAFullPass() {
+        let text =
+            #"{"_seq":4,"type":"lifecycle","params":{"type":"x","s":"}\"{"},"screen":"A","ty\u0070e":"dup","status":"didAppear","app":"a","session":"s","ts":"2026-11-21T13:44:59Z","_rt":"2026-11-21T13:45:00Z","_pid":1}"#
+        let bytes = Array(text.utf8)
+        let index = UnsafeMutablePointer<RecordFieldIndex>.allocate(capacity: 1)
+        index.initialize(to: RecordFieldIndex())
+        defer { index.deallocate() }
+        var orders = [RecordField.allCases, RecordField.allCases.reversed()]
+        var generator = SystemRandomNumberGenerator()
+        for _ in 0..<20 { orders.append(RecordField.allCases.shuffled(using: &generator)) }
+        for end in [bytes.count] + Array(stride(from: 0, to: bytes.count, by: 7)) {
+            Array(bytes[0..<end]).withUnsafeBufferPointer { b in
+                let eager = PluginRecord(bytes: b, seq: 4)
+                for order in orders {
+                    let lazy = PluginRecord(bytes: b, seq: 4, index: index)
+                    for field in order {
+                        #expect(
+                            lazy[field]?.raw.elementsEqual(eager[field]?.raw ?? .init(start: nil, count: 0))
+                                ?? (eager[field] == nil), "\(field) cut at \(end)")
+                    }
+                }
+            }
+        }
+    }
+
+    /// A stored record is derived exactly when `_origin` leads its trusted fields, and the lazy
+    /// index says so without reading past the app's fields.
+    @Test func derivedRecordsAreToldByTheirFirstTrustedField() {
+        let index = UnsafeMutablePointer<RecordFieldIndex>.allocate(capacity: 1)
+        index.initialize(to: RecordFieldIndex())
+        defer { index.deallocate() }
+        let cases = [
+            (
+                #"{"_seq":9,"type":"screen","name":"A","_origin":"screen-tracking","_pipeline":"screens","_cause":3,"_rt":"x"}"#,
+                true
+            ),
+            (#"{"_seq":9,"type":"screen","name":"A","_rt":"2026-11-21T13:45:00Z","_pid":1,"_comm":"app"}"#, false),
+            (#"{"_seq":9,"type":"screen","name":"_origin","_rt":"x"}"#, false),
+        ]
+        for (text, derived) in cases {
+            Array(text.utf8).withUnsafeBufferPointer { b in
+                let lazy = PluginRecord(bytes: b, seq: 9, index: index)
+                #expect(lazy.isDerived == derived, "\(text)")
+                #expect(lazy.has(.type, "screen") && lazy.string(.name) != nil)
+                #expect(PluginRecord(bytes: b, seq: 9).isDerived == derived)
+            }
         }
     }
 }
