@@ -23,9 +23,9 @@ public enum PluginError: Error {
 
 /// A record as stored: JSON bytes valid only during the call. A view, not a copy.
 ///
-/// The well-known fields (`RecordField`) are found in one pass before `handle` is called, and
-/// read as `JSONValue` views: a plugin that looks at a record's type and passes it on allocates
-/// nothing. `field(_:)` finds any other top-level key; `object()` decodes the whole record.
+/// The well-known fields (`RecordField`) are found as they are asked for (the record is read
+/// no further than that) and read as `JSONValue` views: a plugin that looks at a record's type
+/// and passes it on allocates nothing and reads a few bytes. `field(_:)` finds any other top-level key; `object()` decodes the whole record.
 public struct PluginRecord {
     public let bytes: UnsafeBufferPointer<UInt8>
     /// `_seq`; 0 before the journal (ingest).
