@@ -23,26 +23,10 @@ final class Redact: WhendPlugin {
         // Most records carry none of the fields: pass those on untouched, without decoding. A
         // record with any escape is decoded: a key may spell a field with `\u` escapes.
         let bytes = record.bytes
-        guard bytes.contains(UInt8(ascii: "\\")) || quoted.contains(where: { contains(bytes, $0) }) else {
+        guard bytes.contains(UInt8(ascii: "\\")) || quoted.contains(where: { bytesContain(bytes, $0) }) else {
             return try next(record)
         }
         try next(strip(try record.object()) as? [String: Any] ?? [:])
-    }
-
-    private func contains(_ haystack: UnsafeBufferPointer<UInt8>, _ needle: [UInt8]) -> Bool {
-        guard haystack.count >= needle.count, let first = needle.first else { return false }
-        var i = 0
-        while i <= haystack.count - needle.count {
-            if haystack[i] == first
-                && needle.withUnsafeBufferPointer({
-                    bytesEqual(UnsafeBufferPointer(rebasing: haystack[i..<(i + needle.count)]), $0)
-                })
-            {
-                return true
-            }
-            i += 1
-        }
-        return false
     }
 
     private func strip(_ value: Any) -> Any {

@@ -1,4 +1,3 @@
-import Foundation
 import WhendWire
 
 /// A session is an app's session: the same id in two apps is two sessions.
@@ -17,11 +16,4 @@ public enum RFC3339 {
         var text = text
         return text.withUTF8 { rfc3339Seconds($0) }
     }
-}
-
-/// JSON for derived records and files: sorted keys, so the same input writes the same bytes.
-public func jsonBytes(_ object: Any) -> [UInt8] {
-    Array(
-        (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])) ?? Data()
-    )
 }

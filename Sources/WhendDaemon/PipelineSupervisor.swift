@@ -80,7 +80,7 @@ final class PipelineSupervisor: @unchecked Sendable {
         var last: (cause: UInt64, ordinal: Int) = (0, 0)
         JournalReader(directory: JournalDirectory(path: spec.journalDirectory)).read(fromSeq: cursor + 1) {
             record, _ in
-            guard Self.contains(record.line, marker),
+            guard bytesContain(record.line, marker),
                 let object = try? JSONSerialization.jsonObject(with: Data(buffer: record.line)) as? [String: Any],
                 let cause = (object["_cause"] as? NSNumber)?.uint64Value, cause > cursor
             else { return true }
@@ -98,20 +98,6 @@ final class PipelineSupervisor: @unchecked Sendable {
                 "pipeline \(spec.name): records after its cursor \(cursor) already have their derived records, through _cause \(last.cause)"
             )
         }
-    }
-
-    private static func contains(_ haystack: UnsafeBufferPointer<UInt8>, _ needle: [UInt8]) -> Bool {
-        guard haystack.count >= needle.count, let first = needle.first else { return false }
-        var i = 0
-        while i <= haystack.count - needle.count {
-            if haystack[i] == first {
-                var j = 1
-                while j < needle.count && haystack[i + j] == needle[j] { j += 1 }
-                if j == needle.count { return true }
-            }
-            i += 1
-        }
-        return false
     }
 
     /// Tells the worker of `generation` that its derived records of `batch` are stored: only

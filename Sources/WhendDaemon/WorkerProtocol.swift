@@ -1,4 +1,5 @@
 import Foundation
+import WhendWire
 
 /// What a pipeline worker derived from one record: the plugin's bytes, stored as written.
 public struct DerivedRecord: Equatable, Sendable {
@@ -225,12 +226,5 @@ public struct WorkerFrameReader: Sendable {
 /// Writes all of `bytes` to `fd`; false if the peer is gone.
 @discardableResult
 func writeAll(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
-    var done = 0
-    while done < bytes.count {
-        let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + done, $0.count - done) }
-        if n < 0 && errno == EINTR { continue }
-        guard n > 0 else { return false }
-        done += n
-    }
-    return true
+    bytes.withUnsafeBytes { writeFully(fd, $0) } == nil
 }

@@ -1,4 +1,5 @@
 import Foundation
+import WhendWire
 
 /// A failed system call on a journal file, with what to do about it.
 public struct JournalIOError: Error, CustomStringConvertible, Sendable {
@@ -30,15 +31,7 @@ enum FileIO {
     }
 
     static func writeAll(_ fd: Int32, _ bytes: UnsafeRawBufferPointer, path: String) throws {
-        var done = 0
-        while done < bytes.count {
-            let n = Glibc.write(fd, bytes.baseAddress! + done, bytes.count - done)
-            if n < 0 {
-                if errno == EINTR { continue }
-                throw JournalIOError(operation: "write", path: path, errno: errno)
-            }
-            done += n
-        }
+        if let code = writeFully(fd, bytes) { throw JournalIOError(operation: "write", path: path, errno: code) }
     }
 
     static func sync(_ fd: Int32, path: String) throws {

@@ -5,6 +5,7 @@ import Foundation
 /// than at its next poll. Where inotify cannot be had, it waits the whole timeout.
 final class JournalChangeWaiter {
     private let fd: Int32
+    private var events = [UInt8](repeating: 0, count: 4096)
 
     init(directory: String) {
         var fd = inotify_init1(Int32(IN_NONBLOCK | IN_CLOEXEC))
@@ -30,7 +31,6 @@ final class JournalChangeWaiter {
         var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
         _ = poll(&entry, 1, Int32(timeout * 1000))
         // Drain: what matters is that something changed, not what.
-        var buffer = [UInt8](repeating: 0, count: 4096)
-        while buffer.withUnsafeMutableBytes({ read(fd, $0.baseAddress, $0.count) }) > 0 {}
+        while events.withUnsafeMutableBytes({ read(fd, $0.baseAddress, $0.count) }) > 0 {}
     }
 }

@@ -83,12 +83,21 @@ public enum DurableFile {
     }
 
     private static func writeAll(_ fd: Int32, _ bytes: [UInt8], path: String) throws(DurableFileError) {
-        var done = 0
-        while done < bytes.count {
-            let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + done, $0.count - done) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else { throw DurableFileError(operation: "write", path: path, code: n < 0 ? errno : EIO) }
-            done += n
+        if let code = bytes.withUnsafeBytes({ writeFully(fd, $0) }) {
+            throw DurableFileError(operation: "write", path: path, code: code)
         }
     }
+}
+
+/// Writes all of `bytes` to `fd`, carrying on after short writes and EINTR. Returns nil once
+/// all is written, else the errno of the write that failed (EIO for one that wrote nothing).
+public func writeFully(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) -> Int32? {
+    var done = 0
+    while done < bytes.count {
+        let n = write(fd, bytes.baseAddress! + done, bytes.count - done)
+        if n < 0 && errno == EINTR { continue }
+        guard n > 0 else { return n < 0 ? errno : EIO }
+        done += n
+    }
+    return nil
 }

@@ -89,3 +89,18 @@ public func bytesEqual(_ a: UnsafeBufferPointer<UInt8>, _ b: UnsafeBufferPointer
     }
     return memcmp(pa, pb, a.count) == 0
 }
+
+/// Whether `needle` occurs in `haystack` (a plain search: the needles are short keys).
+public func bytesContain(_ haystack: UnsafeBufferPointer<UInt8>, _ needle: [UInt8]) -> Bool {
+    guard haystack.count >= needle.count, let first = needle.first else { return false }
+    return needle.withUnsafeBufferPointer { n in
+        var i = 0
+        while i <= haystack.count - n.count {
+            if haystack[i] == first && bytesEqual(UnsafeBufferPointer(rebasing: haystack[i..<(i + n.count)]), n) {
+                return true
+            }
+            i += 1
+        }
+        return false
+    }
+}
