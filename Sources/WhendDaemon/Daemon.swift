@@ -169,13 +169,8 @@ public final class Daemon: Sendable {
             }
         }
         try prepareSocketPath(path, what: what, flag: flag)
-        // Bind under a umask that leaves no more than `mode`: no moment with wider permissions.
-        let previous = umask(~mode & 0o777)
-        defer { umask(previous) }
         do {
-            let channel = try bootstrap.bind(unixDomainSocketPath: path).wait()
-            chmod(path, mode)
-            return (channel, path)
+            return (try bindPrivately(bootstrap, path: path, mode: mode), path)
         } catch {
             throw DaemonStartError(
                 description:
@@ -317,6 +312,35 @@ public final class Daemon: Sendable {
 
     /// Creates the socket's directory, and removes a socket file left by a daemon that is gone.
     /// Refuses to start when another daemon answers on the path.
+    /// Binds the socket in a private (0700) directory beside `path`, gives it `mode`, then renames
+    /// it into place, so that it never exists at `path` with wider permissions. (A umask would do
+    /// the same for one thread, but the umask is the whole process's: plugin and pipeline
+    /// directories created meanwhile on other threads would get the socket's mode.)
+    private func bindPrivately(_ bootstrap: ServerBootstrap, path: String, mode: mode_t) throws -> Channel {
+        var template = Array(((path as NSString).deletingLastPathComponent + "/.whend-XXXXXX").utf8CString)
+        let staging: String? = template.withUnsafeMutableBufferPointer { buffer in
+            mkdtemp(buffer.baseAddress!).map { String(cString: $0) }
+        }
+        // sun_path holds 107 bytes; a path too long to stage beside is bound directly.
+        guard let staging, staging.utf8.count + 2 < MemoryLayout.size(ofValue: sockaddr_un().sun_path) else {
+            let channel = try bootstrap.bind(unixDomainSocketPath: path).wait()
+            chmod(path, mode)
+            return channel
+        }
+        let staged = staging + "/s"
+        defer {
+            unlink(staged)
+            rmdir(staging)
+        }
+        let channel = try bootstrap.bind(unixDomainSocketPath: staged).wait()
+        guard chmod(staged, mode) == 0, rename(staged, path) == 0 else {
+            let error = IOError(errnoCode: errno, reason: "placing the socket at \(path)")
+            channel.close(promise: nil)
+            throw error
+        }
+        return channel
+    }
+
     private func prepareSocketPath(_ path: String, what: String, flag: String) throws {
         let directory = (path as NSString).deletingLastPathComponent
         if !FileManager.default.fileExists(atPath: directory) {

@@ -49,4 +49,45 @@ import Testing
         let took = Date().timeIntervalSince(started)
         #expect(took < 2, "the stop took \(took) s")
     }
+
+    /// Every directory whend and its workers create is the daemon user's alone to write and can
+    /// be entered, and each socket has its own mode, however the start-up's threads interleave
+    /// (binding a socket once changed the whole process's umask, and the pipelines' directories
+    /// created meanwhile came out world-writable and impossible to enter). Three starts, each
+    /// with the four built-in pipelines creating their directories while the sockets are bound.
+    @Test func theStateDirectoryAndSocketsKeepTheirModes() throws {
+        for round in 1...3 {
+            let daemon = DaemonProcess("modes", arguments: ["--builtin-pipelines", "true"])
+            try daemon.start()
+            #expect(
+                eventually {
+                    let pipelines = (try? daemon.status())?["pipelines"] as? [[String: Any]] ?? []
+                    return pipelines.count == 4 && pipelines.allSatisfy { $0["state"] as? String == "running" }
+                })
+            let state = daemon.stateDirectory
+            var directories = [state]
+            if let walker = FileManager.default.enumerator(atPath: state) {
+                for case let relative as String in walker {
+                    var isDirectory: ObjCBool = false
+                    if FileManager.default.fileExists(atPath: state + "/" + relative, isDirectory: &isDirectory),
+                        isDirectory.boolValue
+                    {
+                        directories.append(state + "/" + relative)
+                    }
+                }
+            }
+            #expect(directories.count >= 9, "\(directories)")
+            for directory in directories {
+                var st = stat()
+                #expect(stat(directory, &st) == 0)
+                let mode = st.st_mode & 0o777
+                #expect(
+                    mode & 0o700 == 0o700 && mode & 0o022 == 0,
+                    "round \(round): \(directory) has mode \(String(mode, radix: 8))")
+            }
+            var st = stat()
+            #expect(stat(daemon.directory + "/control.sock", &st) == 0 && st.st_mode & 0o777 == 0o600)
+            #expect(daemon.stop() == 0)
+        }
+    }
 }
