@@ -58,6 +58,8 @@ final class CrashReports: PersistentStatePlugin {
         var next = 0
         var screen: String?
 
+        init() {}
+
         mutating func add(_ record: PluginRecord, limit: Int) {
             let entry = Crumb(seq: record.seq, record: Array(record.bytes))
             if ring.count < limit {
@@ -185,6 +187,34 @@ final class CrashReports: PersistentStatePlugin {
         error.value("screen", r[.screen])
         error.value("stack", r[.stack])
         return error
+    }
+}
+
+/// As saved in a snapshot: the ring as it lies (each breadcrumb's seq and bytes), where it
+/// continues, the screen on show.
+extension CrashReports.Trail: CompactCodable {
+    func encode(to writer: inout CompactWriter) {
+        writer.write(UInt64(ring.count))
+        for crumb in ring {
+            writer.write(crumb.seq)
+            writer.write(bytes: crumb.record)
+        }
+        writer.write(next)
+        writer.write(screen)
+    }
+
+    init(from reader: inout CompactReader) throws(StateDamaged) {
+        let count = try reader.readCount()
+        ring.reserveCapacity(count)
+        for _ in 0..<count {
+            let seq = try reader.read(UInt64.self)
+            ring.append(Crumb(seq: seq, record: Array(try reader.readBytes())))
+        }
+        next = try reader.read(Int.self)
+        guard next >= 0, next < max(1, ring.count) else {
+            throw StateDamaged("a breadcrumb ring continues at \(next) of \(ring.count)")
+        }
+        screen = try reader.read(String?.self)
     }
 }
 

@@ -254,4 +254,61 @@ struct SmallSet: Codable {
     mutating func remove(_ member: String) { members.removeAll { $0 == member } }
 }
 
+/// As saved in a snapshot: the same fields as the `Codable` form, in a fixed order.
+extension SessionScreens: CompactCodable {
+    func encode(to writer: inout CompactWriter) {
+        writer.write(stack)
+        phase.encode(to: &writer)
+        removed.encode(to: &writer)
+        broken.encode(to: &writer)
+        writer.write(current)
+        writer.write(currentOpen)
+        writer.write(currentSince)
+    }
+
+    init(from reader: inout CompactReader) throws(StateDamaged) {
+        stack = try reader.read([String].self)
+        phase = try SmallMap(from: &reader)
+        removed = try SmallSet(from: &reader)
+        broken = try SmallSet(from: &reader)
+        current = try reader.read(String?.self)
+        currentOpen = try reader.read(Bool.self)
+        currentSince = try reader.read(Double?.self)
+    }
+}
+
+extension SessionScreens.Phase: CompactCodable {
+    private static let all: [Self] = [.willAppear, .didAppear, .willDisappear, .didDisappear]
+
+    func encode(to writer: inout CompactWriter) { writer.write(UInt64(Self.all.firstIndex(of: self)!)) }
+
+    init(from reader: inout CompactReader) throws(StateDamaged) {
+        let index = try reader.read(UInt64.self)
+        guard index < Self.all.count else { throw StateDamaged("no lifecycle phase \(index)") }
+        self = Self.all[Int(index)]
+    }
+}
+
+extension SmallMap: CompactCodable where Value: CompactCodable {
+    func encode(to writer: inout CompactWriter) {
+        writer.write(UInt64(pairs.count))
+        for pair in pairs {
+            writer.write(pair.key)
+            pair.value.encode(to: &writer)
+        }
+    }
+
+    init(from reader: inout CompactReader) throws(StateDamaged) {
+        for _ in 0..<(try reader.readCount()) {
+            let key = try reader.read(String.self)
+            pairs.append(Pair(key: key, value: try Value(from: &reader)))
+        }
+    }
+}
+
+extension SmallSet: CompactCodable {
+    func encode(to writer: inout CompactWriter) { writer.write(members) }
+    init(from reader: inout CompactReader) throws(StateDamaged) { members = try reader.read([String].self) }
+}
+
 @_cdecl("whend_plugin_entry") public func whendPluginEntry() -> UnsafeRawPointer { exportPlugin(ScreenTracking.self) }

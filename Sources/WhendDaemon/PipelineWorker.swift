@@ -289,6 +289,9 @@ public enum PipelineWorker {
         var savedCursor = cursor
         var lastSnapshot = Date()
         var snapshotCursor = cursor
+        // At least `snapshotInterval`, and at least twenty times what the last snapshot took:
+        // a large state costs its pipeline no more than a twentieth of its time to save.
+        var snapshotSpacing = spec.snapshotInterval
         // A pipeline that has never saved a cursor starts at the journal's oldest record, and
         // what retention deleted before it existed is no gap of its.
         var expected: UInt64? = FileManager.default.fileExists(atPath: spec.cursorPath) ? cursor + 1 : nil
@@ -316,7 +319,7 @@ public enum PipelineWorker {
                 lastFlush = now
             }
             if keepsState, !chain.plugins.isEmpty, cursor != snapshotCursor,
-                force || now.timeIntervalSince(lastSnapshot) >= spec.snapshotInterval
+                force || now.timeIntervalSince(lastSnapshot) >= snapshotSpacing
             {
                 lastSnapshot = now
                 // The state goes with a cursor only when every record handled is finished: its
@@ -328,6 +331,7 @@ public enum PipelineWorker {
                     do {
                         try takeSnapshot(chain, cursor: cursor).save(to: spec.snapshotPath)
                         snapshotCursor = cursor
+                        snapshotSpacing = max(spec.snapshotInterval, 20 * Date().timeIntervalSince(now))
                     } catch {
                         logger.error("pipeline \(spec.name): its plugins' state was not saved: \(error)")
                     }

@@ -203,7 +203,8 @@ public protocol WhendPlugin: AnyObject {
 }
 
 /// A plugin whose state survives restarts: declare the state `Codable` and keep it in `state`.
-/// A pipeline's worker saves it with its cursor every so often (JSON, beside the cursor) and
+/// A pipeline's worker saves it with its cursor every so often (JSON, beside the cursor; or the
+/// compact bytes of `CompactCodable`, much faster, when the state conforms to it too) and
 /// restores it after a restart before the first record, so that what the plugin derives after
 /// a crash is what it would have derived without one. A snapshot of another plugin version, or
 /// one that cannot be read, is not used: the worker rebuilds the state from the journal.
@@ -212,7 +213,16 @@ public protocol PersistentStatePlugin: WhendPlugin {
     var state: State { get set }
 }
 
+/// What a compact state's bytes begin with: JSON never does.
+private let compactStateMagic: [UInt8] = Array("\u{0}whend-state-1\n".utf8)
+
 private func encodeState<P: PersistentStatePlugin>(_ plugin: P) throws -> [UInt8] {
+    if let compact = plugin.state as? any CompactCodable {
+        var writer = CompactWriter(capacity: 1 << 20)
+        writer.bytes += compactStateMagic
+        compact.encode(to: &writer)
+        return writer.bytes
+    }
     if let lines = plugin.state as? any LineSnapshot {
         var out: [UInt8] = []
         try lines.snapshotLines { out += $0 }
@@ -222,7 +232,18 @@ private func encodeState<P: PersistentStatePlugin>(_ plugin: P) throws -> [UInt8
 }
 
 private func decodeState<P: PersistentStatePlugin>(_ plugin: P, _ bytes: [UInt8]) throws {
-    if let type = P.State.self as? any LineSnapshot.Type, let state = try type.init(snapshotLines: bytes) as? P.State {
+    if bytes.starts(with: compactStateMagic) {
+        guard let type = P.State.self as? any CompactCodable.Type else {
+            throw StateDamaged("saved in the compact form, which \(P.State.self) does not read")
+        }
+        var reader = CompactReader(bytes, from: compactStateMagic.count)
+        guard let state = try type.init(from: &reader) as? P.State, reader.isAtEnd else {
+            throw StateDamaged("the saved state has bytes past its end")
+        }
+        plugin.state = state
+    } else if let type = P.State.self as? any LineSnapshot.Type,
+        let state = try type.init(snapshotLines: bytes) as? P.State
+    {
         plugin.state = state
     } else {
         plugin.state = try JSONDecoder().decode(P.State.self, from: Data(bytes))

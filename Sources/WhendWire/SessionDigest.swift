@@ -21,6 +21,12 @@ public struct SessionDigest: Hashable, Sendable, Codable {
         (low, high) = hash.finalize()
     }
 
+    /// A digest as saved.
+    public init(low: UInt64, high: UInt64) {
+        self.low = low
+        self.high = high
+    }
+
     public init(app: String, session: String) {
         var app = app
         var session = session
