@@ -199,13 +199,18 @@ extension BoundedSessions: CompactCodable where State: CompactCodable {
     public func encode(to writer: inout CompactWriter) {
         writer.write(limit)
         writer.write(UInt64(entries.count))
-        let order = entries.sorted {
-            ($0.value.seen, $0.key.low, $0.key.high) < ($1.value.seen, $1.key.low, $1.key.high)
-        }
-        for (id, entry) in order {
+        // Sorted as plain numbers: this code is not specialised for the state's type, and a
+        // sort of the entries themselves copied each state through its value witnesses
+        // (retains and releases) a dozen times.
+        var order: [(seen: UInt64, low: UInt64, high: UInt64)] = []
+        order.reserveCapacity(entries.count)
+        for (id, entry) in entries { order.append((entry.seen, id.low, id.high)) }
+        order.sort { $0 < $1 }
+        for (seen, low, high) in order {
+            let id = SessionDigest(low: low, high: high)
             id.encode(to: &writer)
-            writer.write(entry.seen)
-            entry.state.encode(to: &writer)
+            writer.write(seen)
+            entries[id]!.state.encode(to: &writer)
         }
     }
 

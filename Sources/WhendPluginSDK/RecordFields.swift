@@ -113,6 +113,7 @@ struct RecordFieldIndex {
     /// first trusted key after `_seq` (the app's own keys never begin with `_`), which is
     /// `_origin` exactly when a plugin derived the record.
     mutating func isDerived(in bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+        if let known = derivedByLayoutTail(bytes) { return known }
         while !passedTrusted && !finished { _ = scan(nil, in: bytes, stopAtTrusted: true) }
         return passedTrusted ? firstTrusted == .origin : stored(.origin) != nil
     }
@@ -279,4 +280,52 @@ extension JSONObjectWriter {
     public mutating func session(_ cause: PluginRecord) {
         if let session = cause[.session], session.stringContents?.isEmpty == false { value("session", session) }
     }
+}
+
+/// Whether a record as whend stores it was derived, read from its last bytes: whend writes the
+/// trusted fields last, and a derived record ends `,"_cause":N,"_rt":"T"}` where an app's ends
+/// `,"_comm":"C"}` or `,"_gid":N}`. These tails are the record's top level (the last members
+/// before the closing brace, and a quote after a comma is never inside a string), so they are
+/// read in a few dozen bytes instead of a scan of the whole record; `nil` for any other end.
+func derivedByLayoutTail(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool? {
+    var end = bytes.count
+    while end > 0, bytes[end - 1] == 0x0A || bytes[end - 1] == 0x20 { end -= 1 }
+    guard end > 2, bytes[end - 1] == UInt8(ascii: "}") else { return nil }
+    end -= 1
+    /// Where `literal` ends if the bytes just before `position` are it.
+    func precededBy(_ literal: StaticString, at position: Int) -> Int? {
+        let count = literal.utf8CodeUnitCount
+        guard position >= count else { return nil }
+        for i in 0..<count where bytes[position - count + i] != literal.utf8Start[i] { return nil }
+        return position - count
+    }
+    func digitsBefore(_ position: Int) -> Int? {
+        var p = position
+        while p > 0, bytes[p - 1] >= UInt8(ascii: "0"), bytes[p - 1] <= UInt8(ascii: "9") { p -= 1 }
+        return p < position ? p : nil
+    }
+    if let start = digitsBefore(end) {
+        return precededBy(",\"_gid\":", at: start) != nil ? false : nil
+    }
+    guard bytes[end - 1] == UInt8(ascii: "\"") else { return nil }
+    // `_rt`: a timestamp, no quote or backslash inside.
+    var open = end - 2
+    while open >= 0, bytes[open] != UInt8(ascii: "\""), bytes[open] != UInt8(ascii: "\\"), end - open < 48 { open -= 1 }
+    if open >= 0, bytes[open] == UInt8(ascii: "\""), let key = precededBy(",\"_rt\":\"", at: open + 1) {
+        guard let digits = digitsBefore(key), precededBy(",\"_cause\":", at: digits) != nil else { return nil }
+        return true
+    }
+    // `_comm`: a process name (15 bytes at most, each escaped in six at most).
+    var candidate = end - 1
+    while candidate > 0, end - candidate < 128 {
+        candidate -= 1
+        guard bytes[candidate] == UInt8(ascii: "\""), precededBy(",\"_comm\":\"", at: candidate + 1) != nil else {
+            continue
+        }
+        // The string that opens here must close exactly at the end.
+        var p = candidate + 1
+        while p < end, bytes[p] != UInt8(ascii: "\"") { p += bytes[p] == UInt8(ascii: "\\") ? 2 : 1 }
+        return p == end - 1 ? false : nil
+    }
+    return nil
 }

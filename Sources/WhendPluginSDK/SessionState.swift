@@ -59,7 +59,11 @@ extension SessionDigest {
 
     @inlinable mutating func forgetOldest() {
         let cut = entries.values.map(\.seen).sorted()[limit / 10]
-        entries = entries.filter { $0.value.seen > cut }
+        // In place: a filtered copy copied every session kept, each time.
+        var forgotten: [SessionID] = []
+        forgotten.reserveCapacity(limit / 10 + 1)
+        for (id, entry) in entries where entry.seen <= cut { forgotten.append(id) }
+        for id in forgotten { entries.removeValue(forKey: id) }
     }
 }
 

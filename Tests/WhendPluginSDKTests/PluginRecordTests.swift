@@ -147,4 +147,40 @@ private func withRecord<R>(_ text: String, seq: UInt64 = 1, _ body: (PluginRecor
             }
         }
     }
+
+    /// The end of a record as whend stores it tells a derived record from an app's in a few
+    /// bytes; any other end (or an app's field that looks like a tail) is left to the scan, and
+    /// both always agree with it.
+    @Test func derivedRecordsAreToldByTheirTailAsByAScan() {
+        let rt = #""_rt":"2026-11-21T13:45:00.123456Z""#
+        let cases: [(String, Bool?)] = [
+            (
+                #"{"_seq":9,"type":"screen","_origin":"screen-tracking","_pipeline":"screens","_cause":3,"# + rt + "}",
+                true
+            ),
+            (#"{"_seq":9,"type":"lifecycle","# + rt + #","_pid":1,"_uid":0,"_gid":0,"_comm":"app"}"#, false),
+            (#"{"_seq":9,"type":"when","# + rt + #","_pid":1,"_uid":0,"_gid":0}"#, false),
+            // A process name that spells a derived record's tail, escaped as stored.
+            (
+                #"{"_seq":9,"type":"when","# + rt
+                    + #","_pid":1,"_uid":0,"_gid":0,"_comm":"a\",\"_cause\":1,\"_rt\":\"2026-11-21T13:45:00Z"}"#,
+                false
+            ),
+            (#"{"_seq":9,"type":"when","# + rt + #","_pid":1,"_uid":0,"_gid":0,"_comm":"x\\"}"#, false),
+            // Nested look-alikes, and ends whend does not write: the scan decides.
+            (#"{"_seq":9,"type":"when","params":{"_cause":1,"_rt":"2026-11-21T13:45:00Z"}}"#, nil),
+            (#"{"_seq":9,"type":"when","params":{"k":1,"_gid":2}}"#, nil),
+            (#"{"_seq":9,"type":"when","params":{"_comm":"x"},"# + rt + "}", nil),
+            (#"{"_seq":9,"type":"when"}"#, nil),
+        ]
+        for (text, tail) in cases {
+            Array(text.utf8).withUnsafeBufferPointer { b in
+                #expect(derivedByLayoutTail(b) == tail, "\(text)")
+                var index = RecordFieldIndex()
+                let scanned = index.isDerived(in: b)
+                #expect(tail == nil || tail == scanned, "\(text)")
+                #expect(PluginRecord(bytes: b, seq: 9).isDerived == scanned)
+            }
+        }
+    }
 }
