@@ -101,10 +101,12 @@ extension Daemon {
             appendDecimal(record.cause, to: &trusted)
             trusted += #","_rt":""#.utf8
             trusted += now
-            trusted += #""}"#.utf8
+            trusted.append(UInt8(ascii: "\""))
             do {
                 let body = try record.bytes.withUnsafeBufferPointer { out in
-                    try trusted.withUnsafeBufferPointer { try IngestRewrite.body(output: out, original: $0) }
+                    try trusted.withUnsafeBufferPointer {
+                        try IngestRewrite.derivedBody(output: out, trustedMembers: $0)
+                    }
                 }
                 batch.bodies += body
                 batch.ends.append(batch.bodies.count)
@@ -203,9 +205,9 @@ extension Daemon {
     }
 }
 
-/// The start of a derived record's trusted fields: `{"_origin":"NAME"[,"_pipeline":"P"],"_cause":`.
+/// The start of a derived record's trusted members: `"_origin":"NAME"[,"_pipeline":"P"],"_cause":`.
 func derivedRecordPrefix(origin: String, pipeline: String?) -> [UInt8] {
-    var prefix = Array(#"{"_origin":"#.utf8)
+    var prefix = Array(#""_origin":"#.utf8)
     appendJSONString(origin.utf8, to: &prefix)
     if let pipeline {
         prefix += #","_pipeline":"#.utf8

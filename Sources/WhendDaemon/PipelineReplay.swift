@@ -112,8 +112,11 @@ private final class DerivedSink: @unchecked Sendable {
         appendDecimal(cause, to: &trusted)
         trusted += #","_rt":""#.utf8
         trusted += PipelineReplay.receivedAt(record)
-        trusted += #""}"#.utf8
-        guard let body = try? trusted.withUnsafeBufferPointer({ try IngestRewrite.body(output: json, original: $0) })
+        trusted.append(UInt8(ascii: "\""))
+        guard
+            let body = try? trusted.withUnsafeBufferPointer({
+                try IngestRewrite.derivedBody(output: json, trustedMembers: $0)
+            })
         else { return false }
         var record: [UInt8] = [UInt8(ascii: "{")]
         record += body

@@ -13,11 +13,39 @@ public enum IngestRewrite {
     public static func body(output: UnsafeBufferPointer<UInt8>, original: UnsafeBufferPointer<UInt8>)
         throws(WireError) -> [UInt8]
     {
+        var body = try untrustedMembers(of: output, reserving: 128)
+        var trusted = JSONScanner(original)
+        try trusted.scanObject { m throws(WireError) in
+            guard isTrusted(m, in: original) else { return }
+            body.append(UInt8(ascii: ","))
+            append(m, of: original, to: &body)
+        }
+        body.append(UInt8(ascii: "}"))
+        return body
+    }
+
+    /// The body of a record a plugin derived: its members as `body(output:original:)` keeps
+    /// them, then `trustedMembers`, whend's own (`"_origin":…,"_cause":…`, as whend wrote them:
+    /// not scanned again).
+    public static func derivedBody(output: UnsafeBufferPointer<UInt8>, trustedMembers: UnsafeBufferPointer<UInt8>)
+        throws(WireError) -> [UInt8]
+    {
+        var body = try untrustedMembers(of: output, reserving: trustedMembers.count + 2)
+        body.append(UInt8(ascii: ","))
+        body.append(contentsOf: trustedMembers)
+        body.append(UInt8(ascii: "}"))
+        return body
+    }
+
+    /// The output's members but the trusted ones, comma-separated, validated.
+    private static func untrustedMembers(of output: UnsafeBufferPointer<UInt8>, reserving extra: Int)
+        throws(WireError) -> [UInt8]
+    {
         if let bad = firstInvalidUTF8Offset(output) {
             throw WireError(.invalidUTF8, "the changed record is not UTF-8 at byte \(bad + 1)")
         }
         var body: [UInt8] = []
-        body.reserveCapacity(output.count + 128)
+        body.reserveCapacity(output.count + extra)
         var sawType = false
         var scanner = JSONScanner(output)
         try scanner.scanObject { m throws(WireError) in
@@ -29,23 +57,23 @@ public enum IngestRewrite {
                 sawType = true
             }
             if !body.isEmpty { body.append(UInt8(ascii: ",")) }
-            body.append(contentsOf: output[m.quotedKey])
-            body.append(UInt8(ascii: ":"))
-            body.append(contentsOf: output[m.value])
+            append(m, of: output, to: &body)
         }
         scanner.skipWhitespace()
         guard scanner.atEnd else { throw scanner.syntaxError("unexpected data after the changed record") }
         guard sawType else { throw WireError(.missingField, "the changed record has no type") }
-        var trusted = JSONScanner(original)
-        try trusted.scanObject { m throws(WireError) in
-            guard isTrusted(m, in: original) else { return }
-            body.append(UInt8(ascii: ","))
-            body.append(contentsOf: original[m.quotedKey])
-            body.append(UInt8(ascii: ":"))
-            body.append(contentsOf: original[m.value])
-        }
-        body.append(UInt8(ascii: "}"))
         return body
+    }
+
+    /// `"key":value`, in one copy when the member is written without spaces.
+    private static func append(_ m: JSONScanner.Member, of bytes: UnsafeBufferPointer<UInt8>, to body: inout [UInt8]) {
+        if m.value.lowerBound == m.quotedKey.upperBound + 1 {
+            body.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[m.quotedKey.lowerBound..<m.value.upperBound]))
+        } else {
+            body.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[m.quotedKey]))
+            body.append(UInt8(ascii: ":"))
+            body.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[m.value]))
+        }
     }
 
     private static func isTrusted(_ m: JSONScanner.Member, in bytes: UnsafeBufferPointer<UInt8>) -> Bool {

@@ -21,6 +21,15 @@ public struct SessionDigest: Hashable, Sendable, Codable {
         (low, high) = hash.finalize()
     }
 
+    /// A dictionary's hash without `Hasher`: the digest is SipHash output already, evenly
+    /// spread, and the per-process seed still varies the table's layout. (Through `Hasher`, a
+    /// lookup cost plugins a second SipHash per record.)
+    public func _rawHashValue(seed: Int) -> Int {
+        Int(truncatingIfNeeded: low ^ UInt64(UInt(bitPattern: seed)) &* 0x9E37_79B9_7F4A_7C15)
+    }
+
+    public func hash(into hasher: inout Hasher) { hasher.combine(low) }
+
     /// A digest as saved.
     public init(low: UInt64, high: UInt64) {
         self.low = low
