@@ -4,8 +4,8 @@ SWIFT ?= swift
 DEBIAN_PACKAGES := libzstd-dev libsystemd-dev libnats-dev zstd pkg-config
 # What the tests use besides: systemd-socket-activate and systemd-analyze (systemd), a small
 # ext4 filesystem to freeze (e2fsprogs, util-linux), strip for the .deb (binutils), JetStream
-# for the nats plugin (nats-server).
-TEST_PACKAGES := systemd e2fsprogs util-linux binutils nats-server
+# for the nats plugin (nats-server), FUSE from Python for the power-cut file system (python3-fusepy).
+TEST_PACKAGES := systemd e2fsprogs util-linux binutils nats-server python3-fusepy
 
 .PHONY: deps test-deps build release run test soak lint bench bench-client fuzz deb package-check clean
 
@@ -44,11 +44,14 @@ test: test-deps
 		echo "warnings in whend's code are errors: fix the above"; exit 1; fi
 	$(SWIFT) test --skip-build
 
-# Longer variants of the reliability tests: SOAK_ROUNDS SIGKILL rounds instead of 20.
+# Longer variants of the reliability tests: SOAK_ROUNDS SIGKILL rounds instead of 20, and
+# POWERCUT_ROUNDS power cuts instead of 10.
 SOAK_ROUNDS ?= 300
-soak: deps
+POWERCUT_ROUNDS ?= 200
+soak: test-deps
 	$(SWIFT) build --build-tests
-	WHEND_SOAK_ROUNDS=$(SOAK_ROUNDS) $(SWIFT) test --skip-build --filter "CrashConsistencyTests|HostileClientTests|FaultTests"
+	WHEND_SOAK_ROUNDS=$(SOAK_ROUNDS) WHEND_POWERCUT_ROUNDS=$(POWERCUT_ROUNDS) $(SWIFT) test --skip-build \
+		--filter "CrashConsistencyTests|HostileClientTests|FaultTests|PowerCutTests"
 
 # The ingest benchmark: release builds of whend and of Benchmarks/, rsyslog unpacked beside them,
 # one corpus of BENCH_EVENTS events sent to each. Prints the table and the bars.

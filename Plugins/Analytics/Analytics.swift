@@ -315,8 +315,7 @@ final class AnalyticsSender: @unchecked Sendable {
     /// Appends to the NDJSON destination; throws (and the batch is written again later) when it
     /// cannot, so that no batch is counted sent that is not in the file.
     static func append(_ bytes: [UInt8], to path: String) throws {
-        try FileManager.default.createDirectory(
-            atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        try DurableFile.createDirectory((path as NSString).deletingLastPathComponent)
         // Readable by other local tools, as an NDJSON destination is meant to be.
         try DurableFile.append(bytes, to: path, mode: 0o644)
     }

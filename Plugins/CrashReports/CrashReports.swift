@@ -1,6 +1,7 @@
 import BuiltinPluginSupport
 import Foundation
 import WhendPluginSDK
+import WhendWire
 
 /// Keeps the last records of each session as breadcrumbs and, on a fatal `error` (or on every
 /// `error` with `"on_every_error": true`), writes a crash report: a JSON file under
@@ -93,7 +94,7 @@ final class CrashReports: PersistentStatePlugin {
         maxSessions = configuration["max_sessions"] as? Int ?? 10_000
         sessions = BoundedSessions(limit: maxSessions)
         directory = CrashReportStore.directory(pluginState: host.stateDirectory)
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        try DurableFile.createDirectory(directory)
     }
 
     func handle(_ record: PluginRecord, next: PluginNext) throws {

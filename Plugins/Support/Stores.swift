@@ -155,7 +155,7 @@ public final class SessionIndexWriter {
     private let maxSessions: Int
 
     public init(directory: String, compactEvery: Int = 200_000, maxSessions: Int = 100_000) throws {
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        try DurableFile.createDirectory(directory)
         index = SessionIndex(directory: directory)
         self.compactEvery = compactEvery
         self.maxSessions = maxSessions

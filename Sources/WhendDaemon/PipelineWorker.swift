@@ -214,7 +214,7 @@ public enum PipelineWorker {
         var deferred = false
         func buildChain() -> PluginChain {
             do {
-                try FileManager.default.createDirectory(atPath: spec.directory, withIntermediateDirectories: true)
+                try DurableFile.createDirectory(spec.directory)
                 var instances: [PluginInstance] = []
                 for (index, stage) in spec.stages.enumerated() {
                     let library = try PluginLibrary.load(name: stage.plugin, directories: spec.pluginDirectories)

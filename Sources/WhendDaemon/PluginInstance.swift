@@ -2,6 +2,7 @@ import CWhendPlugin
 import Foundation
 import Logging
 import NIOConcurrencyHelpers
+import WhendWire
 
 /// One created instance of a plugin, with the services whend offers it. Calls into the
 /// instance are serialised: a plugin never sees two records at once.
@@ -27,7 +28,7 @@ final class PluginInstance: @unchecked Sendable {
     ) throws(PluginLoadError) {
         self.library = library
         self.configuration = configuration
-        try? FileManager.default.createDirectory(atPath: stateDirectory, withIntermediateDirectories: true)
+        try? DurableFile.createDirectory(stateDirectory)
         let services = Unmanaged.passRetained(
             PluginServices(
                 name: library.name, logger: logger, emit: emit, complete: complete, completeThrough: completeThrough))

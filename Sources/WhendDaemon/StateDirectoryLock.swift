@@ -1,4 +1,5 @@
 import Foundation
+import WhendWire
 
 /// The one-writer rule for a state directory: whend holds an exclusive `flock` on
 /// `<state>/whend.lock` for its whole life, taken before it touches the journal, so that a second
@@ -14,7 +15,7 @@ public final class StateDirectoryLock: Sendable {
     /// Takes the lock, or throws a `DaemonStartError` that names the holder and what to do.
     public init(stateDirectory: String) throws {
         do {
-            try FileManager.default.createDirectory(atPath: stateDirectory, withIntermediateDirectories: true)
+            try DurableFile.createDirectory(stateDirectory)
         } catch {
             throw DaemonStartError(
                 description:

@@ -1,4 +1,5 @@
 import Foundation
+import WhendWire
 
 /// One segment file of the journal, named by the `_seq` of its first record.
 public struct SegmentFile: Sendable, Comparable {
@@ -34,9 +35,9 @@ public struct JournalDirectory: Sendable {
 
     public func create() throws {
         do {
-            try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+            try DurableFile.createDirectory(path)
         } catch {
-            throw JournalIOError(operation: "mkdir", path: path, errno: errno == 0 ? EACCES : errno)
+            throw JournalIOError(operation: error.operation, path: error.path, errno: error.code)
         }
     }
 

@@ -71,6 +71,29 @@ public enum DurableFile {
         }
     }
 
+    /// Creates the directory `path` and whatever parents it lacks, each one durable: a
+    /// directory's name is in its parent, so the parent is synced after each one is made (else
+    /// a power cut can take a new journal directory away with everything synced inside it).
+    public static func createDirectory(_ path: String, mode: mode_t = 0o755) throws(DurableFileError) {
+        var missing: [String] = []
+        var candidate = path
+        var status = stat()
+        while !candidate.isEmpty, candidate != "/", stat(candidate, &status) != 0 {
+            guard errno == ENOENT else { throw DurableFileError(operation: "look at", path: candidate, code: errno) }
+            missing.append(candidate)
+            candidate = (candidate as NSString).deletingLastPathComponent
+        }
+        if missing.isEmpty, status.st_mode & S_IFMT != S_IFDIR {
+            throw DurableFileError(operation: "use as a directory", path: path, code: ENOTDIR)
+        }
+        for directory in missing.reversed() {
+            if mkdir(directory, mode) != 0, errno != EEXIST {
+                throw DurableFileError(operation: "create the directory", path: directory, code: errno)
+            }
+            try syncDirectory(of: directory)
+        }
+    }
+
     /// Syncs the directory holding `path`: a rename or a new file is durable only then.
     public static func syncDirectory(of path: String) throws(DurableFileError) {
         let directory = (path as NSString).deletingLastPathComponent
