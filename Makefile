@@ -7,7 +7,7 @@ DEBIAN_PACKAGES := libzstd-dev libsystemd-dev libnats-dev zstd pkg-config
 # for the nats plugin (nats-server), FUSE from Python for the power-cut file system (python3-fusepy).
 TEST_PACKAGES := systemd e2fsprogs util-linux binutils nats-server python3-fusepy
 
-.PHONY: deps test-deps build release run test soak lint bench bench-client fuzz deb package-check clean
+.PHONY: deps test-deps build release run test soak lint bench bench-client fuzz deb package-check system-test clean
 
 # Installs what is missing, and nothing when all is there (so `make run` needs no root twice).
 define install_missing
@@ -103,6 +103,12 @@ package-check: test-deps
 		/lib/systemd/system/whend-control.socket
 	systemd-analyze security --offline=yes --threshold=20 /lib/systemd/system/whend.service
 	packaging/smoke-test.sh /usr/bin
+
+# whend under a live systemd 252: the .deb installed into a minimal Debian 12 root (built with
+# debootstrap once, then cached), booted with systemd-nspawn; see packaging/system-test.sh.
+system-test: deb
+	$(call install_missing,debootstrap systemd-container)
+	packaging/system-test.sh
 
 lint:
 	$(SWIFT) format lint --strict --recursive Sources Tests Plugins Package.swift Benchmarks/Sources Benchmarks/Package.swift \

@@ -59,9 +59,15 @@ echo /etc/whend/whend.conf > "$root/DEBIAN/conffiles"
 cat > "$root/DEBIAN/postinst" <<'SCRIPT'
 #!/bin/sh
 set -e
-if [ "$1" = configure ] && [ -d /run/systemd/system ]; then
-    systemctl daemon-reload || true
-    systemctl enable --now whend.socket whend-control.socket || true
+# Enabled also where systemd does not run (an image being built, a container): the sockets
+# listen at the next boot. Started now only where it runs.
+if [ "$1" = configure ]; then
+    if [ -d /run/systemd/system ]; then
+        systemctl daemon-reload || true
+        systemctl enable --now whend.socket whend-control.socket || true
+    else
+        systemctl enable whend.socket whend-control.socket || true
+    fi
 fi
 SCRIPT
 cat > "$root/DEBIAN/prerm" <<'SCRIPT'

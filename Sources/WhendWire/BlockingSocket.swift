@@ -42,7 +42,8 @@ public final class BlockingSocket: @unchecked Sendable {
             close(fd)
             let hint =
                 e == ENOENT || e == ECONNREFUSED
-                ? "; is whend running? start it with `make run`, or set WHEND_SOCKET" : ""
+                ? "; is whend running? (`systemctl start whend.socket` for the installed one, `make run` in a checkout; WHEND_SOCKET names another socket)"
+                : ""
             throw Failure(description: "cannot connect to \(path): \(String(cString: strerror(e)))\(hint)")
         }
         self.fd = fd

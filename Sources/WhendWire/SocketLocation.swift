@@ -15,11 +15,22 @@ public enum SocketLocation {
         return "/tmp/whend-\(getuid())"
     }
 
+    /// Where the packaged whend (the systemd units) has its sockets and its state.
+    public static let systemRuntimeDirectory = "/run/whend"
+    public static let systemStateDirectory = "/var/lib/whend"
+
     /// The event socket a client connects to: `$WHEND_SOCKET`, else `events.sock` in the
-    /// default runtime directory.
+    /// default runtime directory if a whend made it, else the packaged whend's
+    /// (`/run/whend/events.sock`) if there is one: the tools installed with the package find
+    /// the installed daemon with no flags.
     public static func eventSocket(environment: [String: String] = ProcessInfo.processInfo.environment) -> String {
         if let path = environment["WHEND_SOCKET"], !path.isEmpty { return path }
-        return defaultRuntimeDirectory(environment: environment) + "/events.sock"
+        let own = defaultRuntimeDirectory(environment: environment) + "/events.sock"
+        let system = systemRuntimeDirectory + "/events.sock"
+        if !FileManager.default.fileExists(atPath: own), FileManager.default.fileExists(atPath: system) {
+            return system
+        }
+        return own
     }
 
     /// The control socket that goes with an event socket: `control.sock` beside it.
@@ -40,5 +51,22 @@ public enum SocketLocation {
         if let dir = environment["XDG_STATE_HOME"], !dir.isEmpty { return dir + "/whend" }
         let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? NSHomeDirectory()
         return home + "/.local/state/whend"
+    }
+
+    /// The state directory a reader (`whenctl cat`, `verify`, `sessions`…) uses when none is
+    /// given: the default one if it holds a journal, else the packaged whend's
+    /// (`/var/lib/whend`) if that one does and can be read.
+    public static func readerStateDirectory(environment: [String: String] = ProcessInfo.processInfo.environment)
+        -> String
+    {
+        let own = defaultStateDirectory(environment: environment)
+        if environment["STATE_DIRECTORY"].map({ !$0.isEmpty }) == true
+            || environment["XDG_STATE_HOME"].map({ !$0.isEmpty }) == true
+            || FileManager.default.fileExists(atPath: own + "/journal")
+        {
+            return own
+        }
+        if FileManager.default.isReadableFile(atPath: systemStateDirectory + "/journal") { return systemStateDirectory }
+        return own
     }
 }

@@ -27,7 +27,7 @@ struct Sessions: ParsableCommand {
     var json = false
 
     func run() throws {
-        let stateDirectory = location.stateDir ?? SocketLocation.defaultStateDirectory()
+        let stateDirectory = location.stateDir ?? SocketLocation.readerStateDirectory()
         let indexDirectory = SessionIndex.directory(stateDirectory: stateDirectory)
         guard FileManager.default.fileExists(atPath: indexDirectory + "/sessions.json") else {
             throw ValidationError(
@@ -102,7 +102,7 @@ struct Crashes: ParsableCommand {
 
     func run() throws {
         let directory = CrashReportStore.directory(
-            stateDirectory: location.stateDir ?? SocketLocation.defaultStateDirectory())
+            stateDirectory: location.stateDir ?? SocketLocation.readerStateDirectory())
         let files = ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? [])
             .filter { $0.hasSuffix(".json") }.sorted()
         let out = Output()

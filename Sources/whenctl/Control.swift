@@ -42,7 +42,7 @@ struct ControlOptions: ParsableArguments {
             throw exit
         } catch {
             printError(
-                "whenctl \(name): cannot reach whend's control socket: \(error); is whend running? (--control or WHEND_CONTROL_SOCKET name another socket)"
+                "whenctl \(name): cannot reach whend's control socket: \(error) (--control or WHEND_CONTROL_SOCKET name another socket)"
             )
             throw ExitCode(2)
         }

@@ -28,7 +28,7 @@ struct JournalLocationOptions: ParsableArguments {
 
     var directory: JournalDirectory {
         if let journal { return JournalDirectory(path: journal) }
-        return JournalDirectory(stateDirectory: stateDir ?? SocketLocation.defaultStateDirectory())
+        return JournalDirectory(stateDirectory: stateDir ?? SocketLocation.readerStateDirectory())
     }
 
     func existingDirectory() throws -> JournalDirectory {

@@ -24,6 +24,10 @@ import WhendWire
         let gone = try runCommand(whenctl, ["emit", #"{"type":"screen","name":"C"}"#], environment: env)
         #expect(gone.status == 2)
         #expect(gone.error.contains("is whend running?"))
+        // Said once, with what to do, when the control socket is not there either.
+        let status = try runCommand(whenctl, ["status", "--socket", daemon.socketPath])
+        #expect(status.status == 2)
+        #expect(status.error.components(separatedBy: "is whend running?").count == 2, "\(status.error)")
         #expect(daemon.records().map { $0["name"] as? String } == ["A", "B"])
     }
 
