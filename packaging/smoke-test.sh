@@ -6,7 +6,8 @@
 set -euo pipefail
 bin=${1:-/usr/bin}
 scratch=$(mktemp -d /tmp/whend-smoke.XXXXXX)
-trap 'kill "$pid" 2>/dev/null || true; rm -rf "$scratch"' EXIT
+# Stopped and waited for before its directory goes: its workers may still be saving state.
+trap '{ kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; } || true; rm -rf "$scratch"' EXIT
 "$bin/whend" --socket "$scratch/events.sock" --state-dir "$scratch/state" >"$scratch/log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do [ -S "$scratch/events.sock" ] && break; sleep 0.1; done
