@@ -25,19 +25,7 @@ import WhendJournal
             })
         #expect(daemon.stop() == 0)
 
-        let live = liveDerived(daemon)
-        let replay = try whenctl([
-            "replay", "--state-dir", daemon.stateDirectory, "--pipeline", "screens", "--state-out",
-            scratchDirectory("live-replay-out"),
-        ])
-        #expect(replay.status == 0, "\(replay.error)")
-        let replayed = replay.output.split(separator: "\n").compactMap { derivedPart(String($0)) }
-        #expect(live.count > 100, "\(live.count) derived records")
-        #expect(replayed.count == live.count)
-        for (a, b) in zip(live, replayed) where a.cause != b.cause || a.text != b.text {
-            Issue.record("live _cause \(a.cause): \(a.text)\nreplay _cause \(b.cause): \(b.text)")
-            break
-        }
+        try expectReplayDerivesWhatWasLive(daemon, atLeast: 100)
     }
 
     /// A worker counts an acknowledgement only from the daemon that started it: one tagged with

@@ -214,20 +214,7 @@ extension DaemonProcess {
         let expected = clients.flatMap { c in (0..<c.generatedCount).map { "\(c.name)-\($0)" } }
         let wrong = expected.filter { seen[$0] != 1 }
         #expect(wrong.count == 0, "\(wrong.count) events not stored exactly once, e.g. \(wrong.prefix(5))")
-        let live = liveDerived(daemon)
-        let replay = try whenctl([
-            "replay", "--state-dir", daemon.stateDirectory, "--pipeline", "screens", "--state-out",
-            scratchDirectory("pc-replay"),
-        ])
-        #expect(replay.status == 0, "\(replay.error)")
-        let replayed = replay.output.split(separator: "\n").compactMap { derivedPart(String($0)) }
-        #expect(live.count > 50, "\(live.count) derived records")
-        #expect(live.count == replayed.count, "live \(live.count), replay \(replayed.count)")
-        if let i = (0..<min(live.count, replayed.count)).first(where: {
-            live[$0].cause != replayed[$0].cause || live[$0].text != replayed[$0].text
-        }) {
-            Issue.record("first difference at \(i): live \(live[i]) / replay \(replayed[i])")
-        }
+        try expectReplayDerivesWhatWasLive(daemon, atLeast: 50)
         fs.cut()
     }
 

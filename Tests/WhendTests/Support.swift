@@ -282,6 +282,30 @@ func liveDerived(_ daemon: DaemonProcess) -> [(cause: Int, text: String)] {
     return out
 }
 
+/// What screen-tracking derived live in `daemon` (stopped) is, byte for byte and in the order of
+/// its causes, what `whenctl replay` of the pipeline `screens` derives from the same journal in
+/// one go; at least `atLeast` records, so that the comparison is about something.
+func expectReplayDerivesWhatWasLive(
+    _ daemon: DaemonProcess, config: String? = nil, atLeast: Int, sourceLocation: SourceLocation = #_sourceLocation
+) throws {
+    let live = liveDerived(daemon)
+    let replay = try whenctl(
+        ["replay", "--state-dir", daemon.stateDirectory, "--pipeline", "screens"]
+            + (config.map { ["--config", $0] } ?? []) + ["--state-out", scratchDirectory("replay-out")])
+    #expect(replay.status == 0, "\(replay.error)", sourceLocation: sourceLocation)
+    let replayed = replay.output.split(separator: "\n").compactMap { derivedPart(String($0)) }
+    #expect(live.count > atLeast, "\(live.count) derived records", sourceLocation: sourceLocation)
+    #expect(
+        live.count == replayed.count, "live \(live.count), replay \(replayed.count)", sourceLocation: sourceLocation)
+    if let i = (0..<min(live.count, replayed.count)).first(where: {
+        live[$0].cause != replayed[$0].cause || live[$0].text != replayed[$0].text
+    }) {
+        Issue.record(
+            "first difference at \(i): live _cause \(live[i].cause) \(live[i].text) / replay _cause \(replayed[i].cause) \(replayed[i].text)",
+            sourceLocation: sourceLocation)
+    }
+}
+
 /// The members a plugin wrote (before the trusted `_origin`…), and the `_cause`.
 func derivedPart(_ text: String) -> (cause: Int, text: String)? {
     guard let origin = text.range(of: #","_origin":"#),
