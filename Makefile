@@ -9,13 +9,15 @@ TEST_PACKAGES := systemd e2fsprogs util-linux binutils nats-server python3-fusep
 
 .PHONY: deps test-deps build release run test soak lint bench bench-client fuzz deb package-check system-test clean
 
-# Installs what is missing, and nothing when all is there (so `make run` needs no root twice).
+# Installs what is missing, and nothing when all is there (so `make run` needs no root twice);
+# waits up to ten minutes for another apt or dpkg to let go of their lock instead of failing.
 define install_missing
 	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		if [ "$$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi; \
-		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing; \
+		$$sudo apt-get -o DPkg::Lock::Timeout=600 update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq $$missing; \
 	fi
 endef
 
@@ -101,7 +103,7 @@ deb: test-deps
 package-check: test-deps
 	systemd-analyze verify /lib/systemd/system/whend.service /lib/systemd/system/whend.socket \
 		/lib/systemd/system/whend-control.socket
-	systemd-analyze security --offline=yes --threshold=20 /lib/systemd/system/whend.service
+	systemd-analyze security --no-pager --offline=yes --threshold=20 /lib/systemd/system/whend.service
 	packaging/smoke-test.sh /usr/bin
 
 # whend under a live systemd 252: the .deb installed into a minimal Debian 12 root (built with

@@ -42,7 +42,7 @@ let package = Package(
         // The client library apps emit with, in the seeds' idioms. No NIO.
         .target(name: "WhenClient", dependencies: ["WhendWire"]),
         .target(name: "WhenTesting", dependencies: ["WhenClient"]),
-        .executableTarget(name: "whend-demo", dependencies: ["WhenClient"]),
+        .executableTarget(name: "whend-demo", dependencies: ["WhenClient", "WhendWire"]),
         // The plugin ABI: a C header, checked by the host before it calls anything.
         .target(name: "CWhendPlugin"),
         // The ABI version as exported data, linked into every plugin built with the SDK.

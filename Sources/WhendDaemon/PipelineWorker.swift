@@ -204,10 +204,7 @@ public enum PipelineWorker {
         // SIGTERM (the daemon stopping the pipeline): finish the record in hand, save the
         // cursor, let the plugins close (destroy), exit 0. The daemon's blocked signals are
         // inherited across exec, so unblock it first.
-        var terminate = sigset_t()
-        sigemptyset(&terminate)
-        sigaddset(&terminate, SIGTERM)
-        pthread_sigmask(SIG_UNBLOCK, &terminate, nil)
+        TerminationSignals.unblock([SIGTERM])
         signal(SIGTERM) { _ in workerStopRequested = 1 }
         let completions = CompletionTracker()
         let output = WorkerOutput(completions: completions)

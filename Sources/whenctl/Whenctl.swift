@@ -15,6 +15,12 @@ struct Whenctl: ParsableCommand {
             Sessions.self, Crashes.self, Replay.self, Export.self, Flow.self,
         ]
     )
+
+    static func main() {
+        // `tail -f` and `replay` run until stopped: they must stop whoever started them.
+        TerminationSignals.unblock()
+        main(nil)
+    }
 }
 
 /// Where the journal is: `--journal`, else `journal/` in `--state-dir`, else in the state

@@ -1,5 +1,6 @@
 import Foundation
 import WhenClient
+import WhendWire
 
 // whend-demo: app sessions simulated through WhenClient — the seeds' three journeys (a Marvel
 // characters browser, an email-change screen, a GP onboarding flow) — at a given rate.
@@ -16,6 +17,8 @@ let usage = """
       --fatal-one-in  one onboarding in N ends in a fatal error (default 20; 0: never)
 
     """
+
+TerminationSignals.unblock()
 
 func fail(_ message: String) -> Never {
     FileHandle.standardError.write(Data("whend-demo: \(message)\n".utf8))
