@@ -8,6 +8,12 @@ public final class BlockingSocket: @unchecked Sendable {
 
     public struct Failure: Error, CustomStringConvertible {
         public var description: String
+        /// The socket, and connect(2)'s errno, when it was the connection that failed.
+        public var path: String? = nil
+        public var connectErrno: Int32? = nil
+
+        /// True when nothing listens there: no daemon, rather than a broken one.
+        public var nobodyListens: Bool { connectErrno == ENOENT || connectErrno == ECONNREFUSED }
     }
 
     /// Connects to `path`.
@@ -44,7 +50,9 @@ public final class BlockingSocket: @unchecked Sendable {
                 e == ENOENT || e == ECONNREFUSED
                 ? "; is whend running? (`systemctl start whend.socket` for the installed one, `make run` in a checkout; WHEND_SOCKET names another socket)"
                 : ""
-            throw Failure(description: "cannot connect to \(path): \(String(cString: strerror(e)))\(hint)")
+            throw Failure(
+                description: "cannot connect to \(path): \(String(cString: strerror(e)))\(hint)", path: path,
+                connectErrno: e)
         }
         self.fd = fd
     }

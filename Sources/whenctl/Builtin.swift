@@ -30,15 +30,17 @@ struct Sessions: ParsableCommand {
         let stateDirectory = location.stateDir ?? SocketLocation.readerStateDirectory()
         let indexDirectory = SessionIndex.directory(stateDirectory: stateDirectory)
         guard FileManager.default.fileExists(atPath: indexDirectory + "/sessions.json") else {
-            throw ValidationError(
-                "no session index in \(indexDirectory); is the session-recorder plugin running (pipeline `sessions`, builtin_pipelines = true)?"
+            throw Failure(
+                "no session index in \(indexDirectory): the session-recorder plugin writes it (pipeline `sessions`, on with builtin_pipelines = true); see `whenctl plugins`"
             )
         }
         let index = SessionIndex(directory: indexDirectory)
         let sessions = index.sessions.filter { app == nil || $0.app == app }
         if let session {
             let matches = sessions.filter { $0.session == session }
-            guard !matches.isEmpty else { throw ValidationError("no session \(session) in the index") }
+            guard !matches.isEmpty else {
+                throw Failure("no session \(session) in the index in \(indexDirectory); `whenctl sessions` lists them")
+            }
             try printRecords(of: matches)
             return
         }
@@ -107,15 +109,21 @@ struct Crashes: ParsableCommand {
             .filter { $0.hasSuffix(".json") }.sorted()
         let out = Output()
         if let report {
+            // As the list shows it (#172), as a number (172), or the file's name.
+            let seq = UInt64(report.hasPrefix("#") ? String(report.dropFirst()) : report)
             let file =
                 files.first { $0 == report }
-                ?? files.first {
-                    UInt64(report) != nil
-                        && $0.hasPrefix(CrashReportStore.fileName(seq: UInt64(report)!, kind: "").dropLast(5))
+                ?? seq.flatMap { seq in
+                    files.first { $0.hasPrefix(CrashReportStore.fileName(seq: seq, kind: "").dropLast(5)) }
                 }
             guard let file, let data = FileManager.default.contents(atPath: directory + "/" + file),
                 let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any]
-            else { throw ValidationError("no crash report \(report) in \(directory)") }
+            else {
+                throw Failure(
+                    files.isEmpty
+                        ? "no crash report \(report): there are none in \(directory)"
+                        : "no crash report \(report) in \(directory); `whenctl crashes` lists them")
+            }
             if json {
                 out.write(String(decoding: data, as: UTF8.self))
             } else {

@@ -17,7 +17,7 @@ struct ControlOptions: ParsableArguments {
         return SocketLocation.controlSocket(besideEventSocket: socket ?? SocketLocation.eventSocket())
     }
 
-    /// Sends one command and returns the reply; exits 2, saying why, when whend cannot be asked.
+    /// Sends one command and returns the reply; fails, saying why, when whend cannot be asked.
     func request(_ command: String, as name: String, _ arguments: [String: String] = [:]) throws -> [String: Any] {
         let path = self.path
         do {
@@ -34,17 +34,13 @@ struct ControlOptions: ParsableArguments {
                 }
             }
             guard let reply else {
-                printError("whenctl \(name): whend closed \(path) without an answer")
-                throw ExitCode(2)
+                throw Failure("whend closed \(path) without an answer; its log says why")
             }
             return reply
-        } catch let exit as ExitCode {
-            throw exit
+        } catch let failure as Failure {
+            throw failure
         } catch {
-            printError(
-                "whenctl \(name): cannot reach whend's control socket: \(error) (--control or WHEND_CONTROL_SOCKET name another socket)"
-            )
-            throw ExitCode(2)
+            throw unreachable(.control, at: path, error)
         }
     }
 }

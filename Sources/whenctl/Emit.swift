@@ -31,10 +31,7 @@ struct Emit: ParsableCommand {
     func run() throws {
         let path = socket ?? SocketLocation.eventSocket()
         let connection: BlockingSocket
-        do { connection = try BlockingSocket(path: path) } catch {
-            printError("whenctl emit: \(error)")
-            throw ExitCode(2)
-        }
+        do { connection = try BlockingSocket(path: path) } catch { throw unreachable(.events, at: path, error) }
         var hello: [String: Any] = ["protocol": 1, "acks": true]
         if let app { hello["app"] = app }
         if let session { hello["session"] = session }
@@ -82,8 +79,7 @@ struct Emit: ParsableCommand {
                 "whenctl emit: \(sent) sent, \(min(result.acked, sent) - UInt64(min(UInt64(rejected), result.acked))) stored, \(rejected) rejected"
             )
         }
-        if result.errors.contains(where: { $0.0 == nil }) || result.acked < sent { throw ExitCode(2) }
-        if rejected > 0 { throw ExitCode(1) }
+        if result.errors.contains(where: { $0.0 == nil }) || result.acked < sent || rejected > 0 { throw ExitCode(1) }
     }
 }
 

@@ -53,7 +53,9 @@ struct Export: ParsableCommand {
         } onProblem: {
             printError("whenctl export: warning: \($0)")
         }
-        guard !lines.isEmpty else { throw ValidationError("no records of session \(session) in \(directory.path)") }
+        guard !lines.isEmpty else {
+            throw Failure("no records of session \(session) in \(directory.path); `whenctl sessions` lists them")
+        }
         let out = Output()
         if format == .ndjson {
             for line in lines { line.withUnsafeBufferPointer { out.write($0) } }

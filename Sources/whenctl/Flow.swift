@@ -89,8 +89,8 @@ struct Flow: ParsableCommand {
         let paths = (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin").split(separator: ":")
         guard let tool = paths.map({ $0 + "/dot" }).first(where: { FileManager.default.isExecutableFile(atPath: $0) })
         else {
-            throw ValidationError(
-                "--format svg needs Graphviz's dot, which is not installed: `apt-get install graphviz`, or use --format dot"
+            throw Failure(
+                "--format svg needs Graphviz's dot, which is not on PATH: `apt-get install graphviz`, or use --format dot"
             )
         }
         let process = Process()
@@ -106,7 +106,8 @@ struct Flow: ParsableCommand {
         let svg = output.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
         guard process.terminationStatus == 0 else {
-            throw ValidationError("dot failed with status \(process.terminationStatus)")
+            throw Failure(
+                "Graphviz's dot failed (exit status \(process.terminationStatus)); try --format dot to see its input")
         }
         return String(decoding: svg, as: UTF8.self)
     }

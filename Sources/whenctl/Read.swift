@@ -20,10 +20,15 @@ struct RecordFilterOptions: ParsableArguments {
     @Option(name: .long, help: "Up to this _seq.")
     var to: UInt64?
 
-    @Option(name: .long, help: "Received at or after this time: RFC 3339, or a duration ago such as 90s, 15m, 2h, 7d.")
+    // Unconditional: `--since -1h` is a value, as with journalctl, not an option.
+    @Option(
+        name: .long, parsing: .unconditional,
+        help:
+            "Received at or after this time: RFC 3339, today, yesterday, now, or from now: -1h, -15m, +30s (unsigned: ago)."
+    )
     var since: String?
 
-    @Option(name: .long, help: "Received before this time (same forms as --since).")
+    @Option(name: .long, parsing: .unconditional, help: "Received before this time (same forms as --since).")
     var until: String?
 
     @Option(name: [.short, .long], help: "Output: json (the stored lines) or short (one readable line each).")
@@ -88,14 +93,34 @@ struct RecordFilter {
     }
 }
 
+/// A point in time as journalctl takes it: RFC 3339; `now`, `today`, `yesterday`, `tomorrow`
+/// (local midnight); or a duration from now — `-1h`, `+30m`, or unsigned for "ago" (`90s`,
+/// `15min`, `2h`, `7d`, `1w`).
 func parseTime(_ text: String, option: String) throws -> Int64 {
     if let micros = parseRFC3339Micros(Array(text.utf8)) { return micros }
-    let units: [Character: Double] = ["s": 1, "m": 60, "h": 3600, "d": 86400]
-    if let unit = text.last, let scale = units[unit], let amount = Double(text.dropLast()), amount >= 0 {
-        return currentMicros() - Int64(amount * scale * 1e6)
+    let now = currentMicros()
+    let midnight = Int64(Calendar.current.startOfDay(for: Date()).timeIntervalSince1970) * 1_000_000
+    switch text {
+    case "now": return now
+    case "today": return midnight
+    case "yesterday": return midnight - 86_400_000_000
+    case "tomorrow": return midnight + 86_400_000_000
+    default: break
+    }
+    let units: [String: Double] = [
+        "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "hours": 3600, "d": 86400, "day": 86400,
+        "days": 86400, "w": 604_800, "week": 604_800, "weeks": 604_800,
+    ]
+    var rest = Substring(text)
+    let sign: Double = rest.hasPrefix("+") ? 1 : -1
+    if rest.hasPrefix("+") || rest.hasPrefix("-") { rest = rest.dropFirst() }
+    let digits = rest.prefix { $0.isNumber || $0 == "." }
+    if let amount = Double(digits), amount >= 0, let scale = units[String(rest.dropFirst(digits.count))] {
+        return now + Int64(sign * amount * scale * 1e6)
     }
     throw ValidationError(
-        "\(option) takes an RFC 3339 time (2026-11-21T13:35:00Z) or a duration ago (90s, 15m, 2h, 7d); got '\(text)'")
+        "\(option) takes an RFC 3339 time (2026-11-21T13:35:00Z), today, yesterday, now, or a time from now (-1h, +30m, 90s ago as 90s); got '\(text)'"
+    )
 }
 
 func currentMicros() -> Int64 {
@@ -121,9 +146,23 @@ func shortForm(_ line: UnsafeBufferPointer<UInt8>) -> String {
             + (params.map { " " + String(decoding: $0, as: UTF8.self) }.flatMap { $0 == " {}" ? "" : $0 } ?? "")
     case "lifecycle": what = "\(s("screen")) \(s("status"))"
     case "navigation": what = "\(s("action")) \(s("screen"))".trimmingCharacters(in: .whitespaces)
-    case "screen": what = s("name")
+    case "screen":
+        let previous = s("previous")
+        what = s("name") + (previous.isEmpty ? "" : " (from \(previous))")
+    case "screen_time":
+        let seconds = (object["seconds"] as? NSNumber).map { " \($0) s" } ?? " (time unknown)"
+        what = s("name") + seconds
+    case "diagnostic": what = "\(s("screen")): \(s("problem")) (_seq \(s("cause_seq")))"
     case "error": what = ((object["fatal"] as? Bool) == true ? "FATAL " : "") + s("message")
-    default: what = ""
+    default:
+        // A type a plugin of one's own derives: its name if it has one, else its own fields.
+        let own = object.filter { !$0.key.hasPrefix("_") && !["type", "app", "session", "ts"].contains($0.key) }
+        what =
+            object["name"] != nil
+            ? s("name")
+            : (try? JSONSerialization.data(withJSONObject: own, options: [.sortedKeys])).map {
+                String(decoding: $0, as: UTF8.self)
+            } ?? ""
     }
     return
         "\(s("_rt")) #\(s("_seq")) \(s("app"))\(object["session"] != nil ? "/" + s("session") : "") \(s("type")): \(what)"
@@ -183,33 +222,64 @@ struct Tail: ParsableCommand {
         let directory = try location.existingDirectory()
         let filter = try filters.filter()
         let out = Output()
-        // Start in the last segment (or at --from), keep the last N matches until caught up.
-        let start = filter.fromSeq ?? directory.segments().last?.firstSeq
-        var recent: [[UInt8]] = []
-        var caughtUp = false
-        JournalReader(directory: directory).read(fromSeq: start, sinceMicros: filter.sinceMicros, follow: follow) {
-            record, _ in
-            if filter.isPastEnd(record) { return false }
-            guard filter.matches(record) else { return true }
-            if caughtUp {
-                emit(record, format: filters.output, to: out)
-            } else {
-                recent.append(Array(record.line))
-                if recent.count > lines { recent.removeFirst(recent.count - lines) }
-            }
-            return true
-        } onCaughtUp: {
-            if !caughtUp {
-                caughtUp = true
-                printRecent(recent, out)
-            }
-            out.flush()
-            return true
-        } onProblem: { problem in
+        let reader = JournalReader(directory: directory)
+        let warn: (JournalProblem) -> Void = { problem in
             out.flush()
             printError("whenctl tail: warning: \(problem)")
         }
-        if !caughtUp { printRecent(recent, out) }
+        // The last N matches, as journalctl shows them: from the newest segment (or --from) to
+        // the end, then from earlier segments while fewer than N were found.
+        let segments = directory.segments()
+        var index = filter.fromSeq == nil ? segments.count - 1 : 0
+        let start = filter.fromSeq ?? (index >= 0 ? segments[index].firstSeq : nil)
+        var recent: [[UInt8]] = []
+        var lastSeq: UInt64?
+        var ended = false
+        reader.read(fromSeq: start, sinceMicros: filter.sinceMicros) { record, _ in
+            if filter.isPastEnd(record) {
+                ended = true
+                return false
+            }
+            lastSeq = record.seq ?? lastSeq
+            guard filter.matches(record) else { return true }
+            recent.append(Array(record.line))
+            if recent.count > lines { recent.removeFirst(recent.count - lines) }
+            return true
+        } onProblem: {
+            warn($0)
+        }
+        var before = start ?? 0
+        while recent.count < lines, filter.fromSeq == nil, index > 0 {
+            index -= 1
+            var earlier: [[UInt8]] = []
+            let wanted = lines - recent.count
+            reader.read(fromSeq: segments[index].firstSeq, sinceMicros: filter.sinceMicros) { record, _ in
+                guard (record.seq ?? 0) < before else { return false }
+                guard filter.matches(record) else { return true }
+                earlier.append(Array(record.line))
+                if earlier.count > wanted { earlier.removeFirst(earlier.count - wanted) }
+                return true
+            } onProblem: {
+                warn($0)
+            }
+            recent = earlier + recent
+            before = segments[index].firstSeq
+        }
+        printRecent(recent, out)
+        out.flush()
+        guard follow, !ended else { return }
+        reader.read(fromSeq: lastSeq.map { $0 + 1 } ?? start, sinceMicros: filter.sinceMicros, follow: true) {
+            record, _ in
+            if filter.isPastEnd(record) { return false }
+            guard filter.matches(record) else { return true }
+            emit(record, format: filters.output, to: out)
+            return true
+        } onCaughtUp: {
+            out.flush()
+            return true
+        } onProblem: {
+            warn($0)
+        }
         out.flush()
     }
 

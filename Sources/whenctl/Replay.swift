@@ -92,7 +92,7 @@ struct Replay: ParsableCommand {
             let (configuration, _) = try DaemonConfiguration.resolve(file: config)
             guard let pipeline, let found = PipelineReplay.stages(of: pipeline, in: configuration) else {
                 let known = configuration.effectivePipelines.keys.sorted().joined(separator: ", ")
-                throw ValidationError("no pipeline \(pipeline ?? "") in the configuration; there are: \(known)")
+                throw Failure("no pipeline \(pipeline ?? "") in the configuration; there are: \(known)")
             }
             stages = found
             pluginDirectories = configuration.pluginDirectories
@@ -140,7 +140,8 @@ struct Replay: ParsableCommand {
     // MARK: Again to a live daemon
 
     private func resend(directory: JournalDirectory, filter: RecordFilter, socket: String) throws {
-        let connection = try BlockingSocket(path: socket)
+        let connection: BlockingSocket
+        do { connection = try BlockingSocket(path: socket) } catch { throw unreachable(.events, at: socket, error) }
         try connection.send(#"{"hello":{"protocol":1,"acks":true}}"# + "\n")
         let answers = AnswerReader(connection)
         answers.start()
@@ -192,7 +193,9 @@ struct Replay: ParsableCommand {
         } onProblem: { problem in
             printError("whenctl replay: warning: \(problem)")
         }
-        if let failure { throw ValidationError("the daemon went away: \(failure)") }
+        if let failure {
+            throw Failure("whend closed \(socket) after \(sent) events: \(failure); what it acknowledged is stored")
+        }
         if !batch.isEmpty { try connection.send(batch) }
         connection.finishSending()
         let (acked, errors) = answers.wait()

@@ -16,10 +16,32 @@ struct Whenctl: ParsableCommand {
         ]
     )
 
+    /// Exit statuses: 0 done; 1 the work failed (one line on standard error says what, with
+    /// which input, and what to do; for `emit`, also an event refused or not acknowledged; for
+    /// `verify`, a problem found); 64 a usage error (the usage is printed).
     static func main() {
-        // `tail -f` and `replay` run until stopped: they must stop whoever started them.
+        // `tail -f` and `replay` run until stopped: they must stop for whoever started them.
         TerminationSignals.unblock()
-        main(nil)
+        let command: ParsableCommand
+        do {
+            command = try parseAsRoot()
+        } catch {
+            exit(withError: error)
+        }
+        var running = command
+        do {
+            try running.run()
+        } catch let failure as Failure {
+            printError("whenctl \(type(of: command)._commandName): \(failure)")
+            Foundation.exit(1)
+        } catch let usage as ValidationError {
+            // The subcommand's usage, not the root's.
+            type(of: command).exit(withError: usage)
+        } catch {
+            // Exit codes, help asked for, and other errors (printed as "Error: …", exit 1).
+            exit(withError: error)
+        }
+        Foundation.exit(0)
     }
 }
 
@@ -42,8 +64,9 @@ struct JournalLocationOptions: ParsableArguments {
         var isDirectory: ObjCBool = false
         guard FileManager.default.fileExists(atPath: directory.path, isDirectory: &isDirectory), isDirectory.boolValue
         else {
-            throw ValidationError(
-                "no journal at \(directory.path); start whend first, or point --state-dir/--journal at one")
+            throw Failure(
+                "no journal at \(directory.path): start whend first (`make run`), or name one with --state-dir or --journal"
+            )
         }
         return directory
     }

@@ -22,13 +22,80 @@ import WhendWire
         #expect(bad.error.contains("event 2: missing_field"))
         daemon.stop()
         let gone = try runCommand(whenctl, ["emit", #"{"type":"screen","name":"C"}"#], environment: env)
-        #expect(gone.status == 2)
-        #expect(gone.error.contains("is whend running?"))
-        // Said once, with what to do, when the control socket is not there either.
+        #expect(gone.status == 1)
+        #expect(gone.error.contains("cannot reach whend at \(daemon.socketPath)"))
+        // Said once, naming the control socket tried and how to name another.
         let status = try runCommand(whenctl, ["status", "--socket", daemon.socketPath])
-        #expect(status.status == 2)
-        #expect(status.error.components(separatedBy: "is whend running?").count == 2, "\(status.error)")
+        #expect(status.status == 1)
+        #expect(status.error.components(separatedBy: "cannot reach whend").count == 2, "\(status.error)")
+        #expect(status.error.contains("control.sock") && status.error.contains("--control"))
         #expect(daemon.records().map { $0["name"] as? String } == ["A", "B"])
+    }
+
+    /// Every subcommand's exit status tells the kind of outcome: 0 done; 1 the work failed, said
+    /// in one line that names the input; 64 a usage error, with the subcommand's usage.
+    @Test func everySubcommandExitsByTheKindOfOutcome() throws {
+        let daemon = DaemonProcess("exits", arguments: ["--builtin-pipelines", "true"])
+        try daemon.start()
+        let session = [
+            #"{"hello":{"protocol":1,"app":"com.x","session":"x1","acks":true}}"#,
+            #"{"type":"navigation","action":"root","screen":"Home"}"#,
+            #"{"type":"lifecycle","screen":"Home","status":"willAppear","isBeingPresentedInitially":true}"#,
+            #"{"type":"lifecycle","screen":"Home","status":"didAppear","isBeingPresentedInitially":true}"#,
+            #"{"type":"error","message":"boom","fatal":true}"#,
+            #"{"type":"lifecycle","screen":"Other","status":"didAppear"}"#,
+        ]
+        #expect(try exchange(daemon.socketPath, session).acks.last == 5)
+        let state = ["--state-dir", daemon.stateDirectory]
+        let socket = ["--socket", daemon.socketPath]
+        #expect(eventually { (try? runCommand(whenctl, ["crashes", "4"] + state).status) == 0 })
+        #expect(eventually { (try? runCommand(whenctl, ["sessions", "x1"] + state).status) == 0 })
+        let config = daemon.stateDirectory + "/empty.conf"
+        #expect(FileManager.default.createFile(atPath: config, contents: Data()))
+
+        let missing = ["--state-dir", "/nonexistent/whend-state"]
+        let gone = ["--socket", "/nonexistent/events.sock"]
+        let cases: [(name: String, succeeds: [String], fails: [String], failureNames: String)] = [
+            (
+                "emit", socket + [#"{"type":"screen","name":"A"}"#], gone + [#"{"type":"screen","name":"A"}"#],
+                "/nonexistent/events.sock"
+            ),
+            ("cat", state, missing, "/nonexistent/whend-state/journal"),
+            ("tail", state + ["-n", "2"], missing, "/nonexistent/whend-state/journal"),
+            ("verify", state, missing, "/nonexistent/whend-state/journal"),
+            ("status", socket, gone, "/nonexistent/control.sock"),
+            ("reload", socket, gone, "/nonexistent/control.sock"),
+            ("metrics", socket, gone, "/nonexistent/control.sock"),
+            ("plugins", socket, gone, "/nonexistent/control.sock"),
+            ("sessions", state + ["x1"], state + ["nope"], "nope"),
+            ("crashes", state + ["#4"], state + ["#999"], "#999"),
+            (
+                "replay", state + ["--pipeline", "screens", "--config", config],
+                state + ["--pipeline", "nope", "--config", config], "nope"
+            ),
+            ("export", state + ["--session", "x1"], state + ["--session", "nope"], "nope"),
+            ("flow", state, missing, "/nonexistent/whend-state/journal"),
+        ]
+        for c in cases {
+            let ok = try runCommand(whenctl, [c.name] + c.succeeds)
+            #expect(ok.status == 0, "whenctl \(c.name): \(ok.error)")
+            let failed = try runCommand(whenctl, [c.name] + c.fails)
+            #expect(failed.status == 1, "whenctl \(c.name) failing: \(failed.status) \(failed.error)")
+            let lines = failed.error.split(separator: "\n")
+            #expect(
+                lines.count == 1 && lines[0].hasPrefix("whenctl \(c.name): ") && lines[0].contains(c.failureNames)
+                    && !failed.error.contains("Usage"), "whenctl \(c.name) failing said: \(failed.error)")
+            let usage = try runCommand(whenctl, [c.name, "--no-such-option"])
+            #expect(usage.status == 64, "whenctl \(c.name) --no-such-option: \(usage.status)")
+            #expect(usage.error.contains("Usage: whenctl \(c.name)"), "\(usage.error)")
+        }
+        // Every record has a readable short form, the derived ones too.
+        let short = try runCommand(whenctl, ["cat", "-o", "short"] + state).output
+        #expect(short.contains("screen: Home") && short.contains("diagnostic: Other: didAppear without willAppear"))
+        #expect(!short.split(separator: "\n").contains { $0.hasSuffix(": ") }, "\(short)")
+        let rejected = try runCommand(whenctl, ["emit"] + socket + [#"{"type":"lifecycle","screen":"A"}"#])
+        #expect(rejected.status == 1 && rejected.error.contains("event 1: missing_field"))
+        daemon.stop()
     }
 
     @Test func catFiltersByAppSessionTypeSeqAndTime() throws {
@@ -103,6 +170,10 @@ import WhendWire
         #expect(eventually(5) { !p.isRunning }, "whenctl tail -f did not stop on SIGTERM")
         #expect(names == ["early18", "early19", "early20"] + (1...200).map { "late\($0)" })
         #expect(daemon.journal.segments().count >= 2)  // it followed across a rotation
+        // The last N, wherever they are: the newest segment holds fewer than 150.
+        let last = try runCommand(whenctl, ["tail", "-n", "150", "--state-dir", daemon.stateDirectory])
+        #expect(last.output.split(separator: "\n").count == 150)
+        #expect(last.output.hasSuffix("\"late200\"}\n") || last.output.contains("late200"))
     }
 
     @Test func verifyNamesTheFileAndOffsetOfDamage() throws {

@@ -1,0 +1,39 @@
+import ArgumentParser
+import Foundation
+import WhendWire
+
+/// A failure of the work rather than of the command line: whenctl prints it as one line — what
+/// failed, with which input, and what to do — and exits 1. Usage errors (`ValidationError`)
+/// print the usage and exit 64.
+struct Failure: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// Which of whend's sockets a command wanted, for saying how to name another one.
+enum DaemonSocket {
+    case events, control
+
+    var howToNameAnother: String {
+        switch self {
+        case .events: return "--socket or $WHEND_SOCKET"
+        case .control: return "--control or $WHEND_CONTROL_SOCKET (or the event socket it sits beside: --socket)"
+        }
+    }
+}
+
+/// The one message for "whend cannot be reached": the socket tried, why, and what to do.
+func unreachable(_ socket: DaemonSocket, at path: String, _ error: Error) -> Failure {
+    let reason: String
+    if let failure = error as? BlockingSocket.Failure, let code = failure.connectErrno {
+        reason = String(cString: strerror(code))
+    } else {
+        reason = "\(error)"
+    }
+    let nobody = (error as? BlockingSocket.Failure)?.nobodyListens ?? false
+    return Failure(
+        "cannot reach whend at \(path) (\(reason))"
+            + (nobody
+                ? "; start it (`make run` in a checkout, `systemctl start whend.socket` when installed), or name its socket with \(socket.howToNameAnother)"
+                : "; name another socket with \(socket.howToNameAnother)"))
+}
