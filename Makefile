@@ -4,8 +4,9 @@ SWIFT ?= swift
 DEBIAN_PACKAGES := libzstd-dev libsystemd-dev libnats-dev zstd pkg-config
 # What the tests use besides: systemd-socket-activate and systemd-analyze (systemd), a small
 # ext4 filesystem to freeze (e2fsprogs, util-linux), strip for the .deb (binutils), JetStream
-# for the nats plugin (nats-server), FUSE from Python for the power-cut file system (python3-fusepy).
-TEST_PACKAGES := systemd e2fsprogs util-linux binutils nats-server python3-fusepy
+# for the nats plugin (nats-server), FUSE from Python for the power-cut file system (python3-fusepy),
+# man to read the installed man pages (man-db), and what the README's tour uses (socat, jq).
+TEST_PACKAGES := systemd e2fsprogs util-linux binutils nats-server python3-fusepy man-db socat jq
 
 .PHONY: deps test-deps build release run test soak lint bench bench-client fuzz deb package-check system-test clean
 
@@ -98,13 +99,14 @@ deb: test-deps
 	packaging/build-deb.sh .build-deb
 
 # The units as systemd sees them: `verify` (the binaries they name must be installed, so
-# install the .deb first), the hardening score (exposure at most 2.0), and the installed
-# whend run for a few seconds with its built-in plugins.
+# install the .deb first), the hardening score (exposure at most 2.0), the installed whend run
+# for a few seconds with its built-in plugins, and its man pages and completions.
 package-check: test-deps
 	systemd-analyze verify /lib/systemd/system/whend.service /lib/systemd/system/whend.socket \
 		/lib/systemd/system/whend-control.socket
 	systemd-analyze security --no-pager --offline=yes --threshold=20 /lib/systemd/system/whend.service
 	packaging/smoke-test.sh /usr/bin
+	packaging/docs-check.sh
 
 # whend under a live systemd 252: the .deb installed into a minimal Debian 12 root (built with
 # debootstrap once, then cached), booted with systemd-nspawn; see packaging/system-test.sh.

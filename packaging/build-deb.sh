@@ -2,7 +2,7 @@
 # Builds whend_<version>_<arch>.deb from a release build: the binaries, the built-in plugins,
 # the Swift runtime they share (in /usr/lib/whend/swift, so the package needs no Swift
 # toolchain, and Swift plugins load into the same runtime as whend), the systemd units, the
-# default configuration and the docs. Usage: packaging/build-deb.sh [output directory]
+# default configuration, the docs, man pages and shell completions. Usage: packaging/build-deb.sh [output directory]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-.build-deb}
@@ -16,10 +16,12 @@ plugins="screen-tracking analytics crash-reports session-recorder redact nats"
 flags=(-c release --scratch-path "$scratch" -Xswiftc -no-toolchain-stdlib-rpath -Xlinker -rpath="$runtime")
 
 echo "building whend $version (release)…"
-for product in whend whenctl $plugins; do
+for product in whend whenctl generate-manual $plugins; do
     swift build "${flags[@]}" --product "$product"
 done
 bin=$(swift build "${flags[@]}" --show-bin-path)
+# Run here, the release binaries find the Swift runtime in the toolchain.
+swiftlib=$(readlink -f "$(dirname "$(readlink -f "$(command -v swift)")")/../lib/swift/linux")
 
 root="$out/whend_${version}_${arch}"
 rm -rf "$root"
@@ -29,7 +31,6 @@ install -d "$root$runtime"
 install -m 0755 "$bin/whend" "$bin/whenctl" "$root/usr/bin/"
 for plugin in $plugins; do install -m 0644 "$bin/lib$plugin.so" "$root/usr/lib/whend/plugins/"; done
 # The Swift runtime libraries the binaries and plugins need, from the toolchain.
-swiftlib=$(readlink -f "$(dirname "$(readlink -f "$(command -v swift)")")/../lib/swift/linux")
 needed=$( (for f in "$root/usr/bin/"* "$root/usr/lib/whend/plugins/"*.so; do
     LD_LIBRARY_PATH="$swiftlib" ldd "$f"; done) | awk -v dir="$swiftlib" '$3 ~ "^"dir {print $3}' | sort -u)
 for lib in $needed; do install -m 0644 "$lib" "$root$runtime/"; done
@@ -38,6 +39,26 @@ install -m 0644 packaging/whend.service packaging/whend.socket packaging/whend-c
     "$root/lib/systemd/system/"
 install -m 0644 packaging/whend.conf "$root/etc/whend/whend.conf"
 install -m 0644 README.md "$root/usr/share/doc/whend/README.md"
+# Man pages and shell completions, generated from the argument parsers so they cannot drift:
+# whend(8), whenctl(1); bash, zsh and fish completions where each shell looks for them.
+echo "generating man pages and completions…"
+manual_date=$(date -u -d "@${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}" +%F)
+install -d "$root/usr/share/man/man1" "$root/usr/share/man/man8" "$root/usr/share/bash-completion/completions" \
+    "$root/usr/share/zsh/vendor-completions" "$root/usr/share/fish/vendor_completions.d"
+manuals=$(mktemp -d)
+trap 'rm -rf "$manuals"' EXIT
+for page in whenctl:1 whend:8; do
+    tool=${page%%:*} section=${page##*:}
+    LD_LIBRARY_PATH="$swiftlib" "$bin/generate-manual" "$bin/$tool" --section "$section" --date "$manual_date" \
+        --authors "whend developers<whend@localhost>" -o "$manuals" >/dev/null
+    gzip -9n < "$manuals/$tool.$section" > "$root/usr/share/man/man$section/$tool.$section.gz"
+    LD_LIBRARY_PATH="$swiftlib" "$bin/$tool" --generate-completion-script bash \
+        > "$root/usr/share/bash-completion/completions/$tool"
+    LD_LIBRARY_PATH="$swiftlib" "$bin/$tool" --generate-completion-script zsh \
+        > "$root/usr/share/zsh/vendor-completions/_$tool"
+    LD_LIBRARY_PATH="$swiftlib" "$bin/$tool" --generate-completion-script fish \
+        > "$root/usr/share/fish/vendor_completions.d/$tool.fish"
+done
 printf 'whend\nSee /usr/share/doc/whend/README.md.\n' > "$root/usr/share/doc/whend/copyright"
 
 size=$(du -sk "$root" | cut -f1)

@@ -151,7 +151,17 @@ struct Plugins: ParsableCommand {
     @Flag(name: .long, help: "Print the list as JSON.")
     var json = false
 
+    @Flag(
+        name: .long,
+        help:
+            "First wait until every pipeline has handled the journal as it is now, and what they derived from it.")
+    var wait = false
+
+    @Option(name: .long, help: "How long --wait waits, in seconds, before it fails.")
+    var timeout: Double = 60
+
     func run() throws {
+        if wait { try waitUntilCaughtUp() }
         if let verb = action.first, verb == "load" || verb == "unload" {
             guard action.count == 2 else { throw ValidationError("whenctl plugins \(verb) PLUGIN") }
             let reply = try options.request(verb, as: "plugins \(verb)", ["plugin": action[1]])
@@ -198,6 +208,45 @@ struct Plugins: ParsableCommand {
                 "\(p["name"] ?? "?") \(p["version"] ?? "?") (ABI \(p["abi"] ?? "?")) \(p["state"] ?? "?") in \(routes)\(counters.isEmpty ? "" : "; \(counters)")"
             )
             print("  \(p["path"] ?? "")")
+        }
+    }
+}
+
+extension Plugins {
+    /// Until every running pipeline's cursor is at the journal's last _seq as it was asked, then
+    /// again for what they derived meanwhile (a chain of derivations is short); not until the
+    /// lag is 0, which a steady stream of events may never allow.
+    func waitUntilCaughtUp() throws {
+        let deadline = Date().addingTimeInterval(timeout)
+        func snapshot() throws -> (last: Int, cursors: [String: Int]) {
+            let reply = try options.request("status", as: "plugins --wait")
+            try failIfRefused(reply, as: "plugins --wait")
+            let status = reply["status"] as? [String: Any] ?? [:]
+            let last = (status["journal"] as? [String: Any])?["last_seq"] as? Int ?? 0
+            var cursors: [String: Int] = [:]
+            for p in status["pipelines"] as? [[String: Any]] ?? [] where p["state"] as? String == "running" {
+                cursors[p["name"] as? String ?? "?"] = p["cursor"] as? Int ?? 0
+            }
+            return (last, cursors)
+        }
+        var target = try snapshot().last
+        for _ in 0..<8 {
+            while true {
+                let now = try snapshot()
+                if now.cursors.values.allSatisfy({ $0 >= target }) {
+                    if now.last == target { return }
+                    target = now.last
+                    break
+                }
+                guard Date() < deadline else {
+                    let behind = now.cursors.filter { $0.value < target }.sorted { $0.key < $1.key }
+                        .map { "\($0.key) at \($0.value)" }.joined(separator: ", ")
+                    throw Failure(
+                        "pipelines still behind _seq \(target) after \(timeout) s: \(behind); `whenctl plugins` shows their state, --timeout waits longer"
+                    )
+                }
+                usleep(50_000)
+            }
         }
     }
 }

@@ -9,6 +9,20 @@ struct Whenctl: ParsableCommand {
         commandName: "whenctl",
         abstract:
             "whend's companion: emit events; read, follow and verify the journal; status, reload, metrics and plugins of the daemon; sessions and crash reports; replay, export and flow.",
+        discussion: """
+            whenctl finds whend as every client does. The event socket: --socket, else \
+            $WHEND_SOCKET, else events.sock in $RUNTIME_DIRECTORY, $XDG_RUNTIME_DIR/whend or \
+            /tmp/whend-$UID where a whend made it, else the installed service's \
+            /run/whend/events.sock. The control socket: --control, else $WHEND_CONTROL_SOCKET, \
+            else control.sock beside the event socket. The journal: --journal, else journal/ in \
+            --state-dir, $STATE_DIRECTORY, $XDG_STATE_HOME/whend or ~/.local/state/whend, else \
+            the installed service's /var/lib/whend.
+
+            Exit status: 0 when the command did its work; 1 when it failed (one line on \
+            standard error says what failed, with which input, and what to do), when emit had \
+            an event refused or not acknowledged, when verify found damage; 64 on a usage error \
+            (the usage is printed).
+            """,
         version: WhendVersion.current,
         subcommands: [
             Emit.self, Cat.self, Tail.self, Verify.self, Status.self, Reload.self, Metrics.self, Plugins.self,

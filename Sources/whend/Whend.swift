@@ -18,6 +18,14 @@ struct Whend: ParsableCommand {
             Every setting can also come from the configuration file (--config, else $WHEND_CONFIG, \
             else /etc/whend/whend.conf if it exists) as `key = value`, and from the environment as \
             WHEND_<KEY>. The flags win over the environment, which wins over the file.
+
+            SIGHUP (or `whenctl reload`) reloads the configuration; SIGTERM and SIGINT stop \
+            whend after it has stored and acknowledged what it received and sealed the active \
+            segment. Under systemd it reports readiness, status and the watchdog with sd_notify.
+
+            Exit status: 0 after a stop asked for; 1 when whend cannot start (the socket or the \
+            journal cannot be opened: the log says which and why); 2 when the configuration is \
+            refused (a message names the key and the value); 64 on a usage error.
             """,
         version: WhendVersion.current
     )
