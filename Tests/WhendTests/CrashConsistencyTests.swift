@@ -98,12 +98,13 @@ final class ResendingClient: @unchecked Sendable {
         var ackedAtKill: [Int] = []
         // `make soak` runs many more rounds.
         let rounds = Int(ProcessInfo.processInfo.environment["WHEND_SOAK_ROUNDS"] ?? "") ?? 20
-        for _ in 0..<rounds {
+        for round in 1...rounds {
             usleep(UInt32.random(in: 20_000...250_000))
             daemon.crash()
             ackedAtKill.append(clients.map(\.ackedCount).reduce(0, +))
             usleep(UInt32.random(in: 0...20_000))
             try daemon.start()
+            reportRound("SIGKILL", round, of: rounds, "\(ackedAtKill.last ?? 0) events acked")
         }
         for client in clients { client.finish() }
         for client in clients {

@@ -139,6 +139,7 @@ extension DaemonProcess {
             outcome.acked = acked.reduce(0, +)
             try afterCut(daemon, round, checkedThrough)
             try daemon.start()
+            reportRound("power cut", round, of: rounds, "\(outcome.acked) events acked, \(outcome.ackedLost) lost")
         }
         for client in clients { client.finish() }
         for client in clients {

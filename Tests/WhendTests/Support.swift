@@ -246,6 +246,13 @@ final class LoopFilesystem {
     }()
 }
 
+/// A line on standard error every tenth of a long run of rounds (`make soak`): long jobs show
+/// how far they are.
+func reportRound(_ what: String, _ round: Int, of rounds: Int, _ detail: @autoclosure () -> String) {
+    guard rounds > 20, round % max(1, rounds / 10) == 0 || round == rounds else { return }
+    FileHandle.standardError.write(Data("\(what): round \(round) of \(rounds), \(detail())\n".utf8))
+}
+
 /// Waits until `condition` holds, at most `seconds`.
 func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool {
     let deadline = Date().addingTimeInterval(seconds)
