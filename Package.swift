@@ -45,6 +45,8 @@ let package = Package(
         .executableTarget(name: "whend-demo", dependencies: ["WhenClient", "WhendWire"]),
         // The plugin ABI: a C header, checked by the host before it calls anything.
         .target(name: "CWhendPlugin"),
+        // Linux calls and types Swift's Glibc module does not import (they need _GNU_SOURCE).
+        .target(name: "CLinux"),
         // The ABI version as exported data, linked into every plugin built with the SDK.
         .target(name: "CWhendPluginABI", dependencies: ["CWhendPlugin"]),
         .target(name: "WhendPluginSDK", dependencies: ["CWhendPlugin", "CWhendPluginABI", "WhendWire"]),
@@ -77,7 +79,7 @@ let package = Package(
         .target(
             name: "WhendDaemon",
             dependencies: [
-                "WhendWire", "WhendJournal", "CSystemd", "CWhendPlugin",
+                "WhendWire", "WhendJournal", "CSystemd", "CWhendPlugin", "CLinux",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

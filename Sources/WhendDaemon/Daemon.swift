@@ -1,3 +1,4 @@
+import CLinux
 import CSystemd
 import Foundation
 import Logging
@@ -183,7 +184,7 @@ public final class Daemon: Sendable {
             return channel.close()
         }
         // The sender's pid, uid and gid come from the kernel (SO_PEERCRED), never from the client.
-        let credentials: EventLoopFuture<KernelPeerCredentials> = provider.unsafeGetSocketOption(
+        let credentials: EventLoopFuture<whend_ucred> = provider.unsafeGetSocketOption(
             level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED))
         return credentials.flatMapThrowing { [self] cred in
             let comm =
@@ -213,7 +214,7 @@ public final class Daemon: Sendable {
     /// Lets root and the daemon's own user in; anyone else gets one line saying why.
     private func initializeControl(_ channel: Channel) -> EventLoopFuture<Void> {
         guard let provider = channel as? SocketOptionProvider else { return channel.close() }
-        let credentials: EventLoopFuture<KernelPeerCredentials> = provider.unsafeGetSocketOption(
+        let credentials: EventLoopFuture<whend_ucred> = provider.unsafeGetSocketOption(
             level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED))
         return credentials.flatMapThrowing { [self] cred in
             let allowed = cred.uid == 0 || cred.uid == geteuid()
@@ -423,12 +424,8 @@ public final class Daemon: Sendable {
     }
 }
 
-/// The layout of Linux's `struct ucred` (which Glibc hides behind `_GNU_SOURCE`).
-struct KernelPeerCredentials: Sendable {
-    var pid: Int32 = 0
-    var uid: UInt32 = 0
-    var gid: UInt32 = 0
-}
+// Read by NIO on the connection's event loop and handed on as values.
+extension whend_ucred: @retroactive @unchecked Sendable {}
 
 /// Keeps the signal sources alive for as long as the daemon runs.
 final class SignalWatch: @unchecked Sendable {

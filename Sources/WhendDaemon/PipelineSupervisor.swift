@@ -1,3 +1,4 @@
+import CLinux
 import Foundation
 import Logging
 import NIOConcurrencyHelpers
@@ -195,7 +196,7 @@ final class PipelineSupervisor: @unchecked Sendable {
         posix_spawn_file_actions_adddup2(&actions, ackFds[0], 0)
         // Nothing else of the daemon's: an inherited client or control connection would stay
         // open in the worker after the daemon closed it, and its peer would never see the end.
-        _ = spawnActionsCloseFrom(&actions, 3)
+        _ = whend_spawn_file_actions_addclosefrom(&actions, 3)
         var pid: pid_t = 0
         let rc = posix_spawn(&pid, executable, &actions, nil, argv, envp)
         close(fds[1])
@@ -302,9 +303,3 @@ final class PipelineSupervisor: @unchecked Sendable {
         }
     }
 }
-
-/// glibc's posix_spawn_file_actions_addclosefrom_np (2.34 and later), which Swift's Glibc
-/// module does not import: closes every descriptor from `lowest` up in the child.
-@_silgen_name("posix_spawn_file_actions_addclosefrom_np")
-private func spawnActionsCloseFrom(_ actions: UnsafeMutablePointer<posix_spawn_file_actions_t>, _ lowest: Int32)
-    -> Int32

@@ -1,0 +1,22 @@
+#ifndef WHEND_LINUX_H
+#define WHEND_LINUX_H
+
+// The Linux calls and types whend needs that Swift's Glibc module does not import: glibc
+// declares them only under _GNU_SOURCE, which the module is not built with. linux.c is, and
+// checks at compile time that what is declared here matches glibc.
+
+#include <spawn.h>
+#include <stdint.h>
+
+/// Linux's `struct ucred`: the peer of a Unix socket as the kernel tells it (SO_PEERCRED).
+typedef struct {
+    int32_t pid;
+    uint32_t uid;
+    uint32_t gid;
+} whend_ucred;
+
+/// glibc's posix_spawn_file_actions_addclosefrom_np (2.34 and later): every descriptor from
+/// `lowest` up is closed in the child. 0, or an error number.
+int whend_spawn_file_actions_addclosefrom(posix_spawn_file_actions_t *actions, int lowest);
+
+#endif
