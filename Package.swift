@@ -11,7 +11,6 @@ let package = Package(
         .executable(name: "whend-demo", targets: ["whend-demo"]),
         .library(name: "WhendWire", targets: ["WhendWire"]),
         .library(name: "WhendJournal", targets: ["WhendJournal"]),
-        .library(name: "WhendDaemon", targets: ["WhendDaemon"]),
         // For apps: emit to whend without ever blocking.
         .library(name: "WhenClient", targets: ["WhenClient"]),
         // For app tests: the GIVEN/WHEN/THEN runner, from Swift Testing or XCTest.

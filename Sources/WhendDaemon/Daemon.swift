@@ -9,8 +9,8 @@ import WhendJournal
 import WhendWire
 
 /// Why the daemon could not start, with what to do.
-public struct DaemonStartError: Error, CustomStringConvertible {
-    public var description: String
+package struct DaemonStartError: Error, CustomStringConvertible {
+    package var description: String
 }
 
 /// whend: the event socket in front of the journal, and the control socket beside it.
@@ -19,9 +19,9 @@ public struct DaemonStartError: Error, CustomStringConvertible {
 /// `run()` then blocks until SIGTERM or SIGINT and stops gracefully: it stops accepting, lets
 /// every connection finish the lines it has received, commits them, sends the final acks and
 /// seals the active segment. SIGHUP (or `whenctl reload`) re-reads the configuration.
-public final class Daemon: Sendable {
+package final class Daemon: Sendable {
     /// Reads the configuration anew (file, environment, flags) for a reload.
-    public typealias ConfigurationSource = @Sendable () throws -> DaemonConfiguration
+    package typealias ConfigurationSource = @Sendable () throws -> DaemonConfiguration
 
     let live: LiveConfiguration
     /// Where the configuration came from, for status.
@@ -55,7 +55,7 @@ public final class Daemon: Sendable {
     let unloaded = NIOLockedValueBox<Set<String>>([])
 
     /// The configuration in force (it changes on reload).
-    public var configuration: DaemonConfiguration { live.current }
+    package var configuration: DaemonConfiguration { live.current }
     var logger: Logger { loggerBox.withLockedValue { $0 } }
     var configurationSourceForReload: ConfigurationSource? { configurationSource }
 
@@ -63,7 +63,7 @@ public final class Daemon: Sendable {
         loggerBox.withLockedValue { $0.logLevel = level }
     }
 
-    public init(
+    package init(
         configuration: DaemonConfiguration, logger: Logger, configurationFile: String? = nil,
         reloadFrom source: ConfigurationSource? = nil
     ) throws {
@@ -92,7 +92,7 @@ public final class Daemon: Sendable {
     }
 
     /// Starts the journal writer and listens on the event and control sockets.
-    public func start() throws {
+    package func start() throws {
         // Watch for SIGTERM and SIGINT before anything can connect: a stop requested the
         // moment the socket listens must not be lost.
         watchSignals()
@@ -366,30 +366,19 @@ public final class Daemon: Sendable {
         unlink(path)
     }
 
+    /// Whether a process listens at `path` (else the file is left over from one that died).
     private func socketAnswers(_ path: String) -> Bool {
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { return false }
-        defer { close(fd) }
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else { return false }
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: bytes) }
-        return withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) == 0
-            }
-        }
+        (try? BlockingSocket(path: path)) != nil
     }
 
     /// Blocks until SIGTERM or SIGINT (watched from `start()` on), then stops gracefully.
-    public func run() {
+    package func run() {
         stopRequested.wait()
         shutdown()
     }
 
     /// Stops accepting, drains every connection (bounded by `shutdownTimeout`), commits, seals.
-    public func shutdown() {
+    package func shutdown() {
         notifier.stopping()
         logger.info("stopping: draining \(metrics.connections) connection(s)")
         let configuration = self.configuration

@@ -4,71 +4,71 @@ import WhendWire
 
 /// Everything the daemon needs to run; every field has the embedded default that `make run`
 /// uses.
-public struct DaemonConfiguration: Sendable {
+package struct DaemonConfiguration: Sendable {
     /// The event socket's path (PROTOCOL.md §1).
-    public var socketPath: String
+    package var socketPath: String
     /// Permission bits of the event socket: 0666 lets every local user's apps emit.
-    public var socketMode: mode_t = 0o666
+    package var socketMode: mode_t = 0o666
     /// The control socket, when set apart from its default beside the event socket.
-    public var controlSocketOverride: String?
+    package var controlSocketOverride: String?
     /// The control socket: `control.sock` beside the event socket unless configured.
-    public var controlSocketPath: String {
+    package var controlSocketPath: String {
         controlSocketOverride ?? SocketLocation.controlSocket(besideEventSocket: socketPath)
     }
     /// `$STATE_DIRECTORY`, else `$XDG_STATE_HOME/whend`, else `~/.local/state/whend`.
-    public var stateDirectory: String
+    package var stateDirectory: String
     /// The line limit (PROTOCOL.md §2).
-    public var maxEventBytes: Int = 65536
-    public var journal: JournalConfiguration
+    package var maxEventBytes: Int = 65536
+    package var journal: JournalConfiguration
     /// Events per second one sender may send (0: unlimited), and the burst above it.
-    public var rateLimit: Double = 0
-    public var rateBurst: Double = 1000
+    package var rateLimit: Double = 0
+    package var rateBurst: Double = 1000
     /// Who a sender is for the rate limit.
-    public var rateLimitBy: RateLimitKey = .pid
+    package var rateLimitBy: RateLimitKey = .pid
     /// How often the log sums up what the rate limit suppressed (seconds).
-    public var rateLimitReportInterval: TimeInterval = 10
+    package var rateLimitReportInterval: TimeInterval = 10
     /// Bytes of records one connection may have waiting for the journal before the daemon stops
     /// reading from it: bounds memory whatever clients send.
-    public var maxPendingBytesPerConnection: Int = 4 << 20
+    package var maxPendingBytesPerConnection: Int = 4 << 20
     /// Bytes of records all connections together may have waiting for the journal before the
     /// daemon stops reading from any: the bound on memory that does not grow with connections.
-    public var maxPendingBytes: Int = 16 << 20
+    package var maxPendingBytes: Int = 16 << 20
     /// How long a graceful stop waits for connections to drain (seconds).
-    public var shutdownTimeout: TimeInterval = 10
+    package var shutdownTimeout: TimeInterval = 10
     /// trace, debug, info, notice, warning, error or critical.
-    public var logLevel: String = "info"
+    package var logLevel: String = "info"
     /// Where plugin libraries may be loaded from: by default where whend's own plugins are
     /// installed beside it (`<bin>/../lib/whend/plugins`, and `<bin>` itself for a build tree).
-    public var pluginDirectories: [String] = DaemonConfiguration.defaultPluginDirectories()
+    package var pluginDirectories: [String] = DaemonConfiguration.defaultPluginDirectories()
     /// The ingest middleware, in order, by plugin name.
-    public var ingestPlugins: [String] = []
+    package var ingestPlugins: [String] = []
     /// Each plugin's configuration, a JSON object, by plugin name (`plugin.<name>` keys).
-    public var pluginConfigurations: [String: String] = [:]
+    package var pluginConfigurations: [String: String] = [:]
     /// Pipelines: ordered plugin names, by pipeline name (`pipeline.<name>` keys). An empty
     /// list removes a built-in pipeline of that name.
-    public var pipelines: [String: [String]] = [:]
+    package var pipelines: [String: [String]] = [:]
     /// Whether the built-in plugins run in their own pipelines unless configured otherwise.
-    public var builtinPipelines = true
+    package var builtinPipelines = true
 
     /// The built-in plugins' pipelines: a newcomer sees all four at work with no configuration.
-    public static let builtinPipelineDefaults: [String: [String]] = [
+    package static let builtinPipelineDefaults: [String: [String]] = [
         "screens": ["screen-tracking"], "analytics": ["analytics"], "crashes": ["crash-reports"],
         "sessions": ["session-recorder"],
     ]
 
     /// The pipelines to run: the built-in ones (when on) overlaid by the configured ones.
-    public var effectivePipelines: [String: [String]] {
+    package var effectivePipelines: [String: [String]] {
         var result = builtinPipelines ? Self.builtinPipelineDefaults : [:]
         for (name, plugins) in pipelines { result[name] = plugins }
         return result.filter { !$0.value.isEmpty }
     }
 
     /// Whether pipeline `name` is a built-in one that nobody configured.
-    public func isImplicitBuiltin(_ name: String) -> Bool {
+    package func isImplicitBuiltin(_ name: String) -> Bool {
         builtinPipelines && pipelines[name] == nil && Self.builtinPipelineDefaults[name] != nil
     }
 
-    public static func defaultPluginDirectories() -> [String] {
+    package static func defaultPluginDirectories() -> [String] {
         guard let executable = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") else {
             return []
         }
@@ -78,18 +78,18 @@ public struct DaemonConfiguration: Sendable {
         ]
     }
     /// Attempts at one record before a pipeline writes it to its dead letters; 0: forever.
-    public var pipelineRetryLimit: Int = 0
+    package var pipelineRetryLimit: Int = 0
     /// Seconds a pipeline worker may go without reporting before it is killed and restarted.
-    public var pipelineWatchdog: TimeInterval = 30
+    package var pipelineWatchdog: TimeInterval = 30
     /// How often a pipeline whose plugins keep state saves it with its cursor (seconds; 0: never).
-    public var pipelineSnapshotInterval: TimeInterval = 5
+    package var pipelineSnapshotInterval: TimeInterval = 5
     /// How far back (records) a pipeline starts, with empty state, when its saved state cannot be
     /// used (corrupt, or of another plugin version): its plugins rebuild their state from there.
-    public var pipelineSnapshotRebuild: Int = 100_000
+    package var pipelineSnapshotRebuild: Int = 100_000
     /// Event-loop threads (0: one per core).
-    public var eventLoopThreads: Int = 0
+    package var eventLoopThreads: Int = 0
 
-    public init(environment: [String: String] = ProcessInfo.processInfo.environment) {
+    package init(environment: [String: String] = ProcessInfo.processInfo.environment) {
         // The daemon binds where clients look first after WHEND_SOCKET (§1, 2–4), unless told.
         socketPath =
             environment["WHEND_SOCKET"].flatMap { $0.isEmpty ? nil : $0 }
@@ -98,7 +98,7 @@ public struct DaemonConfiguration: Sendable {
         journal = JournalConfiguration(directory: JournalDirectory(stateDirectory: stateDirectory))
     }
 
-    public mutating func setStateDirectory(_ path: String) {
+    package mutating func setStateDirectory(_ path: String) {
         stateDirectory = path
         journal.directory = JournalDirectory(stateDirectory: path)
     }
@@ -106,7 +106,7 @@ public struct DaemonConfiguration: Sendable {
 
 /// Who the rate limit counts events against: every process (`pid`, the default), every user
 /// (`uid`: all of a user's apps share one allowance), or every connection.
-public enum RateLimitKey: String, Sendable {
+package enum RateLimitKey: String, Sendable {
     case pid
     case uid
     case connection

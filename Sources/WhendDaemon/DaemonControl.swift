@@ -5,15 +5,15 @@ import WhendJournal
 import WhendWire
 
 /// What a reload did.
-public struct ReloadOutcome: Sendable {
+package struct ReloadOutcome: Sendable {
     /// False when the new configuration was refused and the old one stays.
-    public var applied: Bool
+    package var applied: Bool
     /// `key: old → new` for each setting taken up.
-    public var changed: [String]
+    package var changed: [String]
     /// Keys whose new value waits for the next restart.
-    public var needRestart: [String]
+    package var needRestart: [String]
     /// Why the new configuration was refused.
-    public var error: String?
+    package var error: String?
 }
 
 extension Daemon {
@@ -119,7 +119,7 @@ extension Daemon {
     /// invalid configuration is refused and logged, and the one in force stays. Settings that
     /// cannot change while running (the sockets, the state directory, the de-duplication
     /// window) are reported as waiting for a restart.
-    public func reload(trigger: String) -> ReloadOutcome {
+    package func reload(trigger: String) -> ReloadOutcome {
         reloadQueue.sync { () -> ReloadOutcome in
             notifier.reloading()
             defer { notifier.ready(status: statusLine()) }

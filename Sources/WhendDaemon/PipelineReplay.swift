@@ -7,11 +7,11 @@ import WhendWire
 /// and the plugins' state in a directory of the caller's choosing, so that nothing live is
 /// touched. Derived records come out stamped with the time of the record that caused them
 /// (`_rt` of the cause), so the same input gives byte-identical output.
-public final class PipelineReplay {
+package final class PipelineReplay {
     private var chain: PluginChain
     private let derived: DerivedSink
 
-    public enum Outcome: Equatable {
+    package enum Outcome: Equatable {
         case passed
         case dropped
         case failed(String)
@@ -20,7 +20,7 @@ public final class PipelineReplay {
     /// - Parameters:
     ///   - stages: plugin names and their configuration (JSON), in order.
     ///   - output: receives each derived record, a complete journal-style JSON object.
-    public init(
+    package init(
         stages: [(plugin: String, configuration: String)], pluginDirectories: [String], stateDirectory: String,
         logger: Logger, output: @escaping @Sendable ([UInt8]) -> Void
     ) throws(PluginLoadError) {
@@ -39,7 +39,7 @@ public final class PipelineReplay {
     }
 
     /// The stages of pipeline `name` as `configuration` defines it.
-    public static func stages(of name: String, in configuration: DaemonConfiguration) -> [(
+    package static func stages(of name: String, in configuration: DaemonConfiguration) -> [(
         plugin: String, configuration: String
     )]? {
         configuration.effectivePipelines[name].map { plugins in
@@ -48,7 +48,7 @@ public final class PipelineReplay {
     }
 
     /// Runs one stored record (with its `_seq` and `_rt`) through the chain.
-    public func handle(_ record: UnsafeBufferPointer<UInt8>, seq: UInt64) -> Outcome {
+    package func handle(_ record: UnsafeBufferPointer<UInt8>, seq: UInt64) -> Outcome {
         derived.begin(cause: seq, record: record)
         switch chain.run(record, seq: seq) {
         case .unchanged, .changed: return .passed
@@ -58,7 +58,7 @@ public final class PipelineReplay {
     }
 
     /// Closes the plugins (they flush what they keep).
-    public func finish() { chain = PluginChain([]) }
+    package func finish() { chain = PluginChain([]) }
 
     /// The record's `_rt` value, as it is spelled. The trusted fields are at the end of a
     /// stored record, so the search runs backwards and allocates nothing.
@@ -129,7 +129,7 @@ extension DaemonConfiguration {
     /// The configuration whend would run with: the embedded defaults, then the file (`file`,
     /// else `$WHEND_CONFIG`, else /etc/whend/whend.conf if it exists), then the environment,
     /// then `flags`.
-    public static func resolve(
+    package static func resolve(
         file: String?, flags: [SettingValue] = [],
         environment: [String: String] = ProcessInfo.processInfo.environment
     ) throws(SettingError) -> (DaemonConfiguration, file: String?) {

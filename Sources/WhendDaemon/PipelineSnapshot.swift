@@ -8,23 +8,23 @@ import WhendWire
 /// On disk (`<pipeline>/snapshot`, the one before it in `snapshot.previous`): a magic line,
 /// the cursor, each stage's plugin name, version and state, and a SipHash-128 of all that, so
 /// that a file cut short or with a byte changed is never taken for a state.
-public struct PipelineSnapshot: Equatable {
-    public struct Stage: Equatable {
-        public var plugin: String
-        public var version: String
-        public var state: [UInt8]
+package struct PipelineSnapshot: Equatable {
+    package struct Stage: Equatable {
+        package var plugin: String
+        package var version: String
+        package var state: [UInt8]
     }
 
-    public var cursor: UInt64
-    public var stages: [Stage]
+    package var cursor: UInt64
+    package var stages: [Stage]
 
     static let magic = Array("whend pipeline snapshot 1\n".utf8)
 
-    public struct Unusable: Error, CustomStringConvertible {
-        public var description: String
+    package struct Unusable: Error, CustomStringConvertible {
+        package var description: String
     }
 
-    public func encoded() -> [UInt8] {
+    package func encoded() -> [UInt8] {
         var out = Self.magic
         Self.put(cursor, &out)
         Self.put(UInt64(stages.count), &out)
@@ -42,7 +42,7 @@ public struct PipelineSnapshot: Equatable {
     }
 
     /// The snapshot in `bytes`, checked whole.
-    public static func decode(_ bytes: [UInt8]) throws(Unusable) -> PipelineSnapshot {
+    package static func decode(_ bytes: [UInt8]) throws(Unusable) -> PipelineSnapshot {
         guard bytes.count >= magic.count + 16 + 16, Array(bytes[0..<magic.count]) == magic else {
             throw Unusable(description: "not a pipeline snapshot (or cut before its end)")
         }

@@ -5,26 +5,26 @@ import WhendJournal
 import WhendWire
 
 /// What a pipeline worker is told when it starts (as JSON on its command line).
-public struct PipelineSpec: Codable, Sendable, Equatable {
-    public struct Stage: Codable, Sendable, Equatable {
-        public var plugin: String
-        public var configuration: String
+package struct PipelineSpec: Codable, Sendable, Equatable {
+    package struct Stage: Codable, Sendable, Equatable {
+        package var plugin: String
+        package var configuration: String
     }
 
-    public var name: String
-    public var stages: [Stage]
-    public var journalDirectory: String
+    package var name: String
+    package var stages: [Stage]
+    package var journalDirectory: String
     /// The pipeline's own directory: its cursor and dead letters.
-    public var directory: String
+    package var directory: String
     /// Where each plugin keeps its state: `<pluginStateRoot>/<plugin>`.
-    public var pluginStateRoot: String
-    public var pluginDirectories: [String]
+    package var pluginStateRoot: String
+    package var pluginDirectories: [String]
     /// Attempts at one record before it goes to the dead letters; 0: retry forever.
-    public var retryLimit: Int
+    package var retryLimit: Int
     /// Seconds between saves of the plugins' state with the cursor; 0: never.
-    public var snapshotInterval: Double = 0
+    package var snapshotInterval: Double = 0
     /// Records before its cursor the pipeline starts from when no saved state can be used.
-    public var snapshotRebuild: UInt64 = 0
+    package var snapshotRebuild: UInt64 = 0
 
     var cursorPath: String { directory + "/cursor" }
     var snapshotPath: String { directory + "/snapshot" }
@@ -169,8 +169,8 @@ nonisolated(unsafe) private var workerStopRequested: sig_atomic_t = 0
 /// then it goes to the dead letters. The cursor is saved every 100 ms and at exit, below any
 /// record whose derived records are not yet stored, so that a crash repeats at most the records
 /// of the last 100 ms: at least once, in order.
-public enum PipelineWorker {
-    public static func run(logger: Logger) -> Never {
+package enum PipelineWorker {
+    package static func run(logger: Logger) -> Never {
         signal(SIGPIPE, SIG_IGN)
         var frames = WorkerFrameReader()
         let (generation, spec) = readStart(&frames, logger: logger)

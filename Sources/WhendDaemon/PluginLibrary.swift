@@ -2,8 +2,8 @@ import CWhendPlugin
 import Foundation
 
 /// Why a plugin could not be loaded or started, with what to do.
-public struct PluginLoadError: Error, CustomStringConvertible {
-    public var description: String
+package struct PluginLoadError: Error, CustomStringConvertible {
+    package var description: String
 }
 
 /// A plugin library opened with `dlopen` and checked against the ABI.

@@ -2,21 +2,21 @@ import Foundation
 import WhendJournal
 
 /// A setting that could not be applied: which key, from where, and what is allowed.
-public struct SettingError: Error, CustomStringConvertible {
-    public var description: String
+package struct SettingError: Error, CustomStringConvertible {
+    package var description: String
 
-    public init(description: String) {
+    package init(description: String) {
         self.description = description
     }
 }
 
 /// One value for a setting, and where it came from (for error messages).
-public struct SettingValue: Sendable {
-    public var key: String
-    public var value: String
-    public var source: String
+package struct SettingValue: Sendable {
+    package var key: String
+    package var value: String
+    package var source: String
 
-    public init(key: String, value: String, source: String) {
+    package init(key: String, value: String, source: String) {
         self.key = key
         self.value = value
         self.source = source
@@ -28,20 +28,20 @@ public struct SettingValue: Sendable {
 /// in one place and every error names the key and what it allows.
 ///
 /// Precedence: the embedded default, then the file, then the environment, then the flags.
-public enum Settings {
+package enum Settings {
     /// Whether a running daemon can take up a new value on reload, or only at its next start.
-    public enum Reload: Sendable {
+    package enum Reload: Sendable {
         case live
         case restart
     }
 
-    public struct Setting: Sendable {
-        public let key: String
-        public let allowed: String
-        public let help: String
-        public let reload: Reload
+    package struct Setting: Sendable {
+        package let key: String
+        package let allowed: String
+        package let help: String
+        package let reload: Reload
         /// The value as the configuration file would spell it.
-        public let value: @Sendable (DaemonConfiguration) -> String
+        package let value: @Sendable (DaemonConfiguration) -> String
         let apply: @Sendable (inout DaemonConfiguration, String) -> Bool
     }
 
@@ -69,7 +69,7 @@ public enum Settings {
         n == n.rounded() && abs(n) < 1e15 ? String(Int(n)) : String(n)
     }
 
-    public static let all: [Setting] = [
+    package static let all: [Setting] = [
         Setting(
             key: "socket", allowed: "an absolute path", help: "the event socket", reload: .restart,
             value: { $0.socketPath }
@@ -294,7 +294,7 @@ public enum Settings {
     }
 
     /// The settings whose values differ between two configurations.
-    public static func differences(from old: DaemonConfiguration, to new: DaemonConfiguration) -> [(
+    package static func differences(from old: DaemonConfiguration, to new: DaemonConfiguration) -> [(
         setting: Setting, old: String, new: String
     )] {
         settings(of: old, new).compactMap { s in
@@ -304,7 +304,7 @@ public enum Settings {
     }
 
     /// The whole configuration as a file would spell it, one `key = value` a line.
-    public static func render(_ configuration: DaemonConfiguration) -> String {
+    package static func render(_ configuration: DaemonConfiguration) -> String {
         settings(of: configuration).map { setting in
             let value = setting.value(configuration)
             let plain =
@@ -320,7 +320,8 @@ public enum Settings {
     }
 
     /// Applies `values` in order; the first that is unknown or invalid is an error.
-    public static func apply(_ values: [SettingValue], to configuration: inout DaemonConfiguration) throws(SettingError)
+    package static func apply(_ values: [SettingValue], to configuration: inout DaemonConfiguration)
+        throws(SettingError)
     {
         for v in values {
             guard let setting = setting(v.key) else {
@@ -340,7 +341,7 @@ public enum Settings {
     /// Reads a configuration file: one `key = value` a line; `#` starts a comment; a value may
     /// be "quoted" (then `\"` and `\\` are its escapes), and a JSON value (`{…}` or `[…]`) runs
     /// to its closing bracket, `#` in its strings included.
-    public static func parse(_ text: String, path: String) throws(SettingError) -> [SettingValue] {
+    package static func parse(_ text: String, path: String) throws(SettingError) -> [SettingValue] {
         var values: [SettingValue] = []
         var seen: [String: Int] = [:]
         // Any newline ends a line: "\r\n" is one Character in Swift, so splitting on "\n" alone
@@ -443,7 +444,7 @@ public enum Settings {
     }
 
     /// `WHEND_<KEY>` variables for every key (`WHEND_SOCKET` is also the protocol's own).
-    public static func fromEnvironment(_ environment: [String: String] = ProcessInfo.processInfo.environment)
+    package static func fromEnvironment(_ environment: [String: String] = ProcessInfo.processInfo.environment)
         -> [SettingValue]
     {
         all.compactMap { setting in

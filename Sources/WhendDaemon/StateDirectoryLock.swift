@@ -8,12 +8,12 @@ import WhendWire
 /// The holder writes its pid into the file so that a refused daemon can name it. `whenctl`'s
 /// readers never take the lock. The descriptor is close-on-exec: pipeline workers do not inherit
 /// it, so a worker left behind by a dead daemon does not keep its successor out.
-public final class StateDirectoryLock: Sendable {
-    public let path: String
+package final class StateDirectoryLock: Sendable {
+    package let path: String
     private let descriptor: Int32
 
     /// Takes the lock, or throws a `DaemonStartError` that names the holder and what to do.
-    public init(stateDirectory: String) throws {
+    package init(stateDirectory: String) throws {
         do {
             try DurableFile.createDirectory(stateDirectory)
         } catch {

@@ -2,14 +2,14 @@ import Foundation
 import WhendWire
 
 /// What a pipeline worker derived from one record: the plugin's bytes, stored as written.
-public struct DerivedRecord: Equatable, Sendable {
+package struct DerivedRecord: Equatable, Sendable {
     /// The `_seq` of the record it was derived from.
-    public var cause: UInt64
+    package var cause: UInt64
     /// The plugin that derived it (`_origin`).
-    public var origin: String
-    public var bytes: [UInt8]
+    package var origin: String
+    package var bytes: [UInt8]
 
-    public init(cause: UInt64, origin: String, bytes: [UInt8]) {
+    package init(cause: UInt64, origin: String, bytes: [UInt8]) {
         self.cause = cause
         self.origin = origin
         self.bytes = bytes
@@ -17,7 +17,7 @@ public struct DerivedRecord: Equatable, Sendable {
 }
 
 /// A worker's messages to the daemon, on its standard output.
-public enum WorkerMessage: Equatable, Sendable {
+package enum WorkerMessage: Equatable, Sendable {
     /// The worker's durable cursor and counters (`skipped`: records gone from the journal
     /// before it read them); also its heartbeat for the daemon's watchdog.
     case progress(cursor: UInt64, failures: UInt64, deadLetters: UInt64, skipped: UInt64)
@@ -27,7 +27,7 @@ public enum WorkerMessage: Equatable, Sendable {
 }
 
 /// The daemon's messages to a worker, on its standard input.
-public enum SupervisorMessage: Equatable, Sendable {
+package enum SupervisorMessage: Equatable, Sendable {
     /// The first message: which pipeline to run (a `PipelineSpec` as JSON: it holds plugin
     /// configuration, secrets included, so it never goes on a command line) and the worker's
     /// generation, which every later message carries.
@@ -41,19 +41,19 @@ public enum SupervisorMessage: Equatable, Sendable {
 /// The framing both ways: a 4-byte little-endian length, then that many bytes: a tag byte and
 /// the fields (integers 8 bytes little-endian; strings and byte runs as a 4-byte length and
 /// the bytes).
-public enum WorkerFrame {
+package enum WorkerFrame {
     /// A frame longer than this is a broken peer, not a message.
-    public static let maxLength = 64 << 20
+    package static let maxLength = 64 << 20
 
     enum Tag: UInt8 {
         case progress = 1, derived = 2, start = 3, stored = 4
     }
 
-    public struct DecodeError: Error, CustomStringConvertible {
-        public var description: String
+    package struct DecodeError: Error, CustomStringConvertible {
+        package var description: String
     }
 
-    public static func encode(_ message: WorkerMessage) -> [UInt8] {
+    package static func encode(_ message: WorkerMessage) -> [UInt8] {
         var w = Writer()
         switch message {
         case .progress(let cursor, let failures, let deadLetters, let skipped):
@@ -75,7 +75,7 @@ public enum WorkerFrame {
         return w.frame()
     }
 
-    public static func encode(_ message: SupervisorMessage) -> [UInt8] {
+    package static func encode(_ message: SupervisorMessage) -> [UInt8] {
         var w = Writer()
         switch message {
         case .start(let generation, let spec):
@@ -90,7 +90,7 @@ public enum WorkerFrame {
         return w.frame()
     }
 
-    public static func decodeWorkerMessage(_ payload: ArraySlice<UInt8>) throws(DecodeError) -> WorkerMessage {
+    package static func decodeWorkerMessage(_ payload: ArraySlice<UInt8>) throws(DecodeError) -> WorkerMessage {
         var r = Reader(bytes: payload)
         switch try r.tag() {
         case .progress:
@@ -114,7 +114,7 @@ public enum WorkerFrame {
         }
     }
 
-    public static func decodeSupervisorMessage(_ payload: ArraySlice<UInt8>) throws(DecodeError) -> SupervisorMessage {
+    package static func decodeSupervisorMessage(_ payload: ArraySlice<UInt8>) throws(DecodeError) -> SupervisorMessage {
         var r = Reader(bytes: payload)
         switch try r.tag() {
         case .start: return .start(generation: try r.integer(), spec: Array(try r.run()))
@@ -181,13 +181,13 @@ public enum WorkerFrame {
 }
 
 /// Splits a byte stream into frames' payloads.
-public struct WorkerFrameReader: Sendable {
+package struct WorkerFrameReader: Sendable {
     private var pending: [UInt8] = []
     private var start = 0
 
-    public init() {}
+    package init() {}
 
-    public mutating func append(_ bytes: UnsafeRawBufferPointer) {
+    package mutating func append(_ bytes: UnsafeRawBufferPointer) {
         if start > 0 && start == pending.count {
             pending.removeAll(keepingCapacity: true)
             start = 0
@@ -196,7 +196,7 @@ public struct WorkerFrameReader: Sendable {
     }
 
     /// The next whole frame's payload, if one has arrived.
-    public mutating func next() throws(WorkerFrame.DecodeError) -> ArraySlice<UInt8>? {
+    package mutating func next() throws(WorkerFrame.DecodeError) -> ArraySlice<UInt8>? {
         guard pending.count - start >= 4 else {
             compact()
             return nil
