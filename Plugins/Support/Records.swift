@@ -9,11 +9,3 @@ public struct SessionKey: Hashable, Sendable {
         self.session = session
     }
 }
-
-public enum RFC3339 {
-    /// Seconds since 1970 of `2026-11-21T13:44:59.546458Z` or with an offset; nil if malformed.
-    public static func seconds(_ text: String) -> Double? {
-        var text = text
-        return text.withUTF8 { rfc3339Seconds($0) }
-    }
-}

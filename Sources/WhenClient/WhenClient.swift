@@ -401,7 +401,9 @@ final class Delivery: @unchecked Sendable {
 
 /// Reads lines from a blocking socket with a timeout (poll), keeping what follows.
 struct LineReader {
-    private var pending: [UInt8] = []
+    private var framer = LineFramer(maxLineBytes: BlockingSocket.maxAnswerBytes)
+    /// Lines received and not returned yet, oldest first.
+    private var pending: [String] = []
     private(set) var closed = false
     /// The last line returned, for diagnostics.
     private(set) var lastLine: String?
@@ -409,9 +411,8 @@ struct LineReader {
     mutating func next(from connection: BlockingSocket, timeout: TimeInterval) -> String? {
         let deadline = Date().addingTimeInterval(timeout)
         while true {
-            if let newline = pending.firstIndex(of: 0x0A) {
-                let line = String(decoding: pending[..<newline], as: UTF8.self)
-                pending.removeSubrange(...newline)
+            if !pending.isEmpty {
+                let line = pending.removeFirst()
                 lastLine = line
                 return line
             }
@@ -423,7 +424,11 @@ struct LineReader {
                 closed = true
                 return nil
             }
-            pending += bytes
+            var lines: [String] = []
+            bytes.withUnsafeBufferPointer {
+                framer.feed($0) { if case .line(let line) = $0 { lines.append(String(decoding: line, as: UTF8.self)) } }
+            }
+            pending += lines
         }
     }
 }

@@ -108,16 +108,18 @@ public final class BlockingSocket: @unchecked Sendable {
 
     /// Reads lines until the daemon closes, calling `body` for each.
     public func receiveLines(_ body: (String) -> Void) throws {
-        var pending: [UInt8] = []
+        var framer = LineFramer(maxLineBytes: Self.maxAnswerBytes)
+        func line(_ piece: LineFramer.Piece) {
+            if case .line(let bytes) = piece { body(String(decoding: bytes, as: UTF8.self)) }
+        }
         while true {
             let chunk = try receive()
             if chunk.isEmpty { break }
-            pending.append(contentsOf: chunk)
-            while let nl = pending.firstIndex(of: 0x0A) {
-                body(String(decoding: pending[..<nl], as: UTF8.self))
-                pending.removeSubrange(...nl)
-            }
+            chunk.withUnsafeBufferPointer { framer.feed($0, line) }
         }
-        if !pending.isEmpty { body(String(decoding: pending, as: UTF8.self)) }
+        framer.finish(line)
     }
+
+    /// The longest line a daemon's answer may be; longer ones are skipped, never buffered.
+    public static let maxAnswerBytes = 1 << 24
 }

@@ -517,34 +517,3 @@ func isCaseName<C: Collection<UInt8>>(_ name: C) -> Bool {
     guard letter(first) else { return false }
     return name.allSatisfy { letter($0) || ($0 >= 0x30 && $0 <= 0x39) }
 }
-
-/// RFC 3339 `date-time`: `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`, `t`/`z` in either case.
-public func isRFC3339<C: RandomAccessCollection<UInt8>>(_ v: C) -> Bool where C.Index == Int {
-    func digits(_ at: Int, _ n: Int) -> Int? {
-        guard at + n <= v.count else { return nil }
-        var x = 0
-        for i in at..<(at + n) {
-            guard v[i] >= 0x30 && v[i] <= 0x39 else { return nil }
-            x = x * 10 + Int(v[i] - 0x30)
-        }
-        return x
-    }
-    guard v.count >= 20, digits(0, 4) != nil, v[4] == 0x2D, let mo = digits(5, 2), v[7] == 0x2D,
-        let d = digits(8, 2), v[10] == UInt8(ascii: "T") || v[10] == UInt8(ascii: "t") || v[10] == 0x20,
-        let h = digits(11, 2), v[13] == 0x3A, let mi = digits(14, 2), v[16] == 0x3A, let s = digits(17, 2),
-        (1...12).contains(mo), (1...31).contains(d), h < 24, mi < 60, s <= 60
-    else { return false }
-    var i = 19
-    if i < v.count, v[i] == 0x2E {
-        i += 1
-        let start = i
-        while i < v.count, v[i] >= 0x30 && v[i] <= 0x39 { i += 1 }
-        guard i > start else { return false }
-    }
-    guard i < v.count else { return false }
-    if v[i] == UInt8(ascii: "Z") || v[i] == UInt8(ascii: "z") { return i + 1 == v.count }
-    guard v[i] == 0x2B || v[i] == 0x2D, let oh = digits(i + 1, 2), v.count == i + 6, v[i + 3] == 0x3A,
-        let om = digits(i + 4, 2)
-    else { return false }
-    return oh < 24 && om < 60
-}

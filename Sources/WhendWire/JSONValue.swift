@@ -73,7 +73,7 @@ public struct JSONValue {
     /// A string holding an RFC 3339 time, as seconds since 1970.
     public var seconds: Double? {
         guard let contents = stringContents else { return nil }
-        return rfc3339Seconds(contents)
+        return RFC3339.parse(contents)?.secondsSince1970
     }
 }
 

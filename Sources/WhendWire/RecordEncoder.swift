@@ -233,34 +233,3 @@ public struct RFC3339Clock: Sendable {
         out.append(UInt8(ascii: "Z"))
     }
 }
-
-/// Parses an `_rt`-style RFC 3339 UTC time (`…Z`, any fraction) into microseconds since 1970.
-public func parseRFC3339Micros(_ v: some Collection<UInt8>) -> Int64? {
-    let b = Array(v)
-    guard isRFC3339(b) else { return nil }
-    func num(_ at: Int, _ n: Int) -> Int { b[at..<(at + n)].reduce(0) { $0 * 10 + Int($1 - 0x30) } }
-    var parts = tm()
-    parts.tm_year = Int32(num(0, 4) - 1900)
-    parts.tm_mon = Int32(num(5, 2) - 1)
-    parts.tm_mday = Int32(num(8, 2))
-    parts.tm_hour = Int32(num(11, 2))
-    parts.tm_min = Int32(num(14, 2))
-    parts.tm_sec = Int32(num(17, 2))
-    var seconds = Int64(timegm(&parts))
-    var micros: Int64 = 0
-    var i = 19
-    if b[i] == 0x2E {
-        i += 1
-        var scale: Int64 = 100_000
-        while i < b.count, b[i] >= 0x30 && b[i] <= 0x39 {
-            micros += Int64(b[i] - 0x30) * scale
-            scale /= 10
-            i += 1
-        }
-    }
-    if b[i] == 0x2B || b[i] == 0x2D {
-        let offset = Int64(num(i + 1, 2) * 3600 + num(i + 4, 2) * 60)
-        seconds += b[i] == 0x2B ? -offset : offset
-    }
-    return seconds * 1_000_000 + micros
-}

@@ -42,7 +42,7 @@ public struct StoredRecord: Sendable, Equatable {
             if equal(key, "_seq"), m.kind == .number {
                 record.seq = parseUInt(UnsafeBufferPointer(rebasing: line[m.value]))
             } else if equal(key, "_rt"), let inner {
-                record.receivedMicros = parseRFC3339Micros(inner)
+                record.receivedMicros = RFC3339.parse(inner)?.microseconds
             } else if equal(key, "type") {
                 record.type = decoded().map { String(decoding: $0, as: UTF8.self) }
             } else if equal(key, "app") {

@@ -62,7 +62,9 @@ struct Sessions: ParsableCommand {
     }
 
     private func span(_ s: SessionIndex.Entry) -> String {
-        guard let a = RFC3339.seconds(s.firstTime), let b = RFC3339.seconds(s.lastTime) else { return "" }
+        guard let a = RFC3339.parse(Array(s.firstTime.utf8))?.secondsSince1970,
+            let b = RFC3339.parse(Array(s.lastTime.utf8))?.secondsSince1970
+        else { return "" }
         return String(format: " (%.1f s)", b - a)
     }
 

@@ -97,7 +97,7 @@ struct RecordFilter {
 /// (local midnight); or a duration from now — `-1h`, `+30m`, or unsigned for "ago" (`90s`,
 /// `15min`, `2h`, `7d`, `1w`).
 func parseTime(_ text: String, option: String) throws -> Int64 {
-    if let micros = parseRFC3339Micros(Array(text.utf8)) { return micros }
+    if let instant = RFC3339.parse(Array(text.utf8)) { return instant.microseconds }
     let now = currentMicros()
     let midnight = Int64(Calendar.current.startOfDay(for: Date()).timeIntervalSince1970) * 1_000_000
     switch text {

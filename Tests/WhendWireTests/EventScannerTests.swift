@@ -185,8 +185,10 @@ func object(_ json: String) throws -> [String: Any] {
     }
 
     @Test func rfc3339() {
-        #expect(parseRFC3339Micros(Array("1970-01-01T00:00:01.5Z".utf8)) == 1_500_000)
-        #expect(parseRFC3339Micros(Array("1970-01-01T01:00:00+01:00".utf8)) == 0)
+        #expect(RFC3339.parse(Array("1970-01-01T00:00:01.5Z".utf8))?.microseconds == 1_500_000)
+        #expect(RFC3339.parse(Array("1970-01-01T01:00:00+01:00".utf8))?.microseconds == 0)
+        #expect(RFC3339.parse(Array("2026-11-21T13:44:59.546458Z".utf8))?.microseconds == 1_795_268_699_546_458)
+        #expect(RFC3339.parse(Array("2026-11-21T13:44:59Z trailing".utf8)) == nil)
         #expect(!isRFC3339(Array("2026-13-01T00:00:00Z".utf8)))
     }
 }
