@@ -19,6 +19,8 @@ struct Whend: ParsableCommand {
             else /etc/whend/whend.conf if it exists) as `key = value`, and from the environment as \
             WHEND_<KEY>. The flags win over the environment, which wins over the file.
 
+            \(settingsHelp())
+
             SIGHUP (or `whenctl reload`) reloads the configuration; SIGTERM and SIGINT stop \
             whend after it has stored and acknowledged what it received and sealed the active \
             segment. Under systemd it reports readiness, status and the watchdog with sd_notify.
@@ -36,151 +38,66 @@ struct Whend: ParsableCommand {
     @Flag(name: .long, help: "Validate the configuration, print it, and exit.")
     var checkConfig = false
 
-    @Option(name: .long, help: "The event socket's path. (socket)")
-    var socket: String?
-
-    @Option(name: .long, help: "Permission bits of the event socket, in octal; default 0666. (socket_mode)")
-    var socketMode: String?
-
-    @Option(name: .long, help: "The control socket; default: control.sock beside the event socket. (control_socket)")
-    var controlSocket: String?
-
-    @Option(name: .long, help: "The state directory; the journal is journal/ inside it. (state_dir)")
-    var stateDir: String?
-
-    @Option(name: .long, help: "When an ack is sent: fsync (default), write, none. (durability)")
-    var durability: String?
-
-    @Option(name: .long, help: "The longest event line in bytes; default 65536. (max_event_bytes)")
-    var maxEventBytes: String?
-
-    @Option(name: .long, help: "Rotate a segment at this many compressed bytes; default 33554432. (segment_max_bytes)")
-    var segmentMaxBytes: String?
-
-    @Option(name: .long, help: "Rotate a segment after this many seconds; default 3600. (segment_max_age)")
-    var segmentMaxAge: String?
-
-    @Option(
-        name: .long,
-        help: "Keep the journal under this many bytes; default 1073741824, 0: no limit. (retention_max_bytes)")
-    var retentionMaxBytes: String?
-
-    @Option(
-        name: .long,
-        help: "Delete sealed segments older than this many seconds; default 0: no limit. (retention_max_age)")
-    var retentionMaxAge: String?
-
-    @Option(
-        name: .long,
-        help:
-            "Past this many bytes old segments go even if a pipeline has not read them; default 4294967296, 0: no limit. (retention_hard_max_bytes)"
-    )
-    var retentionHardMaxBytes: String?
-
-    @Option(
-        name: .long,
-        help:
-            "Below this much free space old segments go even if a pipeline has not read them; default 0: no floor. (retention_min_free_bytes)"
-    )
-    var retentionMinFreeBytes: String?
-
-    @Option(name: .long, help: "Records resent events are de-duplicated against; default 100000. (dedup_window)")
-    var dedupWindow: String?
-
-    @Option(name: .long, help: "Events per second one sender may send; default 0: unlimited. (rate_limit)")
-    var rateLimit: String?
-
-    @Option(name: .long, help: "Events one sender may send at once above the rate; default 1000. (rate_burst)")
-    var rateBurst: String?
-
-    @Option(name: .long, help: "Who the rate limit counts against: pid (default), uid, connection. (rate_limit_by)")
-    var rateLimitBy: String?
-
-    @Option(
-        name: .long,
-        help:
-            "Seconds between log summaries of what the rate limit suppressed; default 10. (rate_limit_report_interval)"
-    )
-    var rateLimitReportInterval: String?
-
-    @Option(
-        name: .long,
-        help: "Bytes all connections may have waiting for the journal; default 16777216. (max_pending_bytes)")
-    var maxPendingBytes: String?
-
-    @Option(name: .long, help: "Seconds a graceful stop waits for connections to drain; default 10. (shutdown_timeout)")
-    var shutdownTimeout: String?
-
-    @Option(name: .long, help: "Directories plugins load from, separated by ':'. (plugin_dirs)")
-    var pluginDirs: String?
-
-    @Option(name: .long, help: "The ingest middleware, plugin names in order, separated by ','. (ingest)")
-    var ingest: String?
-
-    @Option(
-        name: .long,
-        help:
-            "Run the built-in plugins in pipelines screens, analytics, crashes, sessions; default true. (builtin_pipelines)"
-    )
-    var builtinPipelines: String?
-
-    @Option(
-        name: .long,
-        help: "Attempts at one record before a pipeline dead-letters it; default 0: forever. (pipeline_retry_limit)")
-    var pipelineRetryLimit: String?
-
-    @Option(
-        name: .long, help: "Seconds a silent pipeline worker is given before a restart; default 30. (pipeline_watchdog)"
-    )
-    var pipelineWatchdog: String?
-
-    @Option(
-        name: .long,
-        help:
-            "Seconds between saves of a pipeline's plugin state with its cursor; default 5, 0: never. (pipeline_snapshot_interval)"
-    )
-    var pipelineSnapshotInterval: String?
-
-    @Option(
-        name: .long,
-        help:
-            "Records a pipeline goes back to rebuild its plugins' state when the saved one is unusable; default 100000. (pipeline_snapshot_rebuild)"
-    )
-    var pipelineSnapshotRebuild: String?
-
-    @Option(name: .long, help: "trace, debug, info (default), notice, warning, error, critical. (log_level)")
-    var logLevel: String?
+    /// Every setting of `Settings.all` as a flag, `--socket-mode 0660` or `--socket-mode=0660`:
+    /// parsed from the table, listed in the help from it (see `settingsHelp`), never spelled out
+    /// again here.
+    @Argument(parsing: .allUnrecognized, help: ArgumentHelp(visibility: .hidden))
+    var settingFlags: [String] = []
 
     /// Run as a pipeline worker: the daemon says which pipeline on standard input.
     @Flag(name: .long, help: .hidden)
     var pipelineWorker = false
 
-    /// The flags given, as settings.
+    /// The flags given, as settings, in order.
     var flagValues: [SettingValue] {
-        let pairs: [(String, String?)] = [
-            ("socket", socket), ("socket_mode", socketMode), ("control_socket", controlSocket),
-            ("state_dir", stateDir), ("durability", durability),
-            ("max_event_bytes", maxEventBytes), ("segment_max_bytes", segmentMaxBytes),
-            ("segment_max_age", segmentMaxAge), ("retention_max_bytes", retentionMaxBytes),
-            ("retention_max_age", retentionMaxAge), ("retention_hard_max_bytes", retentionHardMaxBytes),
-            ("retention_min_free_bytes", retentionMinFreeBytes), ("dedup_window", dedupWindow),
-            ("rate_limit", rateLimit),
-            ("rate_burst", rateBurst), ("rate_limit_by", rateLimitBy),
-            ("rate_limit_report_interval", rateLimitReportInterval), ("max_pending_bytes", maxPendingBytes),
-            ("shutdown_timeout", shutdownTimeout),
-            ("plugin_dirs", pluginDirs), ("ingest", ingest), ("builtin_pipelines", builtinPipelines),
-            ("pipeline_retry_limit", pipelineRetryLimit),
-            ("pipeline_watchdog", pipelineWatchdog), ("pipeline_snapshot_interval", pipelineSnapshotInterval),
-            ("pipeline_snapshot_rebuild", pipelineSnapshotRebuild), ("log_level", logLevel),
-        ]
-        return pairs.compactMap { key, value in
-            value.map { SettingValue(key: key, value: $0, source: "--" + key.replacingOccurrences(of: "_", with: "-")) }
+        get throws {
+            var values: [SettingValue] = []
+            var arguments = settingFlags.makeIterator()
+            while let argument = arguments.next() {
+                guard argument.hasPrefix("--"), argument.count > 2 else {
+                    throw ValidationError("unexpected argument '\(argument)'; `whend --help` lists the settings")
+                }
+                var name = String(argument.dropFirst(2))
+                var value: String?
+                if let equals = name.firstIndex(of: "=") {
+                    value = String(name[name.index(after: equals)...])
+                    name = String(name[..<equals])
+                }
+                let key = name.replacingOccurrences(of: "-", with: "_")
+                guard let setting = Settings.all.first(where: { $0.key == key }) else {
+                    throw ValidationError("unknown option '--\(name)'; `whend --help` lists the settings")
+                }
+                guard let given = value ?? arguments.next() else {
+                    throw ValidationError("--\(name) needs a value: \(setting.allowed)")
+                }
+                values.append(SettingValue(key: key, value: given, source: "--" + name))
+            }
+            return values
         }
+    }
+
+    func validate() throws { _ = try flagValues }
+
+    /// The settings as `--help` and `man whend` list them, from the table.
+    static func settingsHelp() -> String {
+        let defaults = DaemonConfiguration(environment: [:])
+        // Paths and plugin directories depend on the environment: the text above says how.
+        let derived: Set<String> = ["socket", "control_socket", "state_dir", "plugin_dirs"]
+        let lines = Settings.all.map { setting in
+            let flag = "--" + setting.key.replacingOccurrences(of: "_", with: "-")
+            let value = setting.value(defaults)
+            let fallback = derived.contains(setting.key) || value.isEmpty ? "" : "; default \(value)"
+            let reload = setting.reload == .live ? "" : "; at the next start only"
+            return "\(flag) <\(setting.allowed)>: \(setting.help)\(fallback)\(reload)."
+        }
+        return "Settings, each a flag, a key of the file (with _ for -) and WHEND_<KEY>:\n"
+            + lines.joined(separator: "\n")
     }
 
     /// Defaults, then the file, then the environment, then the flags.
     func resolveConfiguration() throws(SettingError) -> (DaemonConfiguration, file: String?) {
-        try DaemonConfiguration.resolve(file: config, flags: flagValues)
+        // The flags were checked by `validate()` before `run()`.
+        try DaemonConfiguration.resolve(file: config, flags: (try? flagValues) ?? [])
     }
 
     func run() throws {

@@ -80,6 +80,28 @@ import WhendWire
         return url.path
     }()
 
+    /// whend's flags are the settings table: every key is a flag that takes its values, and
+    /// `whend --help` (and so `man whend`) lists it.
+    @Test func everySettingIsAFlagListedInTheHelp() throws {
+        let whend = executable("whend")
+        let help = try runCommand(whend, ["--help"]).output
+        let scratch = scratchDirectory("flags")
+        let empty = scratch + "/empty.conf"
+        #expect(FileManager.default.createFile(atPath: empty, contents: Data()))
+        let defaults = DaemonConfiguration(environment: ["HOME": scratch])
+        var arguments = ["--check-config"]
+        for setting in Settings.all {
+            let flag = "--" + setting.key.replacingOccurrences(of: "_", with: "-")
+            #expect(help.contains("\n" + flag + " <"), "whend --help does not list \(flag)")
+            arguments += [flag, setting.value(defaults)]
+        }
+        let checked = try runCommand(whend, arguments, environment: ["WHEND_CONFIG": empty])
+        #expect(checked.status == 0, "\(checked.error)")
+        #expect(checked.output.contains("rate_limit_by = pid"))
+        let typo = try runCommand(whend, ["--rate-limt", "5"])
+        #expect(typo.status == 64 && typo.error.contains("unknown option '--rate-limt'"))
+    }
+
     @Test func everyKeyIsInTheReadmeAndTheDefaultConfiguration() throws {
         let readme = try String(contentsOfFile: Self.root + "/README.md", encoding: .utf8)
         let packaged = try String(contentsOfFile: Self.root + "/packaging/whend.conf", encoding: .utf8)
