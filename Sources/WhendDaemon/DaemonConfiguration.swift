@@ -111,3 +111,34 @@ package enum RateLimitKey: String, Sendable {
     case uid
     case connection
 }
+
+extension DaemonConfiguration {
+    /// The configuration whend would run with: the embedded defaults, then the file (`file`,
+    /// else `$WHEND_CONFIG`, else /etc/whend/whend.conf if it exists), then the environment,
+    /// then `flags`.
+    package static func resolve(
+        file: String?, flags: [SettingValue] = [],
+        environment: [String: String] = ProcessInfo.processInfo.environment
+    ) throws(SettingError) -> (DaemonConfiguration, file: String?) {
+        var configuration = DaemonConfiguration(environment: environment)
+        var file = file ?? environment["WHEND_CONFIG"].flatMap { $0.isEmpty ? nil : $0 }
+        if file == nil, FileManager.default.fileExists(atPath: "/etc/whend/whend.conf") {
+            file = "/etc/whend/whend.conf"
+        }
+        if let file {
+            // A FileHandle reads what String(contentsOfFile:) refuses (a pipe, /dev/null).
+            guard let handle = FileHandle(forReadingAtPath: file) else {
+                throw SettingError(
+                    description: "cannot read the configuration file \(file): \(String(cString: strerror(errno)))")
+            }
+            defer { try? handle.close() }
+            guard let text = String(data: handle.readDataToEndOfFile(), encoding: .utf8) else {
+                throw SettingError(description: "the configuration file \(file) is not UTF-8 text")
+            }
+            try Settings.apply(try Settings.parse(text, path: file), to: &configuration)
+        }
+        try Settings.apply(Settings.fromEnvironment(environment), to: &configuration)
+        try Settings.apply(flags, to: &configuration)
+        return (configuration, file)
+    }
+}
