@@ -9,8 +9,50 @@ import WhendJournal
 import WhendWire
 
 /// Why the daemon could not start, with what to do.
-package struct DaemonStartError: Error, CustomStringConvertible {
-    package var description: String
+/// Why whend cannot start: a case per cause, each with what it was about and, as the log and
+/// the exit say it, what to do.
+package enum DaemonStartError: Error, CustomStringConvertible {
+    case stateDirectoryUnusable(directory: String, reason: String)
+    case lockFileUnusable(path: String, reason: String)
+    case cannotLock(path: String, reason: String)
+    case stateDirectoryInUse(directory: String, lockFile: String, holder: Int32?)
+    case journalUnusable(directory: String, reason: String)
+    case pluginsFailed(reason: String)
+    case inheritedSocketUnusable(what: String, fd: Int32, reason: String)
+    case socketDirectoryUnusable(directory: String, what: String, reason: String)
+    case notASocket(path: String, flag: String)
+    case socketInUse(path: String, flag: String)
+    case cannotListen(path: String, what: String, reason: String, flag: String)
+
+    package var description: String {
+        switch self {
+        case .stateDirectoryUnusable(let directory, let reason):
+            return
+                "cannot create the state directory \(directory): \(reason); set --state-dir to a directory you can write"
+        case .lockFileUnusable(let path, let reason):
+            return "cannot open \(path): \(reason); set --state-dir to a directory you can write"
+        case .cannotLock(let path, let reason):
+            return "cannot lock \(path): \(reason)"
+        case .stateDirectoryInUse(let directory, let lockFile, let holder):
+            let who = holder.map { "another whend (pid \($0))" } ?? "another whend"
+            return
+                "\(who) is already using the state directory \(directory) (it holds \(lockFile)); a journal has exactly one writer: stop that daemon first, or give this one its own --state-dir"
+        case .journalUnusable(let directory, let reason):
+            return "cannot open the journal in \(directory): \(reason)"
+        case .pluginsFailed(let reason):
+            return "cannot start the plugins: \(reason)"
+        case .inheritedSocketUnusable(let what, let fd, let reason):
+            return "cannot use the \(what) the service manager passed (fd \(fd)): \(reason)"
+        case .socketDirectoryUnusable(let directory, let what, let reason):
+            return "cannot create \(directory) for the \(what): \(reason)"
+        case .notASocket(let path, let flag):
+            return "\(path) exists and is not a socket; remove it or choose another \(flag)"
+        case .socketInUse(let path, let flag):
+            return "another whend is already listening on \(path); stop it first, or give this one another \(flag)"
+        case .cannotListen(let path, let what, let reason, let flag):
+            return "cannot listen on \(path) (\(what)): \(reason); set \(flag) to a path in a directory you can write"
+        }
+    }
 }
 
 /// whend: the event socket in front of the journal, and the control socket beside it.
@@ -84,8 +126,7 @@ package final class Daemon: Sendable {
                 loggerBox.withLockedValue { $0 }.notice("\(message)")
             }
         } catch {
-            throw DaemonStartError(
-                description: "cannot open the journal in \(configuration.journal.directory.path): \(error)")
+            throw DaemonStartError.journalUnusable(directory: configuration.journal.directory.path, reason: "\(error)")
         }
         let threads = configuration.eventLoopThreads > 0 ? configuration.eventLoopThreads : System.coreCount
         group = MultiThreadedEventLoopGroup(numberOfThreads: threads)
@@ -120,7 +161,7 @@ package final class Daemon: Sendable {
             live.replace(configuration, ingest: ingest)
             runPipelines(try pipelineSpecs(configuration), watchdog: configuration.pipelineWatchdog)
         } catch {
-            throw DaemonStartError(description: "cannot start the plugins: \(error.description)")
+            throw DaemonStartError.pluginsFailed(reason: error.description)
         }
         let server = try listenForEvents(configuration)
         serverChannel.withLockedValue { $0 = server.channel }
@@ -165,17 +206,14 @@ package final class Daemon: Sendable {
             do {
                 return (try bootstrap.withBoundSocket(fd).wait(), "the \(what) from the service manager (fd \(fd))")
             } catch {
-                throw DaemonStartError(
-                    description: "cannot use the \(what) the service manager passed (fd \(fd)): \(error)")
+                throw DaemonStartError.inheritedSocketUnusable(what: what, fd: fd, reason: "\(error)")
             }
         }
         try prepareSocketPath(path, what: what, flag: flag)
         do {
             return (try bindPrivately(bootstrap, path: path, mode: mode), path)
         } catch {
-            throw DaemonStartError(
-                description:
-                    "cannot listen on \(path) (\(what)): \(error); set \(flag) to a path in a directory you can write")
+            throw DaemonStartError.cannotListen(path: path, what: what, reason: "\(error)", flag: flag)
         }
     }
 
@@ -349,19 +387,16 @@ package final class Daemon: Sendable {
                 try FileManager.default.createDirectory(
                     atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
             } catch {
-                throw DaemonStartError(description: "cannot create \(directory) for the \(what): \(error)")
+                throw DaemonStartError.socketDirectoryUnusable(directory: directory, what: what, reason: "\(error)")
             }
         }
         var st = stat()
         guard lstat(path, &st) == 0 else { return }
         guard st.st_mode & S_IFMT == S_IFSOCK else {
-            throw DaemonStartError(
-                description: "\(path) exists and is not a socket; remove it or choose another \(flag)")
+            throw DaemonStartError.notASocket(path: path, flag: flag)
         }
         if socketAnswers(path) {
-            throw DaemonStartError(
-                description:
-                    "another whend is already listening on \(path); stop it first, or give this one another \(flag)")
+            throw DaemonStartError.socketInUse(path: path, flag: flag)
         }
         unlink(path)
     }

@@ -128,12 +128,11 @@ extension DaemonConfiguration {
         if let file {
             // A FileHandle reads what String(contentsOfFile:) refuses (a pipe, /dev/null).
             guard let handle = FileHandle(forReadingAtPath: file) else {
-                throw SettingError(
-                    description: "cannot read the configuration file \(file): \(String(cString: strerror(errno)))")
+                throw .unreadableFile(path: file, reason: String(cString: strerror(errno)))
             }
             defer { try? handle.close() }
             guard let text = String(data: handle.readDataToEndOfFile(), encoding: .utf8) else {
-                throw SettingError(description: "the configuration file \(file) is not UTF-8 text")
+                throw .notText(path: file)
             }
             try Settings.apply(try Settings.parse(text, path: file), to: &configuration)
         }

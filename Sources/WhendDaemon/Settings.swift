@@ -1,12 +1,42 @@
 import Foundation
 import WhendJournal
 
-/// A setting that could not be applied: which key, from where, and what is allowed.
-package struct SettingError: Error, CustomStringConvertible {
-    package var description: String
+/// A configuration whend refuses: a case per kind of mistake, so that callers decide by case;
+/// each says where (`source`: a file and line, `--flag` or `WHEND_KEY`), which key and what to
+/// do, as the user reads it.
+package enum SettingError: Error, CustomStringConvertible, Equatable {
+    case unknownKey(source: String, key: String)
+    case notAllowed(source: String, key: String, value: String, allowed: String)
+    case unreadableFile(path: String, reason: String)
+    case notText(path: String)
+    case notKeyValue(source: String, line: String)
+    case unclosedQuote(source: String, key: String)
+    case textAfterValue(source: String, key: String, text: String, valueKind: String)
+    case notJSON(source: String, key: String)
+    case setTwice(source: String, key: String, firstLine: Int)
 
-    package init(description: String) {
-        self.description = description
+    package var description: String {
+        switch self {
+        case .unknownKey(let source, let key):
+            return
+                "\(source): unknown key \"\(key)\"; the keys are \(Settings.all.map(\.key).joined(separator: ", ")) plugin.<name> and pipeline.<name>"
+        case .notAllowed(let source, let key, let value, let allowed):
+            return "\(source): \(key) = \"\(value)\" is not allowed; \(key) takes \(allowed)"
+        case .unreadableFile(let path, let reason):
+            return "cannot read the configuration file \(path): \(reason)"
+        case .notText(let path):
+            return "the configuration file \(path) is not UTF-8 text"
+        case .notKeyValue(let source, let line):
+            return "\(source): expected key = value, got \"\(line)\""
+        case .unclosedQuote(let source, let key):
+            return "\(source): the quoted value of \(key) is not closed"
+        case .textAfterValue(let source, let key, let text, let valueKind):
+            return "\(source): \"\(text)\" after the \(valueKind) value of \(key); put a # before a comment"
+        case .notJSON(let source, let key):
+            return "\(source): the value of \(key) is not a JSON object closed on its line"
+        case .setTwice(let source, let key, let firstLine):
+            return "\(source): \(key) is set again (first on line \(firstLine)); set it once"
+        }
     }
 }
 
@@ -325,15 +355,10 @@ package enum Settings {
     {
         for v in values {
             guard let setting = setting(v.key) else {
-                throw SettingError(
-                    description:
-                        "\(v.source): unknown key \"\(v.key)\"; the keys are \(all.map(\.key).joined(separator: ", ")) plugin.<name> and pipeline.<name>"
-                )
+                throw .unknownKey(source: v.source, key: v.key)
             }
             guard setting.apply(&configuration, v.value) else {
-                throw SettingError(
-                    description:
-                        "\(v.source): \(v.key) = \"\(v.value)\" is not allowed; \(v.key) takes \(setting.allowed)")
+                throw .notAllowed(source: v.source, key: v.key, value: v.value, allowed: setting.allowed)
             }
         }
     }
@@ -351,7 +376,7 @@ package enum Settings {
             let trimmed = raw.trimmingCharacters(in: .whitespaces)
             if trimmed.isEmpty || trimmed.hasPrefix("#") { continue }
             guard let eq = trimmed.firstIndex(of: "=") else {
-                throw SettingError(description: "\(source): expected key = value, got \"\(trimmed)\"")
+                throw .notKeyValue(source: source, line: trimmed)
             }
             let key = trimmed[..<eq].trimmingCharacters(in: .whitespaces)
             var value = trimmed[trimmed.index(after: eq)...].trimmingCharacters(in: .whitespaces)
@@ -377,33 +402,29 @@ package enum Settings {
                     i = value.index(after: i)
                 }
                 guard let closing else {
-                    throw SettingError(description: "\(source): the quoted value of \(key) is not closed")
+                    throw .unclosedQuote(source: source, key: key)
                 }
                 let rest = value[value.index(after: closing)...].trimmingCharacters(in: .whitespaces)
                 guard rest.isEmpty || rest.hasPrefix("#") else {
-                    throw SettingError(
-                        description: "\(source): \"\(rest)\" after the quoted value of \(key); put a # before a comment"
-                    )
+                    throw .textAfterValue(source: source, key: key, text: rest, valueKind: "quoted")
                 }
                 value = unquoted
             } else if key.hasPrefix("plugin.") {
                 // A plugin's configuration is JSON, and runs to its closing bracket: a `#` inside
                 // its strings is part of it; after it, only a comment.
                 guard value.hasPrefix("{") || value.hasPrefix("["), let end = jsonValueEnd(value) else {
-                    throw SettingError(
-                        description: "\(source): the value of \(key) is not a JSON object closed on its line")
+                    throw .notJSON(source: source, key: key)
                 }
                 let rest = value[end...].trimmingCharacters(in: .whitespaces)
                 guard rest.isEmpty || rest.hasPrefix("#") else {
-                    throw SettingError(
-                        description: "\(source): \"\(rest)\" after the JSON value of \(key); put a # before a comment")
+                    throw .textAfterValue(source: source, key: key, text: rest, valueKind: "JSON")
                 }
                 value = String(value[..<end])
             } else if let hash = value.firstIndex(of: "#") {
                 value = value[..<hash].trimmingCharacters(in: .whitespaces)
             }
             if let first = seen[key] {
-                throw SettingError(description: "\(source): \(key) is set again (first on line \(first)); set it once")
+                throw .setTwice(source: source, key: key, firstLine: first)
             }
             seen[key] = number + 1
             values.append(SettingValue(key: key, value: value, source: source))

@@ -17,10 +17,7 @@ package final class StateDirectoryLock: Sendable {
         do {
             try DurableFile.createDirectory(stateDirectory)
         } catch {
-            throw DaemonStartError(
-                description:
-                    "cannot create the state directory \(stateDirectory): \(error); set --state-dir to a directory you can write"
-            )
+            throw DaemonStartError.stateDirectoryUnusable(directory: stateDirectory, reason: "\(error)")
         }
         path = stateDirectory + "/whend.lock"
         // Held open read-only: a descriptor open for writing would keep the file system from
@@ -28,22 +25,16 @@ package final class StateDirectoryLock: Sendable {
         let fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC, 0o644)
         guard fd >= 0 else {
             let reason = String(cString: strerror(errno))
-            throw DaemonStartError(
-                description: "cannot open \(path): \(reason); set --state-dir to a directory you can write")
+            throw DaemonStartError.lockFileUnusable(path: path, reason: reason)
         }
         guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
             let failure = errno
             let holder = Self.recordedHolder(fd)
             close(fd)
             guard failure == EWOULDBLOCK else {
-                throw DaemonStartError(
-                    description: "cannot lock \(path): \(String(cString: strerror(failure)))")
+                throw DaemonStartError.cannotLock(path: path, reason: String(cString: strerror(failure)))
             }
-            let who = holder.map { "another whend (pid \($0))" } ?? "another whend"
-            throw DaemonStartError(
-                description:
-                    "\(who) is already using the state directory \(stateDirectory) (it holds \(path)); a journal has exactly one writer: stop that daemon first, or give this one its own --state-dir"
-            )
+            throw DaemonStartError.stateDirectoryInUse(directory: stateDirectory, lockFile: path, holder: holder)
         }
         descriptor = fd
         // Record who holds it, through a descriptor closed at once (see above). Readers of the

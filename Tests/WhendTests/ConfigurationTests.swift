@@ -157,8 +157,23 @@ import WhendWire
         #expect(c.journal.durability == .write)
         // Written back out, it reads back the same.
         #expect(try Settings.render(parse(Settings.render(c))) == Settings.render(c))
-        #expect(throws: SettingError.self) { try parse(#"socket = "/a" trailing"#) }
-        #expect(throws: SettingError.self) { try parse(#"socket = "/a\"#) }
+        // Each mistake is its own case, which callers tell apart without reading the message.
+        #expect(
+            throws: SettingError.textAfterValue(
+                source: "t.conf:1", key: "socket", text: "trailing", valueKind: "quoted")
+        ) {
+            try parse(#"socket = "/a" trailing"#)
+        }
+        #expect(throws: SettingError.unclosedQuote(source: "t.conf:1", key: "socket")) { try parse(#"socket = "/a\"#) }
+        #expect(throws: SettingError.setTwice(source: "t.conf:2", key: "durability", firstLine: 1)) {
+            try parse("durability = write\ndurability = none")
+        }
+        #expect(
+            throws: SettingError.notAllowed(
+                source: "t.conf:1", key: "durability", value: "often", allowed: "fsync, write or none")
+        ) {
+            try parse("durability = often")
+        }
     }
 
     /// A plugin's JSON may hold `#` (a colour, a URL fragment, a secret) without quoting the
@@ -171,8 +186,15 @@ import WhendWire
             c.pluginConfigurations["analytics"]
                 == #"{"write_key": "k#1", "endpoint": "http://127.0.0.1/#frag", "x": "a\"}#"}"#)
         #expect(c.pipelines["a"] == ["screen-tracking"])
-        #expect(throws: SettingError.self) { try parse(#"plugin.x = {"a": "b"} trailing"#) }
-        #expect(throws: SettingError.self) { try parse(#"plugin.x = {"a": "b""#) }
+        #expect(
+            throws: SettingError.textAfterValue(
+                source: "t.conf:1", key: "plugin.x", text: "trailing", valueKind: "JSON")
+        ) {
+            try parse(#"plugin.x = {"a": "b"} trailing"#)
+        }
+        #expect(throws: SettingError.notJSON(source: "t.conf:1", key: "plugin.x")) {
+            try parse(#"plugin.x = {"a": "b""#)
+        }
         // Only a plugin's value is read as JSON: another that merely starts like it stays as it was.
         let odd = try parse("socket = /tmp/[odd.sock\nplugin_dirs = /opt/{x}")
         #expect(try Settings.render(parse(Settings.render(odd))) == Settings.render(odd))
