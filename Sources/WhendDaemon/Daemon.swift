@@ -57,10 +57,11 @@ package enum DaemonStartError: Error, CustomStringConvertible {
 
 /// whend: the event socket in front of the journal, and the control socket beside it.
 ///
-/// `start()` recovers the journal, binds the sockets and returns once whend accepts events;
-/// `run()` then blocks until SIGTERM or SIGINT and stops gracefully: it stops accepting, lets
-/// every connection finish the lines it has received, commits them, sends the final acks and
-/// seals the active segment. SIGHUP (or `whenctl reload`) re-reads the configuration.
+/// `init` takes the state directory's lock and recovers the journal; `DaemonServices` then runs
+/// the steps below as services of one `ServiceGroup`, started in order and stopped in reverse
+/// at SIGTERM or SIGINT: it stops accepting, lets every connection finish the lines it has
+/// received, commits them, sends the final acks and seals the active segment. SIGHUP (or
+/// `whenctl reload`) re-reads the configuration.
 package final class Daemon: Sendable {
     /// Reads the configuration anew (file, environment, flags) for a reload.
     package typealias ConfigurationSource = @Sendable () throws -> DaemonConfiguration
@@ -85,8 +86,8 @@ package final class Daemon: Sendable {
     /// Serialises reloads, whether they come from SIGHUP or the control socket.
     let reloadQueue = DispatchQueue(label: "whend.reload")
     let lastReload = NIOLockedValueBox<(at: Date, outcome: String)?>(nil)
-    private let stopRequested = DispatchSemaphore(value: 0)
-    private let signalWatch = NIOLockedValueBox<SignalWatch?>(nil)
+    /// What the sockets are, for the line that says whend is ready.
+    let listening = NIOLockedValueBox<(events: String, control: String)>(("", ""))
     private let lastStatus = NIOLockedValueBox<(at: Date, stored: UInt64, rate: Double)>((Date(), 0, 0))
     private let lastRateReport = NIOLockedValueBox<Date>(Date())
     private let nextConnectionID = NIOLockedValueBox<UInt64>(0)
@@ -132,13 +133,9 @@ package final class Daemon: Sendable {
         group = MultiThreadedEventLoopGroup(numberOfThreads: threads)
     }
 
-    /// Starts the journal writer and listens on the event and control sockets.
-    package func start() throws {
-        // Watch for SIGTERM and SIGINT before anything can connect: a stop requested the
-        // moment the socket listens must not be lost.
-        watchSignals()
+    /// Starts the journal writer (the first step of `DaemonServices`).
+    func startJournal() {
         raiseOpenFileLimit()
-        let configuration = self.configuration
         // The watchdog is fed from the journal writer's loop: if that loop hangs, pings stop.
         let notifier = self.notifier
         let metrics = self.metrics
@@ -156,6 +153,11 @@ package final class Daemon: Sendable {
         } onCommit: { records, bytes, seconds in
             metrics.committed(records: records, bytes: bytes, seconds: seconds)
         }
+    }
+
+    /// Loads the ingest middleware and starts the pipelines' workers.
+    func startPlugins() throws(DaemonStartError) {
+        let configuration = self.configuration
         do {
             let ingest = try buildPluginChain(configuration, reusing: nil)
             live.replace(configuration, ingest: ingest)
@@ -163,13 +165,28 @@ package final class Daemon: Sendable {
         } catch {
             throw DaemonStartError.pluginsFailed(reason: error.description)
         }
-        let server = try listenForEvents(configuration)
-        serverChannel.withLockedValue { $0 = server.channel }
+    }
+
+    /// Listens on the control socket (`whenctl status`, `reload`, `metrics`, `plugins`).
+    func startControl() throws {
         let control = try listenForControl(configuration)
         controlChannel.withLockedValue { $0 = control.channel }
-        let stats = writer.statistics
+        listening.withLockedValue { $0.control = control.description }
+    }
+
+    /// Listens on the event socket: from now on apps are served.
+    func startEvents() throws {
+        let server = try listenForEvents(configuration)
+        serverChannel.withLockedValue { $0 = server.channel }
+        listening.withLockedValue { $0.events = server.description }
+    }
+
+    /// Every step has started: says so in the log and to the service manager (READY=1).
+    func announceReady() {
+        let configuration = self.configuration
+        let (events, control) = listening.withLockedValue { ($0.events, $0.control) }
         logger.info(
-            "whend \(WhendVersion.current) listening on \(server.description); control on \(control.description); journal \(configuration.journal.directory.path) at _seq \(stats.lastSeq); durability \(configuration.journal.durability.rawValue)"
+            "whend \(WhendVersion.current) listening on \(events); control on \(control); journal \(configuration.journal.directory.path) at _seq \(writer.statistics.lastSeq); durability \(configuration.journal.durability.rawValue)"
         )
         notifier.ready(status: statusLine())
     }
@@ -319,25 +336,6 @@ package final class Daemon: Sendable {
         }
     }
 
-    private func watchSignals() {
-        let stop = stopRequested
-        var sources: [DispatchSourceSignal] = []
-        let hangUp = DispatchSource.makeSignalSource(signal: SIGHUP, queue: .global())
-        hangUp.setEventHandler { [weak self] in _ = self?.reload(trigger: "SIGHUP") }
-        hangUp.resume()
-        signal(SIGHUP, SIG_IGN)
-        sources.append(hangUp)
-        for sig in [SIGTERM, SIGINT] {
-            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
-            source.setEventHandler { stop.signal() }
-            source.resume()
-            // Only now stop the default action: a signal that comes first still ends whend.
-            signal(sig, SIG_IGN)
-            sources.append(source)
-        }
-        signalWatch.withLockedValue { $0 = SignalWatch(sources: sources) }
-    }
-
     /// Each connection is a descriptor: take the hard limit (what systemd's LimitNOFILE or the
     /// administrator allows) rather than the soft default of 1024.
     private func raiseOpenFileLimit() {
@@ -406,14 +404,9 @@ package final class Daemon: Sendable {
         (try? BlockingSocket(path: path)) != nil
     }
 
-    /// Blocks until SIGTERM or SIGINT (watched from `start()` on), then stops gracefully.
-    package func run() {
-        stopRequested.wait()
-        shutdown()
-    }
-
-    /// Stops accepting, drains every connection (bounded by `shutdownTimeout`), commits, seals.
-    package func shutdown() {
+    /// Stops accepting and drains every connection: each finishes the lines it has received and
+    /// gets its last acks, bounded by `shutdown_timeout`.
+    func stopEvents() {
         notifier.stopping()
         logger.info("stopping: draining \(metrics.connections) connection(s)")
         let configuration = self.configuration
@@ -421,10 +414,6 @@ package final class Daemon: Sendable {
             try? server.close().wait()
             // An activated socket is the service manager's: it stays, and so does its path.
             if activation.events == nil { unlink(configuration.socketPath) }
-        }
-        if let control = controlChannel.withLockedValue({ $0 }) {
-            try? control.close().wait()
-            if activation.descriptors["control"] == nil { unlink(configuration.controlSocketPath) }
         }
         let open = channels.withLockedValue { Array($0.values) }
         for channel in open {
@@ -441,7 +430,17 @@ package final class Daemon: Sendable {
             }
         }
         for channel in open { channel.close(promise: nil) }
-        stopPipelines()
+    }
+
+    func stopControl() {
+        if let control = controlChannel.withLockedValue({ $0 }) {
+            try? control.close().wait()
+            if activation.descriptors["control"] == nil { unlink(configuration.controlSocketPath) }
+        }
+    }
+
+    /// Commits what is left, seals the active segment, and lets the event loops go.
+    func stopJournal() {
         writer.shutdown()
         try? group.syncShutdownGracefully()
         logger.info("stopped at _seq \(writer.statistics.lastSeq)")
@@ -450,14 +449,3 @@ package final class Daemon: Sendable {
 
 // Read by NIO on the connection's event loop and handed on as values.
 extension whend_ucred: @retroactive @unchecked Sendable {}
-
-/// Keeps the signal sources alive for as long as the daemon runs.
-final class SignalWatch: @unchecked Sendable {
-    // Unchecked: `sources` is set once in init and never touched again; it is held only so
-    // that the sources are not released.
-    let sources: [DispatchSourceSignal]
-
-    init(sources: [DispatchSourceSignal]) {
-        self.sources = sources
-    }
-}

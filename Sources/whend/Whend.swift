@@ -6,7 +6,7 @@ import WhendJournal
 import WhendWire
 
 @main
-struct Whend: ParsableCommand {
+struct Whend: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "whend",
         abstract: "The local event daemon: apps emit on a Unix socket, whend journals every event.",
@@ -100,7 +100,7 @@ struct Whend: ParsableCommand {
         try DaemonConfiguration.resolve(file: config, flags: (try? flagValues) ?? [])
     }
 
-    func run() throws {
+    func run() async throws {
         if pipelineWorker {
             // A pipeline's worker process, started by the daemon (PipelineSupervisor).
             LoggingSystem.bootstrap { label in StreamLogHandler.standardError(label: label) }
@@ -127,8 +127,7 @@ struct Whend: ParsableCommand {
             let daemon = try Daemon(
                 configuration: configuration, logger: logger, configurationFile: file,
                 reloadFrom: { try command.resolveConfiguration().0 })
-            try daemon.start()
-            daemon.run()
+            try await DaemonServices(daemon).run()
         } catch let error as DaemonStartError {
             logger.critical("\(error.description)")
             throw ExitCode(1)

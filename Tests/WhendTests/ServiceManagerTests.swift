@@ -297,3 +297,60 @@ func waitForExit(_ pid: pid_t) -> Int32 {
         #expect(text.contains("the control socket from the service manager"))
     }
 }
+
+/// whend's steps run as one service group (`DaemonServices`): started in order, stopped in the
+/// reverse order, at SIGTERM and when a step cannot start.
+@Suite(.serialized) struct ServiceGroupTests {
+    /// The processes that hold a file open under `directory`.
+    func holders(of directory: String) -> [Int32] {
+        let pids = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).compactMap { Int32($0) }
+        return pids.filter { pid in
+            let fds = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []
+            return fds.contains {
+                ((try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\($0)")) ?? "")
+                    .hasPrefix(directory + "/")
+            }
+        }
+    }
+
+    @Test func sigtermStopsTheStepsInReverseOrder() throws {
+        let daemon = DaemonProcess("group-stop", arguments: ["--builtin-pipelines", "true", "--log-level", "info"])
+        try daemon.start()
+        #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"when","name":"a"}"#]).acks.last == 1)
+        #expect(daemon.stop() == 0)
+        let log = daemon.log
+        // Ready only once every step has started: the line comes after the pipelines'.
+        let order = ["listening on", "stopping: draining", "sealed", "stopped at _seq"].map {
+            log.range(of: $0)?.lowerBound
+        }
+        #expect(order.allSatisfy { $0 != nil }, "\(log)")
+        #expect(order.compactMap { $0 } == order.compactMap { $0 }.sorted(), "\(log)")
+        #expect(holders(of: daemon.stateDirectory).isEmpty, "a worker outlived whend")
+    }
+
+    /// A whend that cannot listen (another one has the socket) stops what it had started — its
+    /// pipelines' workers, its journal — in order, and exits 1 saying why.
+    @Test func aStepThatCannotStartStopsTheOnesBeforeIt() throws {
+        let first = DaemonProcess("group-first")
+        try first.start()
+        let second = DaemonProcess("group-second")
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: executable("whend"))
+        p.arguments = [
+            "--socket", first.socketPath, "--control-socket", second.directory + "/control.sock", "--state-dir",
+            second.stateDirectory, "--builtin-pipelines", "true", "--log-level", "info",
+        ]
+        let log = Pipe()
+        p.standardError = log
+        p.standardOutput = log
+        try p.run()
+        let text = String(decoding: log.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        p.waitUntilExit()
+        #expect(p.terminationStatus == 1, "\(text)")
+        #expect(text.contains("another whend is already listening on \(first.socketPath)"), "\(text)")
+        #expect(text.contains("stopped at _seq 0"), "the journal step was not stopped: \(text)")
+        #expect(!text.contains("whend \(WhendVersion.current) listening on"), "it said it was ready: \(text)")
+        #expect(holders(of: second.stateDirectory).isEmpty, "a worker of the failed whend is still running")
+        first.stop()
+    }
+}

@@ -1,0 +1,125 @@
+import Logging
+import ServiceLifecycle
+import UnixSignals
+
+/// whend as a `ServiceGroup`: the journal, the plugins, the control socket and the event
+/// socket, each a service whose steps are `Daemon`'s.
+///
+/// The order is declared once, in `steps`: each service starts when the one before it has
+/// started (so nothing is accepted before the journal and the pipelines run), whend says it is
+/// ready (`READY=1`) when the last has, and at SIGTERM or SIGINT the group stops them in the
+/// reverse order, each after the one after it has stopped: the control socket closes, then
+/// connections drain, then the pipelines stop, then the journal commits and seals. A step that fails
+/// to start stops those already started, in the same order, and whend exits with its error.
+package struct DaemonServices {
+    let daemon: Daemon
+
+    package init(_ daemon: Daemon) { self.daemon = daemon }
+
+    /// Runs until SIGTERM or SIGINT has stopped every service; throws what kept one from starting.
+    package func run() async throws {
+        let daemon = self.daemon
+        let startup = StartupOrder(count: 4)
+        let steps: [(name: String, start: @Sendable () throws -> Void, stop: @Sendable () -> Void)] = [
+            ("journal", { daemon.startJournal() }, { daemon.stopJournal() }),
+            ("plugins", { try daemon.startPlugins() }, { daemon.stopPipelines() }),
+            ("events", { try daemon.startEvents() }, { daemon.stopEvents() }),
+            ("control", { try daemon.startControl() }, { daemon.stopControl() }),
+        ]
+        var services = steps.enumerated().map { index, step in
+            ServiceGroupConfiguration.ServiceConfiguration(
+                service: Step(index: index, startup: startup, start: step.start, stop: step.stop),
+                // A step that cannot start stops the others in order, as SIGTERM does.
+                successTerminationBehavior: .gracefullyShutdownGroup,
+                failureTerminationBehavior: .gracefullyShutdownGroup, serviceName: step.name)
+        }
+        services.append(
+            .init(service: Reloader(daemon: daemon), successTerminationBehavior: .ignore, serviceName: "reload"))
+        services.append(
+            .init(
+                service: Readiness(startup: startup, daemon: daemon), successTerminationBehavior: .ignore,
+                serviceName: "readiness"))
+        var configuration = ServiceGroupConfiguration(
+            services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: Self.quiet(daemon.logger))
+        // Each step bounds its own stop (connections drain within shutdown_timeout).
+        configuration.maximumGracefulShutdownDuration = nil
+        try await ServiceGroup(configuration: configuration).run()
+    }
+
+    /// The group's own lines (a service started, stopped) only at debug level.
+    private static func quiet(_ logger: Logger) -> Logger {
+        var logger = logger
+        if logger.logLevel < .notice { logger.logLevel = .notice }
+        return logger
+    }
+}
+
+/// Which steps have started, for the next one to wait on.
+actor StartupOrder {
+    enum Outcome { case started, failed }
+    private var outcomes: [Int: Outcome] = [:]
+    private var waiting: [Int: [CheckedContinuation<Outcome, Never>]] = [:]
+    let count: Int
+
+    init(count: Int) { self.count = count }
+
+    func settle(_ index: Int, _ outcome: Outcome) {
+        outcomes[index] = outcome
+        for continuation in waiting.removeValue(forKey: index) ?? [] { continuation.resume(returning: outcome) }
+    }
+
+    /// Until step `index` has started or failed; a step before it that failed fails it too.
+    func outcome(of index: Int) async -> Outcome {
+        if let known = outcomes[index] { return known }
+        return await withCheckedContinuation { waiting[index, default: []].append($0) }
+    }
+}
+
+/// One of whend's steps as a service: starts after the step before it, then waits for the
+/// graceful shutdown (or cancellation) and stops.
+private struct Step: Service {
+    let index: Int
+    let startup: StartupOrder
+    let start: @Sendable () throws -> Void
+    let stop: @Sendable () -> Void
+
+    func run() async throws {
+        if index > 0, await startup.outcome(of: index - 1) == .failed {
+            await startup.settle(index, .failed)
+            return
+        }
+        do {
+            try start()
+        } catch {
+            await startup.settle(index, .failed)
+            throw error
+        }
+        await startup.settle(index, .started)
+        // A graceful shutdown and a cancellation (another step failed) end the same way.
+        try? await gracefulShutdown()
+        stop()
+    }
+}
+
+/// Says whend is ready once every step has started.
+private struct Readiness: Service {
+    let startup: StartupOrder
+    let daemon: Daemon
+
+    func run() async throws {
+        guard await startup.outcome(of: startup.count - 1) == .started else { return }
+        daemon.announceReady()
+        try? await gracefulShutdown()
+    }
+}
+
+/// SIGHUP re-reads the configuration, as `whenctl reload` does, until the group stops.
+private struct Reloader: Service {
+    let daemon: Daemon
+
+    func run() async throws {
+        for await _ in await UnixSignalsSequence(trapping: .sighup).cancelOnGracefulShutdown() {
+            _ = daemon.reload(trigger: "SIGHUP")
+        }
+    }
+}
