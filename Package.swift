@@ -115,6 +115,9 @@ let package = Package(
             dependencies: [
                 "WhendWire", "WhendJournal", "WhendDaemon", "WhenClient", "WhenTesting", "whend", "whenctl",
                 "whend-demo",
+                // The connection handler alone, on NIO's test channel (ConnectionHandlerTests).
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
             ]),
     ],
     swiftLanguageModes: [.v6]

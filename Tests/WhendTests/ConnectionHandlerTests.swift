@@ -1,0 +1,173 @@
+import Foundation
+import NIOCore
+import NIOEmbedded
+import Testing
+import WhendJournal
+import WhendWire
+
+@testable import WhendDaemon
+
+/// The event connection's handler on its own: NIO's test channel in front of a real journal
+/// writer. What a client sees of framing, acks, half-close, back-pressure and a graceful drain,
+/// without a socket or a process in between.
+@Suite struct ConnectionHandlerTests {
+    /// Counts the reads the handler lets through to the transport.
+    final class ReadCounter: ChannelOutboundHandler, @unchecked Sendable {
+        // Unchecked: touched on the channel's event loop only.
+        typealias OutboundIn = ByteBuffer
+        var reads = 0
+        func read(context: ChannelHandlerContext) {
+            reads += 1
+            context.read()
+        }
+    }
+
+    struct Connection {
+        let channel: NIOAsyncTestingChannel
+        let writer: JournalWriter
+        let reads: ReadCounter
+        let directory: String
+
+        /// Sends `text` as one read.
+        func send(_ text: String) async throws {
+            var buffer = channel.allocator.buffer(capacity: text.utf8.count)
+            buffer.writeString(text)
+            try await channel.writeInbound(buffer)
+        }
+
+        /// The reply lines written so far, waiting up to `seconds` for at least `atLeast`.
+        func replies(atLeast: Int = 1, within seconds: Double = 10) async throws -> [String] {
+            var lines: [String] = []
+            let deadline = Date().addingTimeInterval(seconds)
+            while lines.count < atLeast && Date() < deadline {
+                if var buffer = try await channel.readOutbound(as: ByteBuffer.self) {
+                    let text = buffer.readString(length: buffer.readableBytes) ?? ""
+                    lines += text.split(separator: "\n").map(String.init)
+                } else {
+                    try await Task.sleep(nanoseconds: 5_000_000)
+                }
+            }
+            return lines
+        }
+
+        func close() {
+            writer.shutdown()
+        }
+    }
+
+    func connect(
+        _ name: String, startWriter: Bool = true, configure: (inout DaemonConfiguration) -> Void = { _ in }
+    ) async throws -> Connection {
+        let directory = scratchDirectory(name)
+        var configuration = DaemonConfiguration(environment: ["HOME": directory])
+        configuration.setStateDirectory(directory + "/state")
+        configure(&configuration)
+        try DurableFile.createDirectory(configuration.journal.directory.path)
+        let writer = try JournalWriter(configuration: configuration.journal)
+        if startWriter { writer.start() }
+        let live = LiveConfiguration(configuration)
+        let channel = NIOAsyncTestingChannel()
+        let reads = ReadCounter()
+        let frozen = configuration
+        try await channel.testingEventLoop.executeInContext {
+            let handler = EventConnectionHandler(
+                writer: writer, live: live, credentials: PeerCredentials(pid: 42, uid: 1000, gid: 1000, comm: "test"),
+                connectionID: 1, counters: DaemonMetrics(),
+                limiter: SenderRateLimiter(rate: frozen.rateLimit, burst: frozen.rateBurst, by: frozen.rateLimitBy))
+            try channel.pipeline.syncOperations.addHandler(reads)
+            try channel.pipeline.syncOperations.addHandler(handler)
+        }
+        try await channel.connect(to: SocketAddress(unixDomainSocketPath: "/whend-test")).get()
+        return Connection(
+            channel: channel, writer: writer, reads: reads, directory: configuration.journal.directory.path)
+    }
+
+    static let hello = #"{"hello":{"protocol":1,"app":"a","session":"s","acks":true}}"# + "\n"
+
+    static func events(_ range: ClosedRange<Int>) -> String {
+        range.map { #"{"type":"when","name":"e\#($0)"}"# + "\n" }.joined()
+    }
+
+    /// A hundred events in one read are stored as one batch and acknowledged by one line.
+    @Test func theEventsOfOneReadGetOneAck() async throws {
+        let c = try await connect("h-acks")
+        defer { c.close() }
+        try await c.send(Self.hello + Self.events(1...100))
+        let replies = try await c.replies(atLeast: 2)
+        #expect(replies.first?.hasPrefix(#"{"welcome":"#) == true)
+        #expect(Array(replies.dropFirst()) == [#"{"ack":100}"#], "\(replies)")
+        #expect(c.writer.statistics.lastSeq == 100)
+    }
+
+    /// After a half-close, the bytes after the last newline are a last event; it is stored and
+    /// acknowledged, then the connection closes.
+    @Test func aHalfCloseStoresTheLastLineAcksItAndCloses() async throws {
+        let c = try await connect("h-half")
+        defer { c.close() }
+        try await c.send(Self.hello + Self.events(1...2) + #"{"type":"when","name":"last"}"#)
+        try await c.channel.testingEventLoop.executeInContext {
+            c.channel.pipeline.fireUserInboundEventTriggered(ChannelEvent.inputClosed)
+        }
+        var replies = try await c.replies(atLeast: 3)
+        #expect(replies.last == #"{"ack":3}"#, "\(replies)")
+        try await c.channel.closeFuture.get()
+        replies += try await c.replies(atLeast: 0, within: 0)
+        #expect(c.writer.statistics.lastSeq == 3)
+    }
+
+    /// A client that asked for acks and does not read them is not read from either: replies
+    /// never pile up without bound. Reading resumes when it is writable again.
+    @Test func anUnwritableClientIsNotReadFrom() async throws {
+        let c = try await connect("h-back")
+        defer { c.close() }
+        try await c.send(Self.hello)
+        _ = try await c.replies(atLeast: 1)
+        let before = try await c.channel.testingEventLoop.executeInContext { c.reads.reads }
+        c.channel.isWritable = false
+        try await c.channel.testingEventLoop.executeInContext { c.channel.read() }
+        #expect(try await c.channel.testingEventLoop.executeInContext { c.reads.reads } == before)
+        c.channel.isWritable = true
+        try await c.channel.testingEventLoop.executeInContext {
+            c.channel.pipeline.fireChannelWritabilityChanged()
+        }
+        #expect(try await c.channel.testingEventLoop.executeInContext { c.reads.reads } == before + 1)
+    }
+
+    /// Over its share of pending bytes a connection is not read until the journal has stored
+    /// them; then reading resumes and the ack goes out.
+    @Test func aConnectionOverItsPendingBytesWaitsForTheJournal() async throws {
+        // The writer starts only later: until then the batch stays pending.
+        let c = try await connect("h-pend", startWriter: false) { $0.maxPendingBytesPerConnection = 1 }
+        defer { c.close() }
+        try await c.send(Self.hello + Self.events(1...50))
+        func readGoesThrough() async throws -> Bool {
+            try await c.channel.testingEventLoop.executeInContext { () -> Bool in
+                let before = c.reads.reads
+                c.channel.read()
+                return c.reads.reads == before + 1
+            }
+        }
+        #expect(try await readGoesThrough() == false, "read while 50 events wait for the journal")
+        c.writer.start()
+        let replies = try await c.replies(atLeast: 2)
+        #expect(replies.last == #"{"ack":50}"#, "\(replies)")
+        // The read held back is let through once the batch is stored.
+        #expect(try await c.channel.testingEventLoop.executeInContext { c.reads.reads } >= 1)
+        #expect(try await readGoesThrough())
+    }
+
+    /// At a graceful stop the connection is drained: what it sent is stored, the last ack goes
+    /// out, and it closes.
+    @Test func aDrainStoresAcksAndCloses() async throws {
+        let c = try await connect("h-drain")
+        defer { c.close() }
+        try await c.send(Self.hello + Self.events(1...10))
+        try await c.channel.testingEventLoop.executeInContext {
+            c.channel.pipeline.fireUserInboundEventTriggered(DrainRequest())
+        }
+        try await c.channel.closeFuture.get()
+        let replies = try await c.replies(atLeast: 2, within: 1)
+        #expect(replies.last == #"{"ack":10}"#, "\(replies)")
+        #expect(c.writer.statistics.lastSeq == 10)
+    }
+}
