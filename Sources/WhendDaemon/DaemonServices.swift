@@ -85,7 +85,10 @@ private struct Step: Service {
 
     func run() async throws {
         if index > 0, await startup.outcome(of: index - 1) == .failed {
+            // Not started, so nothing to stop: wait for the shutdown the failed step began (a
+            // step that returned now would be a second, unexpected, end for the group to report).
             await startup.settle(index, .failed)
+            try? await gracefulShutdown()
             return
         }
         do {

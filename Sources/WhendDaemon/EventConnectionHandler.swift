@@ -7,12 +7,13 @@ import WhendWire
 /// close. Sent through the pipeline at a graceful stop.
 struct DrainRequest {}
 
-/// One app's connection to the event socket (PROTOCOL.md §2–§6), from bytes to acks.
+/// One app's connection to the event socket (PROTOCOL.md §2–§6): the transport around the
+/// ingest path (`IngestStage`), from bytes to acks.
 ///
-/// Reading a chunk: the framer cuts lines; each is scanned and validated in place; valid events
-/// are encoded as record bodies into one batch, invalid ones answered with an error at once. At
-/// the end of the read the batch goes to the journal writer. When the writer reports it stored,
-/// the ack moves forward to the last line before the oldest batch still in flight.
+/// Reading a chunk: the framer cuts lines; the stage takes each (valid events into its batch,
+/// an answer for the others, sent at once). At the end of the read the batch goes to the journal
+/// writer. When the writer reports it stored, the ack moves forward to the last line before the
+/// oldest batch still in flight.
 final class EventConnectionHandler: ChannelDuplexHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundIn = ByteBuffer
@@ -26,28 +27,17 @@ final class EventConnectionHandler: ChannelDuplexHandler {
 
     private let writer: JournalWriter
     private let live: LiveConfiguration
-    private var configuration: DaemonConfiguration
     private var generation: Int
     private let counters: DaemonMetrics
-    private let limiter: SenderRateLimiter
-    private let credentials: PeerCredentials
-    private let connectionID: UInt64
     private var framer: LineFramer
-    private var encoder: RecordEncoder
-    private var ingest: PluginChain
-    /// The record as ingest middleware sees it: `{` and the body.
-    private var ingestRecord: [UInt8] = []
+    /// Everything between a line and the journal: validation, rate limit, encoding, middleware.
+    private var stage: IngestStage
+    private var configuration: DaemonConfiguration { stage.configuration }
 
-    private var members: [EventMember] = []
-    private var sawFirstLine = false
-    private var acks = false
-    private var lineNumber: UInt64 = 0
     private var lastAckSent: UInt64 = 0
     private var inFlight: [InFlight] = []
     private var inFlightHead = 0
     private var pendingBytes = 0
-    private var batch = JournalBatch()
-    private var batchLines: [UInt64] = []
     private var inputClosed = false
     private var closing = false
     private var readPending = false
@@ -60,16 +50,14 @@ final class EventConnectionHandler: ChannelDuplexHandler {
         self.writer = writer
         self.live = live
         self.generation = live.generation
-        self.configuration = live.current
-        self.ingest = live.ingest
         self.counters = counters
-        self.limiter = limiter
-        self.credentials = credentials
-        self.connectionID = connectionID
+        let configuration = live.current
+        self.stage = IngestStage(
+            configuration: configuration, ingest: live.ingest, limiter: limiter, credentials: credentials,
+            connectionID: connectionID)
         // The line limit stays what the welcome told this client; new connections take up a
         // changed max_event_bytes.
         self.framer = LineFramer(maxLineBytes: configuration.maxEventBytes)
-        self.encoder = RecordEncoder(credentials: credentials)
     }
 
     // MARK: Inbound
@@ -79,24 +67,10 @@ final class EventConnectionHandler: ChannelDuplexHandler {
         guard !closing else { return }
         if live.generation != generation {
             generation = live.generation
-            let lineLimit = configuration.maxEventBytes
-            configuration = live.current
-            configuration.maxEventBytes = lineLimit
-            ingest = live.ingest
+            stage.reconfigure(live.current, ingest: live.ingest)
         }
         counters.add(bytesIn: buffer.readableBytes)
-        // A fresh batch grows to about the size of what was read plus the trusted fields:
-        // reserve that once instead of doubling its way there.
-        if batch.isEmpty && batch.bodies.capacity == 0 {
-            let expected = buffer.readableBytes + buffer.readableBytes / 2
-            batch.bodies.reserveCapacity(expected)
-            batch.ends.reserveCapacity(expected / 128)
-            batchLines.reserveCapacity(expected / 128)
-        }
-        // One `_rt` for everything in this read: it all arrived at the same moment.
-        let received = encoder.stampReceived()
-        batch.minReceivedMicros = min(batch.minReceivedMicros, received)
-        batch.maxReceivedMicros = max(batch.maxReceivedMicros, received)
+        stage.beginRead(bytes: buffer.readableBytes)
         buffer.withUnsafeReadableBytes { raw in
             framer.feed(raw.assumingMemoryBound(to: UInt8.self)) { piece in handle(piece, context: context) }
         }
@@ -153,7 +127,7 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     private func mayRead(context: ChannelHandlerContext) -> Bool {
         guard !inputClosed, !closing else { return false }
         if pendingBytes >= configuration.maxPendingBytesPerConnection { return false }
-        if acks && !context.channel.isWritable { return false }
+        if stage.acks && !context.channel.isWritable { return false }
         if writer.pendingBytes >= configuration.maxPendingBytes {
             // Paused by all connections together: nothing of ours may be in flight to wake us,
             // so look again shortly.
@@ -186,120 +160,30 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     // MARK: Lines
 
     private func handle(_ piece: LineFramer.Piece, context: ChannelHandlerContext) {
-        switch piece {
-        case .tooLarge(let length):
-            sawFirstLine = true
-            lineNumber += 1
-            reject(
-                lineNumber,
-                WireError(
-                    .tooLarge,
-                    "the line is \(length) bytes; the limit is \(configuration.maxEventBytes) (max_event_bytes); split the event or move bulk data out of it"
-                ), context: context)
-        case .line(let bytes):
-            let scanned: ScannedLine
-            do {
-                scanned = try EventScanner.scan(bytes, helloAllowed: !sawFirstLine, reusing: &members)
-            } catch {
-                if error.isAboutConnection {
-                    // A hello we cannot honour: say why and close, rather than guess its settings.
-                    write(ServerMessage.error(error, event: nil), context: context, essential: true)
-                    closing = true
-                    flushThenClose(context: context)
-                    return
-                }
-                sawFirstLine = true
-                lineNumber += 1
-                reject(lineNumber, error, context: context)
-                return
-            }
-            switch scanned {
-            case .empty:
-                return
-            case .hello(let hello):
-                sawFirstLine = true
-                acks = hello.acks
-                encoder = encoder.with(hello: hello)
-                write(
-                    ServerMessage.welcome(
-                        server: "whend/\(WhendVersion.current)", maxEventBytes: configuration.maxEventBytes),
-                    context: context, essential: true)
-            case .event(let event):
-                sawFirstLine = true
-                lineNumber += 1
-                guard
-                    configuration.rateLimit <= 0
-                        || limiter.take(credentials: credentials, connection: connectionID)
-                else {
-                    reject(
-                        lineNumber,
-                        WireError(
-                            .rateLimited,
-                            "over the limit of \(Settings.number(configuration.rateLimit)) events/s per \(configuration.rateLimitBy.rawValue) (burst \(Settings.number(configuration.rateBurst))); the event was not stored; slow down and send it again"
-                        ), context: context)
-                    return
-                }
-                let bodyStart = batch.bodies.count
-                let key = encoder.appendBody(of: event, line: bytes, to: &batch.bodies)
-                if !ingest.isEmpty && !passIngest(bodyFrom: bodyStart, context: context) { return }
-                batch.ends.append(batch.bodies.count)
-                if let key { batch.keys.append((batch.ends.count - 1, key)) }
-                batchLines.append(lineNumber)
-            }
-        }
-    }
-
-    /// Runs the record just encoded at `bodyFrom` through the ingest middleware. Returns false
-    /// when it is not to be stored (dropped, or rejected with an answer to the client).
-    private func passIngest(bodyFrom start: Int, context: ChannelHandlerContext) -> Bool {
-        ingestRecord.removeAll(keepingCapacity: true)
-        ingestRecord.append(UInt8(ascii: "{"))
-        ingestRecord.append(contentsOf: batch.bodies[start...])
-        let outcome = ingestRecord.withUnsafeBufferPointer { ingest.run($0) }
-        switch outcome {
-        case .unchanged:
-            return true
-        case .changed(let output):
-            do {
-                let body = try output.withUnsafeBufferPointer { out in
-                    try ingestRecord.withUnsafeBufferPointer { original in
-                        try IngestRewrite.body(output: out, original: original)
-                    }
-                }
-                batch.bodies.removeSubrange(start...)
-                batch.bodies.append(contentsOf: body)
-                return true
-            } catch {
-                batch.bodies.removeSubrange(start...)
-                reject(
-                    lineNumber,
-                    WireError(.rejected, "an ingest plugin changed the event into something invalid: \(error)"),
-                    context: context)
-                return false
-            }
-        case .dropped:
-            batch.bodies.removeSubrange(start...)
-            return false
-        case .rejected(let message):
-            batch.bodies.removeSubrange(start...)
-            reject(lineNumber, WireError(.rejected, message), context: context)
-            return false
+        switch stage.take(piece) {
+        case nil:
+            return
+        case .welcome(let welcome):
+            write(welcome, context: context, essential: true)
+        case .rejected(let line, let error):
+            reject(line, error, context: context)
+        case .refuse(let message):
+            write(message, context: context, essential: true)
+            closing = true
+            flushThenClose(context: context)
         }
     }
 
     private func reject(_ line: UInt64, _ error: WireError, context: ChannelHandlerContext) {
         counters.rejected(error.code)
-        write(ServerMessage.error(error, event: line), context: context, essential: acks)
+        write(ServerMessage.error(error, event: line), context: context, essential: stage.acks)
     }
 
     // MARK: The journal
 
     private func submitBatch(context: ChannelHandlerContext) {
-        guard !batch.isEmpty else { return }
-        let submitted = batch
-        let entry = InFlight(firstLine: batchLines[0], lineNumbers: batchLines, bytes: submitted.bodies.count)
-        batch = JournalBatch()
-        batchLines = []
+        guard let (submitted, lines) = stage.takeBatch() else { return }
+        let entry = InFlight(firstLine: lines[0], lineNumbers: lines, bytes: submitted.bodies.count)
         inFlight.append(entry)
         pendingBytes += entry.bytes
         counters.received(submitted.count)
@@ -332,8 +216,8 @@ final class EventConnectionHandler: ChannelDuplexHandler {
 
     /// The ack covers every line before the oldest batch still waiting for the journal.
     private func sendAckIfDue(context: ChannelHandlerContext) {
-        guard acks else { return }
-        let handled = inFlightHead < inFlight.count ? inFlight[inFlightHead].firstLine - 1 : lineNumber
+        guard stage.acks else { return }
+        let handled = inFlightHead < inFlight.count ? inFlight[inFlightHead].firstLine - 1 : stage.lineNumber
         if handled > lastAckSent {
             lastAckSent = handled
             write(ServerMessage.ack(handled), context: context, essential: true)
@@ -341,7 +225,7 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     }
 
     private func closeIfDone(context: ChannelHandlerContext) {
-        guard inputClosed, !closing, inFlightHead == inFlight.count, batch.isEmpty else { return }
+        guard inputClosed, !closing, inFlightHead == inFlight.count, stage.batch.isEmpty else { return }
         closing = true
         sendAckIfDue(context: context)
         flushThenClose(context: context)

@@ -103,7 +103,7 @@ func buildTestPlugin(_ source: String, into directory: String, name: String, def
             ],
             environment: ["WHEND_PLUGIN_DIRS": builtPlugins, "WHEND_INGEST": "redact"])
         #expect(r.status == 1)
-        #expect(r.error.contains("plugin redact would not start") && r.error.contains("fields"), "\(r.error)")
+        #expect(r.error.contains("plugin redact would not start") && r.error.contains("fields"), "[\(r.error)]")
     }
 }
 

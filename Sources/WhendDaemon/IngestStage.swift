@@ -1,0 +1,182 @@
+import WhendJournal
+import WhendWire
+
+/// The ingest path of one connection, without the socket: each line a client sent is scanned
+/// and validated, rate limited, encoded as a record body with its trusted fields, passed
+/// through the ingest middleware, and added to the batch for the journal — or answered. Reads
+/// top to bottom in `take(_:)`. The connection handler (`EventConnectionHandler`) keeps the
+/// transport: framing, batching per read, acks, back-pressure and drain.
+struct IngestStage {
+    /// What the client must be told about a line.
+    enum Answer {
+        /// The hello was taken: welcome the client.
+        case welcome([UInt8])
+        /// Line `line` is not stored, for `error`.
+        case rejected(line: UInt64, WireError)
+        /// The hello cannot be honoured: say this and close the connection.
+        case refuse([UInt8])
+    }
+
+    private(set) var configuration: DaemonConfiguration
+    private var ingest: PluginChain
+    private let limiter: SenderRateLimiter
+    private let credentials: PeerCredentials
+    private let connectionID: UInt64
+    private var encoder: RecordEncoder
+    private var members: [EventMember] = []
+    /// The record as ingest middleware sees it: `{` and the body.
+    private var ingestRecord: [UInt8] = []
+    private var sawFirstLine = false
+    /// Whether the client asked for acknowledgements (its hello).
+    private(set) var acks = false
+    /// The last line counted (the hello and empty lines are not).
+    private(set) var lineNumber: UInt64 = 0
+    /// The records taken since the last `takeBatch()`, and the line each came from.
+    private(set) var batch = JournalBatch()
+    private(set) var batchLines: [UInt64] = []
+
+    init(
+        configuration: DaemonConfiguration, ingest: PluginChain, limiter: SenderRateLimiter,
+        credentials: PeerCredentials, connectionID: UInt64
+    ) {
+        self.configuration = configuration
+        self.ingest = ingest
+        self.limiter = limiter
+        self.credentials = credentials
+        self.connectionID = connectionID
+        self.encoder = RecordEncoder(credentials: credentials)
+    }
+
+    /// A reload: the new settings and middleware, except the line limit the client was told.
+    mutating func reconfigure(_ new: DaemonConfiguration, ingest: PluginChain) {
+        let lineLimit = configuration.maxEventBytes
+        configuration = new
+        configuration.maxEventBytes = lineLimit
+        self.ingest = ingest
+    }
+
+    /// A read begins: its lines all arrived at this moment (one `_rt` for them), and the batch
+    /// grows to about `bytes` and the trusted fields, reserved once.
+    mutating func beginRead(bytes: Int) {
+        if batch.isEmpty && batch.bodies.capacity == 0 {
+            let expected = bytes + bytes / 2
+            batch.bodies.reserveCapacity(expected)
+            batch.ends.reserveCapacity(expected / 128)
+            batchLines.reserveCapacity(expected / 128)
+        }
+        let received = encoder.stampReceived()
+        batch.minReceivedMicros = min(batch.minReceivedMicros, received)
+        batch.maxReceivedMicros = max(batch.maxReceivedMicros, received)
+    }
+
+    /// Takes one framed line; returns what the client must be told, if anything.
+    mutating func take(_ piece: LineFramer.Piece) -> Answer? {
+        let bytes: UnsafeBufferPointer<UInt8>
+        switch piece {
+        case .tooLarge(let length):
+            sawFirstLine = true
+            lineNumber += 1
+            return .rejected(
+                line: lineNumber,
+                WireError(
+                    .tooLarge,
+                    "the line is \(length) bytes; the limit is \(configuration.maxEventBytes) (max_event_bytes); split the event or move bulk data out of it"
+                ))
+        case .line(let line):
+            bytes = line
+        }
+        // 1. Scan and validate, in place.
+        let scanned: ScannedLine
+        do {
+            scanned = try EventScanner.scan(bytes, helloAllowed: !sawFirstLine, reusing: &members)
+        } catch {
+            // A hello we cannot honour: say why and close, rather than guess its settings.
+            if error.isAboutConnection { return .refuse(ServerMessage.error(error, event: nil)) }
+            sawFirstLine = true
+            lineNumber += 1
+            return .rejected(line: lineNumber, error)
+        }
+        let event: ScannedEvent
+        switch scanned {
+        case .empty:
+            return nil
+        case .hello(let hello):
+            sawFirstLine = true
+            acks = hello.acks
+            encoder = encoder.with(hello: hello)
+            return .welcome(
+                ServerMessage.welcome(
+                    server: "whend/\(WhendVersion.current)", maxEventBytes: configuration.maxEventBytes))
+        case .event(let scannedEvent):
+            event = scannedEvent
+        }
+        sawFirstLine = true
+        lineNumber += 1
+        // 2. The rate limit.
+        guard configuration.rateLimit <= 0 || limiter.take(credentials: credentials, connection: connectionID) else {
+            return .rejected(
+                line: lineNumber,
+                WireError(
+                    .rateLimited,
+                    "over the limit of \(Settings.number(configuration.rateLimit)) events/s per \(configuration.rateLimitBy.rawValue) (burst \(Settings.number(configuration.rateBurst))); the event was not stored; slow down and send it again"
+                ))
+        }
+        // 3. The record body, trusted fields stamped.
+        let bodyStart = batch.bodies.count
+        let key = encoder.appendBody(of: event, line: bytes, to: &batch.bodies)
+        // 4. The ingest middleware.
+        if !ingest.isEmpty, let refusal = passIngest(bodyFrom: bodyStart) { return refusal }
+        // 5. Into the batch for the journal.
+        batch.ends.append(batch.bodies.count)
+        if let key { batch.keys.append((batch.ends.count - 1, key)) }
+        batchLines.append(lineNumber)
+        return nil
+    }
+
+    /// The batch so far, and its lines; the stage starts a new one.
+    mutating func takeBatch() -> (batch: JournalBatch, lines: [UInt64])? {
+        guard !batch.isEmpty else { return nil }
+        defer {
+            batch = JournalBatch()
+            batchLines = []
+        }
+        return (batch, batchLines)
+    }
+
+    /// Runs the record just encoded at `start` through the ingest middleware. Returns nil when
+    /// it is to be stored (as it was, or as a plugin changed it); else it is not, and the inner
+    /// value is what to answer (nil: a plugin dropped it, nothing to say).
+    private mutating func passIngest(bodyFrom start: Int) -> Answer?? {
+        ingestRecord.removeAll(keepingCapacity: true)
+        ingestRecord.append(UInt8(ascii: "{"))
+        ingestRecord.append(contentsOf: batch.bodies[start...])
+        let outcome = ingestRecord.withUnsafeBufferPointer { ingest.run($0) }
+        switch outcome {
+        case .unchanged:
+            return nil
+        case .changed(let output):
+            do {
+                let body = try output.withUnsafeBufferPointer { out in
+                    try ingestRecord.withUnsafeBufferPointer { original in
+                        try IngestRewrite.body(output: out, original: original)
+                    }
+                }
+                batch.bodies.removeSubrange(start...)
+                batch.bodies.append(contentsOf: body)
+                return nil
+            } catch {
+                batch.bodies.removeSubrange(start...)
+                return .some(
+                    .rejected(
+                        line: lineNumber,
+                        WireError(.rejected, "an ingest plugin changed the event into something invalid: \(error)")))
+            }
+        case .dropped:
+            batch.bodies.removeSubrange(start...)
+            return .some(nil)
+        case .rejected(let message):
+            batch.bodies.removeSubrange(start...)
+            return .some(.rejected(line: lineNumber, WireError(.rejected, message)))
+        }
+    }
+}
