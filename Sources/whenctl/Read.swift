@@ -232,37 +232,35 @@ struct Tail: ParsableCommand {
         let segments = directory.segments()
         var index = filter.fromSeq == nil ? segments.count - 1 : 0
         let start = filter.fromSeq ?? (index >= 0 ? segments[index].firstSeq : nil)
-        var recent: [[UInt8]] = []
-        var lastSeq: UInt64?
-        var ended = false
-        reader.read(fromSeq: start, sinceMicros: filter.sinceMicros) { record, _ in
-            if filter.isPastEnd(record) {
-                ended = true
-                return false
-            }
-            lastSeq = record.seq ?? lastSeq
-            guard filter.matches(record) else { return true }
-            recent.append(Array(record.line))
-            if recent.count > lines { recent.removeFirst(recent.count - lines) }
-            return true
-        } onProblem: {
-            warn($0)
-        }
-        var before = start ?? 0
-        while recent.count < lines, filter.fromSeq == nil, index > 0 {
-            index -= 1
-            var earlier: [[UInt8]] = []
-            let wanted = lines - recent.count
-            reader.read(fromSeq: segments[index].firstSeq, sinceMicros: filter.sinceMicros) { record, _ in
-                guard (record.seq ?? 0) < before else { return false }
+        /// The last `keep` matches from `_seq` `from` on, before `below` (or the end, or --to).
+        func lastMatches(from: UInt64?, below: UInt64? = nil, keep: Int) -> (
+            found: [[UInt8]], lastSeq: UInt64?, ended: Bool
+        ) {
+            var found: [[UInt8]] = []
+            var lastSeq: UInt64?
+            var ended = false
+            reader.read(fromSeq: from, sinceMicros: filter.sinceMicros) { record, _ in
+                if let below, (record.seq ?? 0) >= below { return false }
+                if filter.isPastEnd(record) {
+                    ended = true
+                    return false
+                }
+                lastSeq = record.seq ?? lastSeq
                 guard filter.matches(record) else { return true }
-                earlier.append(Array(record.line))
-                if earlier.count > wanted { earlier.removeFirst(earlier.count - wanted) }
+                found.append(Array(record.line))
+                if found.count > keep { found.removeFirst(found.count - keep) }
                 return true
             } onProblem: {
                 warn($0)
             }
-            recent = earlier + recent
+            return (found, lastSeq, ended)
+        }
+        var (recent, lastSeq, ended) = lastMatches(from: start, keep: lines)
+        var before = start ?? 0
+        while recent.count < lines, filter.fromSeq == nil, index > 0 {
+            index -= 1
+            recent =
+                lastMatches(from: segments[index].firstSeq, below: before, keep: lines - recent.count).found + recent
             before = segments[index].firstSeq
         }
         printRecent(recent, out)
