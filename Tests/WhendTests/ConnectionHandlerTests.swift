@@ -35,8 +35,9 @@ import WhendWire
             try await channel.writeInbound(buffer)
         }
 
-        /// The reply lines written so far, waiting up to `seconds` for at least `atLeast`.
-        func replies(atLeast: Int = 1, within seconds: Double = 10) async throws -> [String] {
+        /// The reply lines written so far, waiting up to `seconds` for at least `atLeast` (a
+        /// loaded machine can take its time; a passing run does not wait).
+        func replies(atLeast: Int = 1, within seconds: Double = 60) async throws -> [String] {
             var lines: [String] = []
             let deadline = Date().addingTimeInterval(seconds)
             while lines.count < atLeast && Date() < deadline {
@@ -61,6 +62,8 @@ import WhendWire
         let directory = scratchDirectory(name)
         var configuration = DaemonConfiguration(environment: ["HOME": directory])
         configuration.setStateDirectory(directory + "/state")
+        // What is tested here does not depend on fsync, whose latency a busy disk stretches.
+        configuration.journal.durability = .write
         configure(&configuration)
         try DurableFile.createDirectory(configuration.journal.directory.path)
         let writer = try JournalWriter(configuration: configuration.journal)
@@ -108,10 +111,9 @@ import WhendWire
         try await c.channel.testingEventLoop.executeInContext {
             c.channel.pipeline.fireUserInboundEventTriggered(ChannelEvent.inputClosed)
         }
-        var replies = try await c.replies(atLeast: 3)
+        let replies = try await c.replies(atLeast: 3)
         #expect(replies.last == #"{"ack":3}"#, "\(replies)")
         try await c.channel.closeFuture.get()
-        replies += try await c.replies(atLeast: 0, within: 0)
         #expect(c.writer.statistics.lastSeq == 3)
     }
 
@@ -166,7 +168,7 @@ import WhendWire
             c.channel.pipeline.fireUserInboundEventTriggered(DrainRequest())
         }
         try await c.channel.closeFuture.get()
-        let replies = try await c.replies(atLeast: 2, within: 1)
+        let replies = try await c.replies(atLeast: 2)
         #expect(replies.last == #"{"ack":10}"#, "\(replies)")
         #expect(c.writer.statistics.lastSeq == 10)
     }
