@@ -32,7 +32,6 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     private var framer: LineFramer
     /// Everything between a line and the journal: validation, rate limit, encoding, middleware.
     private var stage: IngestStage
-    private var configuration: DaemonConfiguration { stage.configuration }
 
     private var lastAckSent: UInt64 = 0
     private var inFlight: [InFlight] = []
@@ -126,9 +125,10 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     /// client that asked for acks does not read them (so replies never pile up without bound).
     private func mayRead(context: ChannelHandlerContext) -> Bool {
         guard !inputClosed, !closing else { return false }
-        if pendingBytes >= configuration.maxPendingBytesPerConnection { return false }
+        // Through `stage`, not a copy of the whole configuration per read.
+        if pendingBytes >= stage.configuration.maxPendingBytesPerConnection { return false }
         if stage.acks && !context.channel.isWritable { return false }
-        if writer.pendingBytes >= configuration.maxPendingBytes {
+        if writer.pendingBytes >= stage.configuration.maxPendingBytes {
             // Paused by all connections together: nothing of ours may be in flight to wake us,
             // so look again shortly.
             scheduleRecheck(context: context)
