@@ -74,12 +74,25 @@ let package = Package(
         .target(name: "WhendWire"),
         // The append-only zstd journal: writer, recovery, reader, index, verify. No NIO.
         .target(name: "WhendJournal", dependencies: ["WhendWire", "CZstd"]),
+        // whend's settings: one table for the file, the environment and the flags, and how a
+        // configuration is resolved (whend and whenctl replay share it).
+        .target(name: "WhendConfiguration", dependencies: ["WhendWire", "WhendJournal"]),
+        // Plugins as whend hosts them: loading (dlopen, the ABI check), host services, chains,
+        // and a pipeline run offline (whenctl replay).
+        .target(
+            name: "WhendPluginHost",
+            dependencies: [
+                "CWhendPlugin", "WhendWire", "WhendConfiguration",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ]),
         // The daemon: NIO event and control sockets, connections, acks, wiring to the journal,
         // reload, metrics.
         .target(
             name: "WhendDaemon",
             dependencies: [
-                "WhendWire", "WhendJournal", "CSystemd", "CWhendPlugin", "CLinux",
+                "WhendWire", "WhendJournal", "WhendConfiguration", "WhendPluginHost", "CSystemd", "CWhendPlugin",
+                "CLinux",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -92,7 +105,7 @@ let package = Package(
         .executableTarget(
             name: "whend",
             dependencies: [
-                "WhendDaemon",
+                "WhendDaemon", "WhendConfiguration",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -100,7 +113,7 @@ let package = Package(
         .executableTarget(
             name: "whenctl",
             dependencies: [
-                "WhendWire", "WhendJournal", "WhendDaemon", "BuiltinPluginSupport",
+                "WhendWire", "WhendJournal", "WhendConfiguration", "WhendPluginHost", "BuiltinPluginSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
@@ -113,7 +126,8 @@ let package = Package(
         .testTarget(
             name: "WhendTests",
             dependencies: [
-                "WhendWire", "WhendJournal", "WhendDaemon", "WhenClient", "WhenTesting", "whend", "whenctl",
+                "WhendWire", "WhendJournal", "WhendConfiguration", "WhendPluginHost", "WhendDaemon", "WhenClient",
+                "WhenTesting", "whend", "whenctl",
                 "whend-demo",
                 // The connection handler alone, on NIO's test channel (ConnectionHandlerTests).
                 .product(name: "NIOCore", package: "swift-nio"),

@@ -2,6 +2,8 @@ import Foundation
 import Logging
 import NIOCore
 import NIOPosix
+import WhendConfiguration
+import WhendPluginHost
 import WhendWire
 
 /// The control socket: one request line of JSON in (`{"command":"status"}`), one reply line of

@@ -5,7 +5,9 @@ import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
+import WhendConfiguration
 import WhendJournal
+import WhendPluginHost
 import WhendWire
 
 /// Why the daemon could not start, with what to do.

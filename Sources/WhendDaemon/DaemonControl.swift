@@ -1,7 +1,9 @@
 import CWhendPlugin
 import Foundation
 import Logging
+import WhendConfiguration
 import WhendJournal
+import WhendPluginHost
 import WhendWire
 
 /// What a reload did.

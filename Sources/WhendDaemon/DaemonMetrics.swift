@@ -1,7 +1,9 @@
 import CoreMetrics
 import NIOConcurrencyHelpers
 import Prometheus
+import WhendConfiguration
 import WhendJournal
+import WhendPluginHost
 import WhendWire
 
 /// Everything whend counts, kept twice over on purpose: as swift-metrics instruments, which a

@@ -1,7 +1,9 @@
 import CWhendPlugin
 import Foundation
 import Logging
+import WhendConfiguration
 import WhendJournal
+import WhendPluginHost
 import WhendWire
 
 extension Daemon {
@@ -203,16 +205,4 @@ extension Daemon {
             return ControlReply.encode(["ok": true])
         }
     }
-}
-
-/// The start of a derived record's trusted members: `"_origin":"NAME"[,"_pipeline":"P"],"_cause":`.
-func derivedRecordPrefix(origin: String, pipeline: String?) -> [UInt8] {
-    var prefix = Array(#""_origin":"#.utf8)
-    appendJSONString(origin.utf8, to: &prefix)
-    if let pipeline {
-        prefix += #","_pipeline":"#.utf8
-        appendJSONString(pipeline.utf8, to: &prefix)
-    }
-    prefix += #","_cause":"#.utf8
-    return prefix
 }

@@ -1,6 +1,8 @@
 import Logging
 import ServiceLifecycle
 import UnixSignals
+import WhendConfiguration
+import WhendPluginHost
 
 /// whend as a `ServiceGroup`: the journal, the plugins, the control socket and the event
 /// socket, each a service whose steps are `Daemon`'s.

@@ -1,6 +1,8 @@
 import Foundation
 import NIOCore
+import WhendConfiguration
 import WhendJournal
+import WhendPluginHost
 import WhendWire
 
 /// Asks a connection to finish: read nothing more, wait for the journal, send the final ack,

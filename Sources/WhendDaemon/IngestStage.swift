@@ -1,4 +1,6 @@
+import WhendConfiguration
 import WhendJournal
+import WhendPluginHost
 import WhendWire
 
 /// The ingest path of one connection, without the socket: each line a client sent is scanned

@@ -1,5 +1,7 @@
 import NIOConcurrencyHelpers
 import Synchronization
+import WhendConfiguration
+import WhendPluginHost
 
 /// The configuration a running daemon works by, replaced whole on reload.
 ///

@@ -1,4 +1,6 @@
 import Foundation
+import WhendConfiguration
+import WhendPluginHost
 import WhendWire
 
 /// A pipeline's plugins' state saved together with the cursor it goes with: after a restart

@@ -2,7 +2,9 @@ import CLinux
 import Foundation
 import Logging
 import NIOConcurrencyHelpers
+import WhendConfiguration
 import WhendJournal
+import WhendPluginHost
 import WhendWire
 
 /// Runs one pipeline's worker process and keeps it running: restarts it with backoff when it

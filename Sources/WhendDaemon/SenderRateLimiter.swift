@@ -1,5 +1,7 @@
 import Foundation
 import NIOConcurrencyHelpers
+import WhendConfiguration
+import WhendPluginHost
 import WhendWire
 
 /// A token bucket: `rate` events per second on average, `burst` at once.

@@ -1,6 +1,8 @@
 import CSystemd
 import Foundation
 import NIOConcurrencyHelpers
+import WhendConfiguration
+import WhendPluginHost
 
 /// The service manager's notification protocol (sd_notify), through libsystemd. Without
 /// `NOTIFY_SOCKET` every call is a no-op, so whend runs the same by hand and under systemd.

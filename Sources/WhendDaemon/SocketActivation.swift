@@ -1,5 +1,7 @@
 import CSystemd
 import Foundation
+import WhendConfiguration
+import WhendPluginHost
 
 /// Sockets handed over by the service manager (`LISTEN_FDS`, `LISTEN_FDNAMES`), by name.
 ///

@@ -1,4 +1,6 @@
 import Foundation
+import WhendConfiguration
+import WhendPluginHost
 import WhendWire
 
 /// The one-writer rule for a state directory: whend holds an exclusive `flock` on

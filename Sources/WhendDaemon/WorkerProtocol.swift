@@ -1,4 +1,6 @@
 import Foundation
+import WhendConfiguration
+import WhendPluginHost
 import WhendWire
 
 /// What a pipeline worker derived from one record: the plugin's bytes, stored as written.

@@ -72,3 +72,15 @@ public func parseUInt(_ bytes: UnsafeBufferPointer<UInt8>) -> UInt64? {
     }
     return v
 }
+
+/// The start of a derived record's trusted members: `"_origin":"NAME"[,"_pipeline":"P"],"_cause":`.
+public func derivedRecordPrefix(origin: String, pipeline: String?) -> [UInt8] {
+    var prefix = Array(#""_origin":"#.utf8)
+    appendJSONString(origin.utf8, to: &prefix)
+    if let pipeline {
+        prefix += #","_pipeline":"#.utf8
+        appendJSONString(pipeline.utf8, to: &prefix)
+    }
+    prefix += #","_cause":"#.utf8
+    return prefix
+}

@@ -1,8 +1,9 @@
 import ArgumentParser
 import Foundation
 import Logging
-import WhendDaemon
+import WhendConfiguration
 import WhendJournal
+import WhendPluginHost
 import WhendWire
 
 /// `whenctl replay`: a range of the journal through a pipeline offline, or re-sent to a daemon.

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Logging
+import WhendConfiguration
 import WhendDaemon
 import WhendJournal
 import WhendWire

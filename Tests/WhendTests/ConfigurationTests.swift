@@ -1,6 +1,8 @@
 import Foundation
 import Testing
+import WhendConfiguration
 import WhendDaemon
+import WhendPluginHost
 import WhendWire
 
 @Suite(.serialized) struct ConfigurationTests {

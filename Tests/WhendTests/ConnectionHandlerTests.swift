@@ -2,10 +2,12 @@ import Foundation
 import NIOCore
 import NIOEmbedded
 import Testing
+import WhendConfiguration
 import WhendJournal
 import WhendWire
 
 @testable import WhendDaemon
+@testable import WhendPluginHost
 
 /// The event connection's handler on its own: NIO's test channel in front of a real journal
 /// writer. What a client sees of framing, acks, half-close, back-pressure and a graceful drain,

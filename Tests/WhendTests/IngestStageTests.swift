@@ -1,8 +1,10 @@
 import Foundation
 import Testing
+import WhendConfiguration
 import WhendWire
 
 @testable import WhendDaemon
+@testable import WhendPluginHost
 
 /// The ingest path without a socket: lines in, records for the journal and answers out.
 @Suite struct IngestStageTests {

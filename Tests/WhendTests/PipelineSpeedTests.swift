@@ -1,7 +1,9 @@
 import Foundation
 import Testing
+import WhendConfiguration
 import WhendDaemon
 import WhendJournal
+import WhendPluginHost
 
 @Suite(.serialized) struct PipelineSpeedTests {
     /// The same journal gives byte-identical derived records through a live pipeline (worker,

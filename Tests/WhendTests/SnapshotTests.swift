@@ -1,7 +1,9 @@
 import Foundation
 import Testing
+import WhendConfiguration
 import WhendDaemon
 import WhendJournal
+import WhendPluginHost
 
 @Suite(.serialized) struct SnapshotTests {
     /// The seeds' journeys stream while the screens worker is SIGKILLed at 20 random moments and

@@ -72,10 +72,12 @@ package enum Settings {
         package let reload: Reload
         /// The value as the configuration file would spell it.
         package let value: @Sendable (DaemonConfiguration) -> String
-        let apply: @Sendable (inout DaemonConfiguration, String) -> Bool
+        package let apply: @Sendable (inout DaemonConfiguration, String) -> Bool
     }
 
-    static func int(_ range: ClosedRange<Int>, _ set: @escaping @Sendable (inout DaemonConfiguration, Int) -> Void)
+    package static func int(
+        _ range: ClosedRange<Int>, _ set: @escaping @Sendable (inout DaemonConfiguration, Int) -> Void
+    )
         -> @Sendable (inout DaemonConfiguration, String) -> Bool
     {
         { c, v in
@@ -85,7 +87,7 @@ package enum Settings {
         }
     }
 
-    static func seconds(_ set: @escaping @Sendable (inout DaemonConfiguration, Double) -> Void)
+    package static func seconds(_ set: @escaping @Sendable (inout DaemonConfiguration, Double) -> Void)
         -> @Sendable (inout DaemonConfiguration, String) -> Bool
     {
         { c, v in
@@ -95,7 +97,7 @@ package enum Settings {
         }
     }
 
-    static func number(_ n: Double) -> String {
+    package static func number(_ n: Double) -> String {
         n == n.rounded() && abs(n) < 1e15 ? String(Int(n)) : String(n)
     }
 
@@ -271,7 +273,7 @@ package enum Settings {
     ]
 
     /// `plugin.<name> = {json}`: a plugin's configuration, one key per plugin.
-    static func pluginSetting(_ name: String) -> Setting {
+    package static func pluginSetting(_ name: String) -> Setting {
         Setting(
             key: "plugin.\(name)", allowed: "a JSON object", help: "the configuration of plugin \(name)",
             reload: .live, value: { $0.pluginConfigurations[name] ?? "" }
@@ -287,7 +289,7 @@ package enum Settings {
     }
 
     /// `pipeline.<name> = a, b`: a pipeline and its plugins, in order.
-    static func pipelineSetting(_ name: String) -> Setting {
+    package static func pipelineSetting(_ name: String) -> Setting {
         Setting(
             key: "pipeline.\(name)", allowed: "plugin names separated by ',', each once", help: "pipeline \(name)",
             reload: .live, value: { $0.pipelines[name]?.joined(separator: ",") ?? "" }
@@ -305,19 +307,19 @@ package enum Settings {
 
     /// Plugin names in order; nil if one is named twice (a chain holds one instance of a
     /// plugin: named twice, its `next` would call into itself while it handles the record).
-    static func pluginList(_ value: String) -> [String]? {
+    package static func pluginList(_ value: String) -> [String]? {
         let plugins = value.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
         return Set(plugins).count == plugins.count ? plugins : nil
     }
 
-    static func setting(_ key: String) -> Setting? {
+    package static func setting(_ key: String) -> Setting? {
         if key.hasPrefix("plugin."), key.count > 7 { return pluginSetting(String(key.dropFirst(7))) }
         if key.hasPrefix("pipeline."), key.count > 9 { return pipelineSetting(String(key.dropFirst(9))) }
         return all.first { $0.key == key }
     }
 
     /// The fixed settings and one for each plugin configured in either configuration.
-    static func settings(of configurations: DaemonConfiguration...) -> [Setting] {
+    package static func settings(of configurations: DaemonConfiguration...) -> [Setting] {
         let plugins = Set(configurations.flatMap { $0.pluginConfigurations.keys }).sorted()
         let pipelines = Set(configurations.flatMap { $0.pipelines.keys }).sorted()
         return all + plugins.map(pluginSetting) + pipelines.map(pipelineSetting)
@@ -434,7 +436,7 @@ package enum Settings {
 
     /// Where the JSON object or array at the start of `text` ends (just past its closing
     /// bracket), minding strings and their escapes; nil if it does not close.
-    static func jsonValueEnd(_ text: String) -> String.Index? {
+    package static func jsonValueEnd(_ text: String) -> String.Index? {
         var depth = 0
         var inString = false
         var escaped = false

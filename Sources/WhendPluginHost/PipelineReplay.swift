@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import WhendConfiguration
 import WhendWire
 
 /// A pipeline run offline over records the caller reads from a journal: the same plugin
@@ -62,7 +63,7 @@ package final class PipelineReplay {
 
     /// The record's `_rt` value, as it is spelled. The trusted fields are at the end of a
     /// stored record, so the search runs backwards and allocates nothing.
-    static func receivedAt(_ record: UnsafeBufferPointer<UInt8>) -> [UInt8] {
+    package static func receivedAt(_ record: UnsafeBufferPointer<UInt8>) -> [UInt8] {
         let key: StaticString = #""_rt":""#
         let k = key.utf8Start
         let n = key.utf8CodeUnitCount
@@ -90,15 +91,15 @@ package final class PipelineReplay {
 /// Where a replay's derived records go: the live daemon's `appendDerived`, without a journal.
 private final class DerivedSink: @unchecked Sendable {
     // Unchecked: a replay runs one record at a time on one thread.
-    let output: @Sendable ([UInt8]) -> Void
-    var cause: UInt64 = 0
+    package let output: @Sendable ([UInt8]) -> Void
+    package var cause: UInt64 = 0
     /// The record in hand, valid during `handle`: its `_rt` is found only if a plugin derives
     /// something from it.
-    var record = UnsafeBufferPointer<UInt8>(start: nil, count: 0)
+    package var record = UnsafeBufferPointer<UInt8>(start: nil, count: 0)
 
-    init(output: @escaping @Sendable ([UInt8]) -> Void) { self.output = output }
+    package init(output: @escaping @Sendable ([UInt8]) -> Void) { self.output = output }
 
-    func begin(cause: UInt64, record: UnsafeBufferPointer<UInt8>) {
+    package func begin(cause: UInt64, record: UnsafeBufferPointer<UInt8>) {
         self.cause = cause
         self.record = record
     }
@@ -106,7 +107,7 @@ private final class DerivedSink: @unchecked Sendable {
     /// `{"_origin":"NAME","_cause":` by plugin name: the same for every record a plugin derives.
     private var prefixes: [String: [UInt8]] = [:]
 
-    func emit(_ json: UnsafeBufferPointer<UInt8>, origin: String) -> Bool {
+    package func emit(_ json: UnsafeBufferPointer<UInt8>, origin: String) -> Bool {
         var trusted = prefixes[origin] ?? derivedRecordPrefix(origin: origin, pipeline: nil)
         if prefixes[origin] == nil { prefixes[origin] = trusted }
         appendDecimal(cause, to: &trusted)

@@ -2,7 +2,7 @@ import CWhendPlugin
 import Foundation
 
 /// What a chain of plugins made of one record.
-enum ChainOutcome {
+package enum ChainOutcome {
     /// Passed on as it came.
     case unchanged
     /// Passed on changed: the last plugin's output, one JSON object.
@@ -16,17 +16,17 @@ enum ChainOutcome {
 /// Plugins in order, in the seed's middleware shape: each gets the record and `next`. The
 /// ingest middleware is one (in the daemon, before the journal); each pipeline is one (in its
 /// worker, after the journal).
-final class PluginChain: Sendable {
-    let plugins: [PluginInstance]
+package final class PluginChain: Sendable {
+    package let plugins: [PluginInstance]
 
-    init(_ plugins: [PluginInstance]) {
+    package init(_ plugins: [PluginInstance]) {
         self.plugins = plugins
     }
 
-    var isEmpty: Bool { plugins.isEmpty }
+    package var isEmpty: Bool { plugins.isEmpty }
 
     /// Runs `record` (a JSON object) through the chain; `seq` is its `_seq`, 0 before the journal.
-    func run(_ record: UnsafeBufferPointer<UInt8>, seq: UInt64 = 0) -> ChainOutcome {
+    package func run(_ record: UnsafeBufferPointer<UInt8>, seq: UInt64 = 0) -> ChainOutcome {
         let call = ChainCall(chain: self, original: record, seq: seq)
         var r = whend_record(json: record.baseAddress, length: record.count, seq: seq)
         let rc = withExtendedLifetime(call) { call.invoke(0, &r) }
@@ -40,23 +40,23 @@ final class PluginChain: Sendable {
 /// One record's way through the chain. A class, so that the plugins' nested `next` calls reach
 /// the same state through a plain pointer without overlapping Swift accesses.
 private final class ChainCall {
-    let chain: PluginChain
-    let original: UnsafeBufferPointer<UInt8>
-    let seq: UInt64
-    var index = 0
-    var reachedEnd = false
-    var changed: [UInt8]?
+    package let chain: PluginChain
+    package let original: UnsafeBufferPointer<UInt8>
+    package let seq: UInt64
+    package var index = 0
+    package var reachedEnd = false
+    package var changed: [UInt8]?
     /// The first refusal, from the plugin that refused: plugins before it only see that the
     /// rest of the chain refused.
-    var rejection: String?
+    package var rejection: String?
 
-    init(chain: PluginChain, original: UnsafeBufferPointer<UInt8>, seq: UInt64) {
+    package init(chain: PluginChain, original: UnsafeBufferPointer<UInt8>, seq: UInt64) {
         self.chain = chain
         self.original = original
         self.seq = seq
     }
 
-    func invoke(_ index: Int, _ record: UnsafePointer<whend_record>) -> Int32 {
+    package func invoke(_ index: Int, _ record: UnsafePointer<whend_record>) -> Int32 {
         let plugin = chain.plugins[index]
         self.index = index
         let context = Unmanaged.passUnretained(self).toOpaque()

@@ -4,22 +4,26 @@ import Foundation
 /// Why a plugin could not be loaded or started, with what to do.
 package struct PluginLoadError: Error, CustomStringConvertible {
     package var description: String
+
+    package init(description: String) {
+        self.description = description
+    }
 }
 
 /// A plugin library opened with `dlopen` and checked against the ABI.
 ///
 /// Libraries are never closed: unloading a Swift library crashes its runtime, so "unload"
 /// means "stop routing records to it". Opening the same file again gives the same library.
-final class PluginLibrary: @unchecked Sendable {
+package final class PluginLibrary: @unchecked Sendable {
     // Unchecked: every field is set once in init; `descriptor` points at a copy of the plugin's
     // description (no more than it declared, the rest zero), kept as long as the process: the
     // library is never closed.
-    let path: String
-    let descriptor: UnsafePointer<whend_plugin>
-    let name: String
-    let version: String
-    let abiVersion: UInt32
-    let roles: UInt32
+    package let path: String
+    package let descriptor: UnsafePointer<whend_plugin>
+    package let name: String
+    package let version: String
+    package let abiVersion: UInt32
+    package let roles: UInt32
 
     private init(path: String, descriptor: UnsafePointer<whend_plugin>) {
         self.path = path
@@ -35,7 +39,7 @@ final class PluginLibrary: @unchecked Sendable {
 
     /// Finds `name` in `directories` (as `lib<name>.so` or `<name>.so`), checks where it lives,
     /// opens it and checks its ABI before calling any of its code.
-    static func load(name: String, directories: [String]) throws(PluginLoadError) -> PluginLibrary {
+    package static func load(name: String, directories: [String]) throws(PluginLoadError) -> PluginLibrary {
         guard !name.isEmpty, name.utf8.allSatisfy({ isNameByte($0) }) else {
             throw PluginLoadError(
                 description: "\"\(name)\" is not a plugin name; names are made of a-z, 0-9, - and _")
@@ -119,7 +123,7 @@ final class PluginLibrary: @unchecked Sendable {
 
     /// Loading a plugin runs its code as whend's user: only files and directories that root
     /// or whend's own user own, and that nobody else may write, are accepted.
-    static func checkOwnership(_ path: String, what: String) throws(PluginLoadError) {
+    package static func checkOwnership(_ path: String, what: String) throws(PluginLoadError) {
         var st = stat()
         guard stat(path, &st) == 0 else {
             throw PluginLoadError(description: "cannot stat \(what) \(path): \(String(cString: strerror(errno)))")

@@ -6,22 +6,22 @@ import WhendWire
 
 /// One created instance of a plugin, with the services whend offers it. Calls into the
 /// instance are serialised: a plugin never sees two records at once.
-final class PluginInstance: @unchecked Sendable {
+package final class PluginInstance: @unchecked Sendable {
     // Unchecked: `instance` and `host` are set in init and freed in deinit; every call into
     // the plugin happens under `lock`.
-    let library: PluginLibrary
-    let configuration: String
+    package let library: PluginLibrary
+    package let configuration: String
     private let instance: UnsafeMutableRawPointer
     private let host: UnsafeMutablePointer<whend_host>
     private let services: Unmanaged<PluginServices>
     private let lock = NIOLock()
 
-    var name: String { library.name }
-    var counters: [String: Int64] { services.takeUnretainedValue().counters.withLockedValue { $0 } }
+    package var name: String { library.name }
+    package var counters: [String: Int64] { services.takeUnretainedValue().counters.withLockedValue { $0 } }
 
     /// - Parameter emit: where the plugin's derived records go (pipelines only); without it,
     ///   `emit` fails.
-    init(
+    package init(
         library: PluginLibrary, configuration: String, stateDirectory: String, logger: Logger,
         emit: (@Sendable (String, UnsafeBufferPointer<UInt8>) -> Bool)? = nil,
         complete: (@Sendable (UInt64) -> Void)? = nil, completeThrough: (@Sendable (UInt64) -> Void)? = nil
@@ -67,7 +67,7 @@ final class PluginInstance: @unchecked Sendable {
     }
 
     /// Whether the plugin can save and restore its state (`snapshot` and `restore` in ABI 1).
-    var keepsState: Bool {
+    package var keepsState: Bool {
         let d = library.descriptor.pointee
         let minimum =
             MemoryLayout<whend_plugin>.offset(of: \whend_plugin.restore)! + MemoryLayout<UnsafeRawPointer>.size
@@ -75,7 +75,7 @@ final class PluginInstance: @unchecked Sendable {
     }
 
     /// The plugin's state as bytes, or nil if it keeps none or could not give it.
-    func snapshot() -> [UInt8]? {
+    package func snapshot() -> [UInt8]? {
         guard keepsState, let snapshot = library.descriptor.pointee.snapshot else { return nil }
         let sink = SnapshotSink()
         let rc = lock.withLock {
@@ -85,7 +85,7 @@ final class PluginInstance: @unchecked Sendable {
     }
 
     /// Gives the plugin back a state `snapshot()` took; throws with the plugin's reason.
-    func restore(_ bytes: [UInt8]) throws(PluginLoadError) {
+    package func restore(_ bytes: [UInt8]) throws(PluginLoadError) {
         guard keepsState, let restore = library.descriptor.pointee.restore else {
             throw PluginLoadError(description: "plugin \(library.name) keeps no state")
         }
@@ -101,7 +101,7 @@ final class PluginInstance: @unchecked Sendable {
     }
 
     /// Calls the plugin's middleware with `record`; `next` continues the chain.
-    func handle(
+    package func handle(
         _ record: UnsafePointer<whend_record>, next: whend_next_fn, context: UnsafeMutableRawPointer,
         message: UnsafeMutablePointer<CChar>, capacity: Int
     ) -> Int32 {
@@ -110,15 +110,15 @@ final class PluginInstance: @unchecked Sendable {
 }
 
 /// What a plugin instance's host table calls back into.
-final class PluginServices: Sendable {
-    let name: String
-    let logger: Logger
-    let counters = NIOLockedValueBox<[String: Int64]>([:])
-    let emit: (@Sendable (String, UnsafeBufferPointer<UInt8>) -> Bool)?
-    let complete: (@Sendable (UInt64) -> Void)?
-    let completeThrough: (@Sendable (UInt64) -> Void)?
+package final class PluginServices: Sendable {
+    package let name: String
+    package let logger: Logger
+    package let counters = NIOLockedValueBox<[String: Int64]>([:])
+    package let emit: (@Sendable (String, UnsafeBufferPointer<UInt8>) -> Bool)?
+    package let complete: (@Sendable (UInt64) -> Void)?
+    package let completeThrough: (@Sendable (UInt64) -> Void)?
 
-    init(
+    package init(
         name: String, logger: Logger, emit: (@Sendable (String, UnsafeBufferPointer<UInt8>) -> Bool)?,
         complete: (@Sendable (UInt64) -> Void)?, completeThrough: (@Sendable (UInt64) -> Void)?
     ) {
@@ -175,7 +175,7 @@ private let hostCount: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<C
 
 /// Where a plugin's snapshot() writes.
 private final class SnapshotSink {
-    var bytes: [UInt8] = []
+    package var bytes: [UInt8] = []
 }
 
 private let snapshotWrite: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<UInt8>?, Int) -> Void = {
