@@ -208,6 +208,19 @@ indirect enum OrderedJSON {
         while i < b.count, [0x20, 0x09, 0x0A, 0x0D].contains(b[i]) { i += 1 }
     }
 
+    /// After a member or an element: true past a `,` (another follows), false past `closer`.
+    private static func another(_ b: [UInt8], _ i: inout Int, closer: UInt8, in what: String) throws -> Bool {
+        skipBlanks(b, &i)
+        guard i < b.count else { throw Malformed(description: "unexpected end") }
+        if b[i] == UInt8(ascii: ",") {
+            i += 1
+            return true
+        }
+        guard b[i] == closer else { throw Malformed(description: what) }
+        i += 1
+        return false
+    }
+
     private static func parseValue(_ b: [UInt8], _ i: inout Int) throws -> OrderedJSON {
         skipBlanks(b, &i)
         guard i < b.count else { throw Malformed(description: "unexpected end") }
@@ -227,15 +240,7 @@ indirect enum OrderedJSON {
                 guard i < b.count, b[i] == UInt8(ascii: ":") else { throw Malformed(description: "colon") }
                 i += 1
                 members.append((key, try parseValue(b, &i)))
-                skipBlanks(b, &i)
-                guard i < b.count else { throw Malformed(description: "unexpected end") }
-                if b[i] == UInt8(ascii: ",") {
-                    i += 1
-                    continue
-                }
-                guard b[i] == UInt8(ascii: "}") else { throw Malformed(description: "object") }
-                i += 1
-                return .object(members)
+                if try !another(b, &i, closer: UInt8(ascii: "}"), in: "object") { return .object(members) }
             }
         case UInt8(ascii: "["):
             i += 1
@@ -247,15 +252,7 @@ indirect enum OrderedJSON {
             }
             while true {
                 elements.append(try parseValue(b, &i))
-                skipBlanks(b, &i)
-                guard i < b.count else { throw Malformed(description: "unexpected end") }
-                if b[i] == UInt8(ascii: ",") {
-                    i += 1
-                    continue
-                }
-                guard b[i] == UInt8(ascii: "]") else { throw Malformed(description: "array") }
-                i += 1
-                return .array(elements)
+                if try !another(b, &i, closer: UInt8(ascii: "]"), in: "array") { return .array(elements) }
             }
         case UInt8(ascii: "\""):
             // The string's exact JSON text, decoded by Foundation (escapes and all).

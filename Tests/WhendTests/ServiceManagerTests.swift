@@ -150,37 +150,27 @@ final class NotifySocket {
 /// Starts whend as a service manager does under socket activation: the listening socket at
 /// descriptor 3, LISTEN_FDS/LISTEN_FDNAMES set, and LISTEN_PID naming whend itself.
 func spawnActivated(listeningFD: Int32, socketPath: String, stateDirectory: String, log: String) throws -> pid_t {
-    let whend = executable("whend")
     let script = #"LISTEN_PID=$$ exec "$0" "$@""#
-    let args = [
-        "/bin/sh", "-c", script, whend, "--socket", socketPath, "--state-dir", stateDirectory, "--builtin-pipelines",
-        "false",
-    ]
-    var env = ProcessInfo.processInfo.environment
-    env["LISTEN_FDS"] = "1"
-    env["LISTEN_FDNAMES"] = "events"
-    env["LISTEN_PID"] = nil
-    let argv = args.map { strdup($0) } + [nil]
-    let envp = env.map { strdup("\($0.key)=\($0.value)") } + [nil]
-    defer {
-        argv.forEach { free($0) }
-        envp.forEach { free($0) }
-    }
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    defer { posix_spawn_file_actions_destroy(&actions) }
-    posix_spawn_file_actions_adddup2(&actions, listeningFD, 3)
-    posix_spawn_file_actions_addopen(&actions, 2, log, O_WRONLY | O_CREAT | O_APPEND, 0o644)
-    var pid: pid_t = 0
-    let rc = posix_spawn(&pid, "/bin/sh", &actions, nil, argv, envp)
-    guard rc == 0 else { throw TestFailure(description: "posix_spawn: \(String(cString: strerror(rc)))") }
-    return pid
+    var environment = ProcessInfo.processInfo.environment
+    environment["LISTEN_FDS"] = "1"
+    environment["LISTEN_FDNAMES"] = "events"
+    environment["LISTEN_PID"] = nil
+    return try spawn(
+        "/bin/sh",
+        [
+            "-c", script, executable("whend"), "--socket", socketPath, "--state-dir", stateDirectory,
+            "--builtin-pipelines", "false",
+        ], environment: environment, log: log, descriptor3: listeningFD)
 }
 
-/// Starts a program with posix_spawn, its standard error appended to `log`.
-func spawn(_ path: String, _ arguments: [String], log: String) throws -> pid_t {
+/// Starts a program with posix_spawn, its standard error appended to `log` (and `descriptor3`,
+/// if given, as its descriptor 3).
+func spawn(
+    _ path: String, _ arguments: [String], environment: [String: String] = ProcessInfo.processInfo.environment,
+    log: String, descriptor3: Int32? = nil
+) throws -> pid_t {
     let argv = ([path] + arguments).map { strdup($0) } + [nil]
-    let envp = ProcessInfo.processInfo.environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
+    let envp = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
     defer {
         argv.forEach { free($0) }
         envp.forEach { free($0) }
@@ -188,6 +178,7 @@ func spawn(_ path: String, _ arguments: [String], log: String) throws -> pid_t {
     var actions = posix_spawn_file_actions_t()
     posix_spawn_file_actions_init(&actions)
     defer { posix_spawn_file_actions_destroy(&actions) }
+    if let descriptor3 { posix_spawn_file_actions_adddup2(&actions, descriptor3, 3) }
     posix_spawn_file_actions_addopen(&actions, 2, log, O_WRONLY | O_CREAT | O_APPEND, 0o644)
     var pid: pid_t = 0
     let rc = posix_spawn(&pid, path, &actions, nil, argv, envp)
