@@ -40,7 +40,8 @@ check first-client-acked runuser -u tester -- whenctl emit --app com.example.kio
     '{"type":"lifecycle","screen":"Home","status":"willAppear","isBeingPresentedInitially":true}' \
     '{"type":"lifecycle","screen":"Home","status":"didAppear","isBeingPresentedInitially":true}' \
     '{"type":"when","name":"userTapsStart"}'
-check active-after-ready systemctl is-active whend.service
+# READY=1 comes once every part has started: a first client can be served a moment before.
+check active-after-ready wait_for 10 systemctl is-active --quiet whend.service
 check record-carries-client-uid bash -c "whenctl cat --type when | grep -q '\"_uid\":$tester_uid'"
 pid=$(main_pid)
 daemon_uid=$(awk '/^Uid:/ {print $2}' "/proc/$pid/status")

@@ -3,6 +3,7 @@ import ServiceLifecycle
 import UnixSignals
 import WhendConfiguration
 import WhendPluginHost
+import WhendWire
 
 /// whend as a `ServiceGroup`: the journal, the plugins, the control socket and the event
 /// socket, each a service whose steps are `Daemon`'s.
@@ -94,7 +95,8 @@ private struct Step: Service {
             return
         }
         do {
-            try start()
+            // The threads a step starts (the writer, event loops, supervisors) block no signal.
+            try TerminationSignals.withNoneBlocked { try start() }
         } catch {
             await startup.settle(index, .failed)
             throw error

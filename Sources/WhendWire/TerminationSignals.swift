@@ -19,4 +19,19 @@ public enum TerminationSignals {
         for signal in signals { sigaddset(&set, signal) }
         pthread_sigmask(SIG_UNBLOCK, &set, nil)
     }
+
+    /// Runs `body` with no signal blocked on this thread, so that the threads it starts block
+    /// none either (a thread inherits its creator's mask). whend starts its event loops and its
+    /// writer from Swift concurrency's threads, which block SIGABRT among others: a stopped whend
+    /// killed by systemd's watchdog (SIGABRT, then SIGCONT) then had an event loop thread run on
+    /// and accept a connection waiting in the kernel before the signal ended the process, and
+    /// that client was reset instead of being served by the next whend.
+    public static func withNoneBlocked<T>(_ body: () throws -> T) rethrows -> T {
+        var none = sigset_t()
+        sigemptyset(&none)
+        var previous = sigset_t()
+        pthread_sigmask(SIG_SETMASK, &none, &previous)
+        defer { pthread_sigmask(SIG_SETMASK, &previous, nil) }
+        return try body()
+    }
 }

@@ -125,9 +125,12 @@ struct Whend: AsyncParsableCommand {
         let logger = Logger(label: "whend")
         let command = self
         do {
-            let daemon = try Daemon(
-                configuration: configuration, logger: logger, configurationFile: file,
-                reloadFrom: { try command.resolveConfiguration().0 })
+            // Its event loop threads, started here, block no signal (see `withNoneBlocked`).
+            let daemon = try TerminationSignals.withNoneBlocked {
+                try Daemon(
+                    configuration: configuration, logger: logger, configurationFile: file,
+                    reloadFrom: { try command.resolveConfiguration().0 })
+            }
             try await DaemonServices(daemon).run()
         } catch let error as DaemonStartError {
             logger.critical("\(error.description)")
