@@ -8,7 +8,7 @@ DEBIAN_PACKAGES := libzstd-dev libsystemd-dev libnats-dev zstd pkg-config
 # man to read the installed man pages (man-db), and what the README's tour uses (socat, jq).
 TEST_PACKAGES := systemd e2fsprogs util-linux binutils nats-server python3-fusepy man-db socat jq
 
-.PHONY: deps test-deps build release run test soak lint bench bench-client fuzz deb package-check system-test clean
+.PHONY: deps test-deps build release run test soak strict lint bench bench-client fuzz deb package-check system-test clean
 
 # Installs what is missing, and nothing when all is there (so `make run` needs no root twice);
 # waits up to ten minutes for another apt or dpkg to let go of their lock instead of failing.
@@ -114,9 +114,14 @@ system-test: deb
 	$(call install_missing,debootstrap systemd-container)
 	packaging/system-test.sh
 
+# Everything, tests included, with every warning an error (dependencies too), in a scratch
+# directory of its own so that `make test`'s build is not redone. CI runs it.
+strict: deps
+	$(SWIFT) build --build-tests --scratch-path .build-strict -Xswiftc -warnings-as-errors
+
 lint:
 	$(SWIFT) format lint --strict --recursive Sources Tests Plugins Package.swift Benchmarks/Sources Benchmarks/Package.swift \
 		Fuzz/Sources Fuzz/Package.swift
 
 clean:
-	rm -rf .build .build-static .build-deb
+	rm -rf .build .build-static .build-deb .build-strict
