@@ -10,7 +10,6 @@ import WhendJournal
 import WhendPluginHost
 import WhendWire
 
-/// Why the daemon could not start, with what to do.
 /// Why whend cannot start: a case per cause, each with what it was about and, as the log and
 /// the exit say it, what to do.
 package enum DaemonStartError: Error, CustomStringConvertible {

@@ -5,7 +5,7 @@ import WhendConfiguration
 import WhendPluginHost
 import WhendWire
 
-/// whend as a `ServiceGroup`: the journal, the plugins, the control socket and the event
+/// whend as a `ServiceGroup`: the journal, the plugins, the event socket and the control
 /// socket, each a service whose steps are `Daemon`'s.
 ///
 /// The order is declared once, in `steps`: each service starts when the one before it has
@@ -22,13 +22,13 @@ package struct DaemonServices {
     /// Runs until SIGTERM or SIGINT has stopped every service; throws what kept one from starting.
     package func run() async throws {
         let daemon = self.daemon
-        let startup = StartupOrder(count: 4)
         let steps: [(name: String, start: @Sendable () throws -> Void, stop: @Sendable () -> Void)] = [
             ("journal", { daemon.startJournal() }, { daemon.stopJournal() }),
             ("plugins", { try daemon.startPlugins() }, { daemon.stopPipelines() }),
             ("events", { try daemon.startEvents() }, { daemon.stopEvents() }),
             ("control", { try daemon.startControl() }, { daemon.stopControl() }),
         ]
+        let startup = StartupOrder(count: steps.count)
         var services = steps.enumerated().map { index, step in
             ServiceGroupConfiguration.ServiceConfiguration(
                 service: Step(index: index, startup: startup, start: step.start, stop: step.stop),
@@ -49,7 +49,8 @@ package struct DaemonServices {
         try await ServiceGroup(configuration: configuration).run()
     }
 
-    /// The group's own lines (a service started, stopped) only at debug level.
+    /// The group's own lines (a service started, stopped) only when whend logs at notice or
+    /// above anyway: at info they would crowd whend's own.
     private static func quiet(_ logger: Logger) -> Logger {
         var logger = logger
         if logger.logLevel < .notice { logger.logLevel = .notice }

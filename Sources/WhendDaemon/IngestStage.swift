@@ -127,7 +127,7 @@ struct IngestStage {
         let bodyStart = batch.bodies.count
         let key = encoder.appendBody(of: event, line: bytes, to: &batch.bodies)
         // 4. The ingest middleware.
-        if !ingest.isEmpty, let refusal = passIngest(bodyFrom: bodyStart) { return refusal }
+        if !ingest.isEmpty, case .discard(let answer) = passIngest(bodyFrom: bodyStart) { return answer }
         // 5. Into the batch for the journal.
         batch.ends.append(batch.bodies.count)
         if let key { batch.keys.append((batch.ends.count - 1, key)) }
@@ -145,17 +145,22 @@ struct IngestStage {
         return (batch, batchLines)
     }
 
-    /// Runs the record just encoded at `start` through the ingest middleware. Returns nil when
-    /// it is to be stored (as it was, or as a plugin changed it); else it is not, and the inner
-    /// value is what to answer (nil: a plugin dropped it, nothing to say).
-    private mutating func passIngest(bodyFrom start: Int) -> Answer?? {
+    /// What the ingest middleware made of a record: store it (as it was, or as a plugin changed
+    /// it), or discard it with what to answer (nil: a plugin dropped it, nothing to say).
+    private enum Verdict {
+        case store
+        case discard(Answer?)
+    }
+
+    /// Runs the record just encoded at `start` through the ingest middleware.
+    private mutating func passIngest(bodyFrom start: Int) -> Verdict {
         ingestRecord.removeAll(keepingCapacity: true)
         ingestRecord.append(UInt8(ascii: "{"))
         ingestRecord.append(contentsOf: batch.bodies[start...])
         let outcome = ingestRecord.withUnsafeBufferPointer { ingest.run($0) }
         switch outcome {
         case .unchanged:
-            return nil
+            return .store
         case .changed(let output):
             do {
                 let body = try output.withUnsafeBufferPointer { out in
@@ -165,20 +170,20 @@ struct IngestStage {
                 }
                 batch.bodies.removeSubrange(start...)
                 batch.bodies.append(contentsOf: body)
-                return nil
+                return .store
             } catch {
                 batch.bodies.removeSubrange(start...)
-                return .some(
+                return .discard(
                     .rejected(
                         line: lineNumber,
                         WireError(.rejected, "an ingest plugin changed the event into something invalid: \(error)")))
             }
         case .dropped:
             batch.bodies.removeSubrange(start...)
-            return .some(nil)
+            return .discard(nil)
         case .rejected(let message):
             batch.bodies.removeSubrange(start...)
-            return .some(.rejected(line: lineNumber, WireError(.rejected, message)))
+            return .discard(.rejected(line: lineNumber, WireError(.rejected, message)))
         }
     }
 }

@@ -8,8 +8,7 @@ public final class BlockingSocket: @unchecked Sendable {
 
     public struct Failure: Error, CustomStringConvertible {
         public var description: String
-        /// The socket, and connect(2)'s errno, when it was the connection that failed.
-        public var path: String? = nil
+        /// connect(2)'s errno, when it was the connection that failed.
         public var connectErrno: Int32? = nil
 
         /// True when nothing listens there: no daemon, rather than a broken one.
@@ -51,8 +50,7 @@ public final class BlockingSocket: @unchecked Sendable {
                 ? "; is whend running? (`systemctl start whend.socket` for the installed one, `make run` in a checkout; WHEND_SOCKET names another socket)"
                 : ""
             throw Failure(
-                description: "cannot connect to \(path): \(String(cString: strerror(e)))\(hint)", path: path,
-                connectErrno: e)
+                description: "cannot connect to \(path): \(String(cString: strerror(e)))\(hint)", connectErrno: e)
         }
         self.fd = fd
     }

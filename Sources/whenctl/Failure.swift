@@ -24,16 +24,11 @@ enum DaemonSocket {
 
 /// The one message for "whend cannot be reached": the socket tried, why, and what to do.
 func unreachable(_ socket: DaemonSocket, at path: String, _ error: Error) -> Failure {
-    let reason: String
-    if let failure = error as? BlockingSocket.Failure, let code = failure.connectErrno {
-        reason = String(cString: strerror(code))
-    } else {
-        reason = "\(error)"
-    }
-    let nobody = (error as? BlockingSocket.Failure)?.nobodyListens ?? false
+    let failure = error as? BlockingSocket.Failure
+    let reason = failure?.connectErrno.map { String(cString: strerror($0)) } ?? "\(error)"
     return Failure(
         "cannot reach whend at \(path) (\(reason))"
-            + (nobody
+            + (failure?.nobodyListens == true
                 ? "; start it (`make run` in a checkout, `systemctl start whend.socket` when installed), or name its socket with \(socket.howToNameAnother)"
                 : "; name another socket with \(socket.howToNameAnother)"))
 }

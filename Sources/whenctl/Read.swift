@@ -255,7 +255,8 @@ struct Tail: ParsableCommand {
             }
             return (found, lastSeq, ended)
         }
-        var (recent, lastSeq, ended) = lastMatches(from: start, keep: lines)
+        let newest = lastMatches(from: start, keep: lines)
+        var recent = newest.found
         var before = start ?? 0
         while recent.count < lines, filter.fromSeq == nil, index > 0 {
             index -= 1
@@ -265,8 +266,8 @@ struct Tail: ParsableCommand {
         }
         printRecent(recent, out)
         out.flush()
-        guard follow, !ended else { return }
-        reader.read(fromSeq: lastSeq.map { $0 + 1 } ?? start, sinceMicros: filter.sinceMicros, follow: true) {
+        guard follow, !newest.ended else { return }
+        reader.read(fromSeq: newest.lastSeq.map { $0 + 1 } ?? start, sinceMicros: filter.sinceMicros, follow: true) {
             record, _ in
             if filter.isPastEnd(record) { return false }
             guard filter.matches(record) else { return true }

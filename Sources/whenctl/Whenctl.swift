@@ -36,15 +36,14 @@ struct Whenctl: ParsableCommand {
     static func main() {
         // `tail -f` and `replay` run until stopped: they must stop for whoever started them.
         TerminationSignals.unblock()
-        let command: ParsableCommand
+        var command: ParsableCommand
         do {
             command = try parseAsRoot()
         } catch {
             exit(withError: error)
         }
-        var running = command
         do {
-            try running.run()
+            try command.run()
         } catch let failure as Failure {
             printError("whenctl \(type(of: command)._commandName): \(failure)")
             Foundation.exit(1)
