@@ -6,96 +6,123 @@ import WhendPluginSDK
 /// `whenctl sessions` lists them at once and a session's records are read from its first `_seq`
 /// rather than by scanning the whole journal. Configuration: `{"max_sessions": 100000}`.
 ///
-/// A deferred stage: the index's log lines are written in batches (every 64 KiB, and at least
-/// every `flush_interval` seconds), and only then does the plugin complete the records, so that
-/// the pipeline's cursor never passes a record the index on disk does not hold. It must be the
-/// last stage of its pipeline.
-final class SessionRecorder: WhendPlugin {
+/// The index is the plugin's state, saved with its pipeline's cursor (so a restart resumes it
+/// exactly), and exported to `sessions.json` every so often and when the plugin closes;
+/// `whenctl sessions` completes the export from the journal.
+final class SessionRecorder: PersistentStatePlugin {
     static let name = "session-recorder"
-    static let version = "1.1.0"
-    static let roles: PluginRoles = [.pipeline, .deferred]
+    static let version = "2.0.0"
+    static let roles: PluginRoles = [.pipeline]
 
-    private let index: BufferedIndex
+    private let host: PluginHost
+    private let index: SessionIndexExport
 
-    init(host: PluginHost, configuration: [String: Any]) throws {
-        let writer = try SessionIndexWriter(
-            directory: host.stateDirectory, maxSessions: configuration["max_sessions"] as? Int ?? 100_000)
-        host.log(.info, "\(writer.index.entries.count) sessions indexed through _seq \(writer.index.indexedThrough)")
-        index = BufferedIndex(
-            writer: writer, host: host, flushInterval: max(0.001, configuration["flush_interval"] as? Double ?? 0.05))
+    var state: SavedSessionIndex {
+        get { SavedSessionIndex(index: index.index) }
+        set {
+            index.index = SessionIndex(
+                directory: index.index.directory, indexedThrough: newValue.index.indexedThrough,
+                entries: newValue.index.entries)
+        }
     }
 
-    deinit { index.stop() }
+    init(host: PluginHost, configuration: [String: Any]) throws {
+        self.host = host
+        index = try SessionIndexExport(
+            directory: host.stateDirectory, maxSessions: configuration["max_sessions"] as? Int ?? 100_000)
+        host.log(.info, "\(index.index.entries.count) sessions indexed through _seq \(index.index.indexedThrough)")
+        // At once if there is none yet: readers find the index, and complete it from the journal.
+        if !FileManager.default.fileExists(atPath: host.stateDirectory + "/sessions.json") { export() }
+    }
+
+    deinit { export() }
 
     func handle(_ record: PluginRecord, next: PluginNext) throws {
-        try index.add(record)
+        if let app = record[.app], let session = record[.session], session.stringContents?.isEmpty == false,
+            index.record(
+                seq: record.seq, session: SessionID(record), app: app, session: session,
+                type: record.string(.type) ?? "", time: record.time)
+        {
+            export()
+        }
         try next(record)
+    }
+
+    /// The export is for readers, who complete it from the journal: one that fails is said and
+    /// tried again at the next, never a reason to hold the pipeline.
+    private func export() {
+        do {
+            try index.export()
+        } catch {
+            host.log(.error, "session-recorder: cannot write \(index.index.directory)/sessions.json: \(error)")
+        }
     }
 }
 
-/// The index and the records whose log lines are not written yet; a thread of its own writes
-/// them at least every `flushInterval` seconds, so that an idle pipeline's cursor catches up.
-final class BufferedIndex: @unchecked Sendable {
-    // Unchecked: `writer`, `waiting` and `stopped` are guarded by `lock`; records are added on
-    // the worker's thread and flushed on the flusher's.
-    private let lock = NSLock()
-    private let writer: SessionIndexWriter
-    private let host: PluginHost
-    /// The last record handled whose log line is not written yet.
-    private var waitingThrough: UInt64?
-    private var stopped = false
-    private let flusherDone = DispatchSemaphore(value: 0)
+/// The index as saved with the pipeline's cursor: compact, each session's strings and counts.
+struct SavedSessionIndex: Codable, CompactCodable {
+    var index: SessionIndex
 
-    init(writer: SessionIndexWriter, host: PluginHost, flushInterval: Double) {
-        self.writer = writer
-        self.host = host
-        let thread = Thread { [self] in
-            while !lock.withLock({ stopped }) {
-                usleep(UInt32(flushInterval * 1e6))
-                flush()
+    init(index: SessionIndex) { self.index = index }
+
+    func encode(to writer: inout CompactWriter) {
+        writer.write(index.indexedThrough)
+        writer.write(UInt64(index.entries.count))
+        // In `_seq` order: the same index saves the same bytes.
+        for (key, e) in index.entries.sorted(by: { $0.value.lastSeq < $1.value.lastSeq }) {
+            key.encode(to: &writer)
+            writer.write(e.app)
+            writer.write(e.session)
+            writer.write(e.firstSeq)
+            writer.write(e.lastSeq)
+            writer.write(e.firstTime)
+            writer.write(e.lastTime)
+            writer.write(UInt64(e.counts.count))
+            for (type, n) in e.counts.sorted(by: { $0.key < $1.key }) {
+                writer.write(type)
+                writer.write(n)
             }
-            flusherDone.signal()
         }
-        thread.name = "session-recorder"
-        thread.start()
     }
 
-    func add(_ record: PluginRecord) throws {
-        let full: Bool = try lock.withLock {
-            if let app = record[.app], let session = record[.session], session.stringContents?.isEmpty == false {
-                try writer.record(
-                    seq: record.seq, session: SessionID(record), app: app, session: session,
-                    type: record.string(.type) ?? "", time: record.time)
-            }
-            waitingThrough = record.seq
-            return writer.buffered >= 64 << 10
+    init(from reader: inout CompactReader) throws(StateDamaged) {
+        let through = try reader.read(UInt64.self)
+        let count = try reader.readCount()
+        var entries: [SessionDigest: SessionIndex.Entry] = [:]
+        entries.reserveCapacity(count)
+        for _ in 0..<count {
+            let key = try SessionDigest(from: &reader)
+            let app = try reader.read(String.self)
+            let session = try reader.read(String.self)
+            let firstSeq = try reader.read(UInt64.self)
+            let lastSeq = try reader.read(UInt64.self)
+            let firstTime = try reader.read(String.self)
+            let lastTime = try reader.read(String.self)
+            var counts: [String: Int] = [:]
+            for _ in 0..<(try reader.readCount()) { counts[try reader.read(String.self)] = try reader.read(Int.self) }
+            entries[key] = SessionIndex.Entry(
+                app: app, session: session, firstSeq: firstSeq, lastSeq: lastSeq, firstTime: firstTime,
+                lastTime: lastTime, counts: counts)
         }
-        if full { flush() }
+        index = SessionIndex(directory: "", indexedThrough: through, entries: entries)
     }
 
-    /// Writes what is buffered, then lets the cursor pass those records. A write that fails
-    /// completes nothing: the records stay before the cursor and are handled again after a
-    /// restart, if the file system has not recovered by the next flush.
-    func flush() {
-        let done: UInt64? = lock.withLock {
-            guard let through = waitingThrough else { return nil }
-            do {
-                try writer.flush()
-            } catch {
-                host.log(.error, "session-recorder: cannot write the session index: \(error); retrying")
-                return nil
-            }
-            waitingThrough = nil
-            return through
+    private enum CodingKeys: String, CodingKey { case indexedThrough, sessions }
+
+    init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        var entries: [SessionDigest: SessionIndex.Entry] = [:]
+        for e in try c.decode([SessionIndex.Entry].self, forKey: .sessions) {
+            entries[SessionDigest(app: e.app, session: e.session)] = e
         }
-        // In order: one call lets the cursor pass every record up to the last one written.
-        if let done { host.complete(through: done) }
+        index = SessionIndex(
+            directory: "", indexedThrough: try c.decode(UInt64.self, forKey: .indexedThrough), entries: entries)
     }
 
-    func stop() {
-        lock.withLock { stopped = true }
-        flusherDone.wait()
-        flush()
+    func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(index.indexedThrough, forKey: .indexedThrough)
+        try c.encode(index.sessions, forKey: .sessions)
     }
 }
 

@@ -23,10 +23,11 @@ public func writeFileAtomically(_ bytes: [UInt8], to path: String) throws {
     try DurableFile.replace(path, with: bytes)
 }
 
-/// The session index session-recorder keeps and `whenctl sessions` reads: a snapshot
-/// (`sessions.json`) and a log of changes since (`sessions.log`, one line per record indexed).
-/// session-recorder writes the log before it lets the pipeline's cursor pass the records, so
-/// that the index never lags the cursor.
+/// The session index session-recorder keeps and `whenctl sessions` reads. The plugin keeps it
+/// as its state, saved with its pipeline's cursor; every so often it exports it to
+/// `sessions.json` (with the `_seq` it is complete through), and `whenctl sessions` completes
+/// that export from the journal, so that the listing is always as new as the journal. A
+/// `sessions.log` of changes after the export, which earlier versions wrote, is still read.
 public struct SessionIndex {
     public struct Entry: Codable, Equatable, Sendable {
         public var app: String
@@ -37,6 +38,19 @@ public struct SessionIndex {
         public var lastTime: String
         public var counts: [String: Int]
         public var records: Int { counts.values.reduce(0, +) }
+
+        public init(
+            app: String, session: String, firstSeq: UInt64, lastSeq: UInt64, firstTime: String, lastTime: String,
+            counts: [String: Int]
+        ) {
+            self.app = app
+            self.session = session
+            self.firstSeq = firstSeq
+            self.lastSeq = lastSeq
+            self.firstTime = firstTime
+            self.lastTime = lastTime
+            self.counts = counts
+        }
     }
 
     struct Snapshot: Codable {
@@ -60,7 +74,14 @@ public struct SessionIndex {
 
     public static func directory(stateDirectory: String) -> String { stateDirectory + "/plugins/session-recorder" }
 
-    /// Reads the snapshot and replays the log after it.
+    /// An index built elsewhere (a plugin's saved state).
+    public init(directory: String, indexedThrough: UInt64, entries: [SessionDigest: Entry]) {
+        self.directory = directory
+        self.indexedThrough = indexedThrough
+        self.entries = entries
+    }
+
+    /// Reads the export and replays the log after it, if an earlier version left one.
     public init(directory: String) {
         self.directory = directory
         if let data = FileManager.default.contents(atPath: directory + "/sessions.json"),
@@ -101,6 +122,46 @@ public struct SessionIndex {
                 counts: [type: 1])
         }
         return true
+    }
+
+    /// Indexes a record as the journal stores it (for a reader completing the export from the
+    /// journal): its `app`, `session`, `type` and time (`ts`, else `_rt`), as the plugin reads them.
+    public mutating func apply(stored line: UnsafeBufferPointer<UInt8>, seq: UInt64) {
+        var app: JSONValue?
+        var session: JSONValue?
+        var type: JSONValue?
+        var ts: JSONValue?
+        var receivedAt: JSONValue?
+        var scanner = JSONScanner(line)
+        do {
+            try scanner.scanObject { member throws(WireError) in
+                let key = UnsafeBufferPointer(rebasing: line[member.key])
+                let value = JSONValue(raw: UnsafeBufferPointer(rebasing: line[member.value]))
+                func named(_ k: StaticString) -> Bool {
+                    bytesEqual(key, UnsafeBufferPointer(start: k.utf8Start, count: k.utf8CodeUnitCount))
+                }
+                // The first occurrence wins, as the plugin reads a record.
+                if named("app") {
+                    app = app ?? value
+                } else if named("session") {
+                    session = session ?? value
+                } else if named("type") {
+                    type = type ?? value
+                } else if named("ts") {
+                    ts = ts ?? value
+                } else if named("_rt") {
+                    receivedAt = receivedAt ?? value
+                }
+            }
+        } catch {
+            return
+        }
+        guard let app, let session, session.stringContents?.isEmpty == false else { return }
+        let time = ts ?? receivedAt
+        apply(
+            seq: seq, session: SessionDigest(app: app, session: session), app: { app.string ?? "" },
+            sessionID: { session.string ?? "" }, type: type?.string ?? "",
+            time: { time?.kind == .string ? time?.string ?? "" : "" })
     }
 
     /// The snapshot as `Snapshot`'s Codable form reads it, written directly: JSONEncoder took a
@@ -144,91 +205,44 @@ public struct SessionIndex {
     }
 }
 
-/// Writes a `SessionIndex`: a line per record to the log, buffered until `flush()`, and a fresh
-/// snapshot (then an empty log) every `compactEvery` lines.
-public final class SessionIndexWriter {
-    public private(set) var index: SessionIndex
-    private var log: Int32 = -1
-    private var buffer: [UInt8] = []
-    private var linesSinceSnapshot = 0
-    private let compactEvery: Int
+/// Keeps a `SessionIndex` and exports it to `sessions.json` every `exportEvery` records
+/// indexed (at least eight per session kept, so that an export's cost per record stays the same
+/// however many sessions there are) and when closed.
+public final class SessionIndexExport {
+    public var index: SessionIndex
+    private var sinceExport = 0
+    private let exportEvery: Int
     private let maxSessions: Int
 
-    public init(directory: String, compactEvery: Int = 200_000, maxSessions: Int = 100_000) throws {
+    public init(directory: String, exportEvery: Int = 1_000_000, maxSessions: Int = 100_000) throws {
         try DurableFile.createDirectory(directory)
         index = SessionIndex(directory: directory)
-        self.compactEvery = compactEvery
+        self.exportEvery = exportEvery
         self.maxSessions = maxSessions
-        try snapshot()
     }
 
-    deinit { if log >= 0 { close(log) } }
-
-    /// Indexes a record; its log line is written by the next `flush()`. `app`, `session` and
-    /// `time` are JSON string values as stored (quotes included).
+    /// Indexes a record. `app`, `session` and `time` are JSON values as stored; true when the
+    /// index is due for an export.
     public func record(
         seq: UInt64, session key: SessionDigest, app: JSONValue, session: JSONValue, type: String, time: JSONValue?
-    ) throws {
-        let timeText = { time?.string ?? "" }
+    ) -> Bool {
         guard
             index.apply(
                 seq: seq, session: key, app: { app.string ?? "" }, sessionID: { session.string ?? "" }, type: type,
-                time: timeText)
-        else { return }
-        // Written straight into the buffer, keys as `Change` decodes them.
-        buffer += #"{"app":"#.utf8
-        buffer += app.raw
-        buffer += #","seq":"#.utf8
-        appendDecimal(seq, to: &buffer)
-        buffer += #","session":"#.utf8
-        buffer += session.raw
-        buffer += #","time":"#.utf8
-        if let time, time.kind == .string { buffer += time.raw } else { buffer += #""""#.utf8 }
-        buffer += #","type":"#.utf8
-        appendJSONString(type.utf8, to: &buffer)
-        buffer += "}\n".utf8
-        linesSinceSnapshot += 1
-        // A snapshot costs the whole index: taken after at least four lines per session, its
-        // cost per record stays the same however many sessions there are.
-        if linesSinceSnapshot >= max(compactEvery, 4 * index.entries.count)
-            || index.entries.count > maxSessions + maxSessions / 10 + 1
-        {
-            try snapshot()
-        }
+                time: { time?.kind == .string ? time?.string ?? "" : "" })
+        else { return false }
+        sinceExport += 1
+        if index.entries.count > maxSessions + maxSessions / 10 + 1 { index.trim(to: maxSessions) }
+        return sinceExport >= max(exportEvery, 8 * index.entries.count)
     }
 
-    public var buffered: Int { buffer.count }
-
-    /// Writes the buffered log lines. Throws when the file system refuses them; they stay
-    /// buffered for the next attempt.
-    public func flush() throws {
-        var done = 0
-        while done < buffer.count {
-            let n = buffer.withUnsafeBytes { write(log, $0.baseAddress! + done, $0.count - done) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else {
-                buffer.removeFirst(done)
-                throw CocoaError(
-                    .fileWriteUnknown,
-                    userInfo: [NSFilePathErrorKey: index.directory + "/sessions.log", "errno": errno])
-            }
-            done += n
-        }
-        buffer.removeAll(keepingCapacity: true)
-    }
-
-    /// A new snapshot, renamed into place, then the log started again (what is buffered is
-    /// in the snapshot already).
-    public func snapshot() throws {
+    /// Writes `sessions.json` (synced, renamed into place), then drops a log an earlier
+    /// version left, which the export now holds.
+    public func export() throws {
         index.trim(to: maxSessions)
         try writeFileAtomically(index.snapshotJSON(), to: index.directory + "/sessions.json")
-        if log >= 0 { close(log) }
-        let logPath = index.directory + "/sessions.log"
-        log = open(logPath, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0o644)
-        guard log >= 0 else {
-            throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: logPath, "errno": errno])
-        }
-        buffer.removeAll(keepingCapacity: true)
-        linesSinceSnapshot = 0
+        sinceExport = 0
+        let log = index.directory + "/sessions.log"
+        if FileManager.default.fileExists(atPath: log) { try? FileManager.default.removeItem(atPath: log) }
     }
 }

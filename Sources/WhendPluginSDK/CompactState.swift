@@ -202,15 +202,14 @@ extension BoundedSessions: CompactCodable where State: CompactCodable {
         // Sorted as plain numbers: this code is not specialised for the state's type, and a
         // sort of the entries themselves copied each state through its value witnesses
         // (retains and releases) a dozen times.
-        var order: [(seen: UInt64, low: UInt64, high: UInt64)] = []
+        var order: [(seen: UInt64, low: UInt64, high: UInt64, slot: Int)] = []
         order.reserveCapacity(entries.count)
-        for (id, entry) in entries { order.append((entry.seen, id.low, id.high)) }
-        order.sort { $0 < $1 }
-        for (seen, low, high) in order {
-            let id = SessionDigest(low: low, high: high)
-            id.encode(to: &writer)
-            writer.write(seen)
-            entries[id]!.state.encode(to: &writer)
+        for i in entries.indices { order.append((entries[i].seen, entries[i].id.low, entries[i].id.high, i)) }
+        order.sort { ($0.seen, $0.low, $0.high) < ($1.seen, $1.low, $1.high) }
+        for o in order {
+            SessionDigest(low: o.low, high: o.high).encode(to: &writer)
+            writer.write(o.seen)
+            entries[o.slot].state.encode(to: &writer)
         }
     }
 
@@ -218,10 +217,11 @@ extension BoundedSessions: CompactCodable where State: CompactCodable {
         self.init(limit: try reader.read(Int.self))
         let count = try reader.readCount()
         entries.reserveCapacity(count)
+        slots.reserveCapacity(count)
         for _ in 0..<count {
             let id = try SessionDigest(from: &reader)
             let seen = try reader.read(UInt64.self)
-            entries[id] = Entry(state: try State(from: &reader), seen: seen)
+            insert(Entry(id: id, state: try State(from: &reader), seen: seen))
         }
     }
 }

@@ -15,13 +15,19 @@ extension SessionDigest {
 /// Inlinable, so that a plugin's use of it is specialised for its state type: a generic call
 /// across the library boundary looked up tuple metadata at run time for every record.
 @frozen public struct BoundedSessions<State> {
-    @usableFromInline var entries: [SessionID: Entry] = [:]
+    /// Where each session's entry is in `slots`.
+    @usableFromInline var slots: [SessionID: Int] = [:]
+    /// The sessions, in no order, contiguous: forgetting the oldest reads when each was last
+    /// seen without copying (and retaining) any state, which a dictionary of entries did.
+    @usableFromInline var entries: [Entry] = []
     public let limit: Int
 
     @usableFromInline struct Entry {
+        @usableFromInline var id: SessionID
         @usableFromInline var state: State
         @usableFromInline var seen: UInt64
-        @inlinable init(state: State, seen: UInt64) {
+        @inlinable init(id: SessionID, state: State, seen: UInt64) {
+            self.id = id
             self.state = state
             self.seen = seen
         }
@@ -35,35 +41,65 @@ extension SessionDigest {
     @inlinable public mutating func with<R>(
         _ key: SessionID, seq: UInt64, make: () -> State, _ body: (inout State) -> R
     ) -> R {
-        let result: R
-        if let index = entries.index(forKey: key) {
+        if let slot = slots[key] {
             // In place: no copy of the state on the way in or out.
-            result = body(&entries.values[index].state)
-            entries.values[index].seen = seq
-        } else {
-            var state = make()
-            result = body(&state)
-            entries[key] = Entry(state: state, seen: seq)
-            if entries.count > limit { forgetOldest() }
+            entries[slot].seen = seq
+            return body(&entries[slot].state)
         }
+        var state = make()
+        let result = body(&state)
+        insert(Entry(id: key, state: state, seen: seq))
+        if entries.count > limit { forgetOldest() }
         return result
+    }
+
+    @inlinable mutating func insert(_ entry: Entry) {
+        if let slot = slots[entry.id] {
+            entries[slot] = entry
+        } else {
+            slots[entry.id] = entries.count
+            entries.append(entry)
+        }
     }
 
     /// The same sessions under another limit (a restored state under the configuration in force).
     public func withLimit(_ limit: Int) -> BoundedSessions {
         var copy = BoundedSessions(limit: limit)
+        copy.slots = slots
         copy.entries = entries
         while copy.entries.count > copy.limit { copy.forgetOldest() }
         return copy
     }
 
+    /// Forgets the least recently seen tenth, compacting the rest in place.
     @inlinable mutating func forgetOldest() {
-        let cut = entries.values.map(\.seen).sorted()[limit / 10]
-        // In place: a filtered copy copied every session kept, each time.
-        var forgotten: [SessionID] = []
-        forgotten.reserveCapacity(limit / 10 + 1)
-        for (id, entry) in entries where entry.seen <= cut { forgotten.append(id) }
-        for id in forgotten { entries.removeValue(forKey: id) }
+        var seen: [UInt64] = []
+        seen.reserveCapacity(entries.count)
+        for i in entries.indices { seen.append(entries[i].seen) }
+        seen.sort()
+        let cut = seen[min(limit / 10, seen.count - 1)]
+        var kept = 0
+        for i in entries.indices {
+            if entries[i].seen <= cut {
+                slots.removeValue(forKey: entries[i].id)
+                continue
+            }
+            if kept != i {
+                entries.swapAt(kept, i)
+                slots[entries[kept].id] = kept
+            }
+            kept += 1
+        }
+        entries.removeLast(entries.count - kept)
+    }
+
+    /// The sessions in the order last seen (then by digest): the same state saves the same bytes.
+    @usableFromInline func orderSeen() -> [Int] {
+        entries.indices.sorted {
+            let a = entries[$0]
+            let b = entries[$1]
+            return (a.seen, a.id.low, a.id.high) < (b.seen, b.id.low, b.id.high)
+        }
     }
 }
 
@@ -83,16 +119,16 @@ extension BoundedSessions: Codable where State: Codable {
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: Keys.self)
         self.init(limit: try c.decode(Int.self, forKey: .limit))
-        for s in try c.decode([Saved].self, forKey: .sessions) { entries[s.id] = Entry(state: s.state, seen: s.seen) }
+        for s in try c.decode([Saved].self, forKey: .sessions) { insert(Entry(id: s.id, state: s.state, seen: s.seen)) }
     }
 
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: Keys.self)
         try c.encode(limit, forKey: .limit)
         // In the order last seen, so that the same state writes the same bytes.
-        let saved = entries.map { Saved(id: $0.key, seen: $0.value.seen, state: $0.value.state) }
-            .sorted { ($0.seen, $0.id.low, $0.id.high) < ($1.seen, $1.id.low, $1.id.high) }
-        try c.encode(saved, forKey: .sessions)
+        try c.encode(
+            orderSeen().map { Saved(id: entries[$0].id, seen: entries[$0].seen, state: entries[$0].state) },
+            forKey: .sessions)
     }
 }
 
@@ -112,14 +148,9 @@ extension BoundedSessions: LineSnapshot where State: Codable {
     public func snapshotLines(_ emit: ([UInt8]) -> Void) throws {
         let encoder = JSONEncoder()
         emit(Array(try encoder.encode(Header(limit: limit))) + [0x0A])
-        let order = entries.keys.sorted {
-            let a = entries[$0]!.seen
-            let b = entries[$1]!.seen
-            return (a, $0.low, $0.high) < (b, $1.low, $1.high)
-        }
-        for id in order {
-            let entry = entries[id]!
-            emit(Array(try encoder.encode(Saved(id: id, seen: entry.seen, state: entry.state))) + [0x0A])
+        for i in orderSeen() {
+            let entry = entries[i]
+            emit(Array(try encoder.encode(Saved(id: entry.id, seen: entry.seen, state: entry.state))) + [0x0A])
         }
     }
 
@@ -132,7 +163,7 @@ extension BoundedSessions: LineSnapshot where State: Codable {
         self.init(limit: try decoder.decode(Header.self, from: Data(first)).limit)
         for line in lines {
             let s = try decoder.decode(Saved.self, from: Data(line))
-            entries[s.id] = Entry(state: s.state, seen: s.seen)
+            insert(Entry(id: s.id, state: s.state, seen: s.seen))
         }
     }
 }

@@ -9,7 +9,7 @@ struct Sessions: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "List the sessions the session-recorder plugin has indexed, or print one session's records.",
         discussion:
-            "A session's records are read from its first _seq to its last, not by scanning the whole journal. The index follows the journal as fast as the `sessions` pipeline does."
+            "The plugin exports its index every so often; what the journal holds past the export is indexed here, so the list is as new as the journal. A session's records are read from its first _seq to its last, not by scanning the whole journal."
     )
 
     @OptionGroup var location: JournalLocationOptions
@@ -34,7 +34,16 @@ struct Sessions: ParsableCommand {
                 "no session index in \(indexDirectory): the session-recorder plugin writes it (pipeline `sessions`, on with builtin_pipelines = true); see `whenctl plugins`"
             )
         }
-        let index = SessionIndex(directory: indexDirectory)
+        var index = SessionIndex(directory: indexDirectory)
+        // The journal is the truth: what it holds past the export is indexed here.
+        if let journal = try? location.existingDirectory() {
+            JournalReader(directory: journal).read(fromSeq: index.indexedThrough + 1) { record, _ in
+                if let seq = record.seq { index.apply(stored: record.line, seq: seq) }
+                return true
+            } onProblem: { problem in
+                printError("whenctl sessions: warning: \(problem)")
+            }
+        }
         let sessions = index.sessions.filter { app == nil || $0.app == app }
         if let session {
             let matches = sessions.filter { $0.session == session }

@@ -30,6 +30,8 @@ let eventCount = Int(options["events"] ?? "") ?? 1_000_000
 // Each run is repeated, interleaved with its peer, and the median reported: these machines are
 // shared, and one run can be off by a third.
 let rounds = max(1, Int(options["rounds"] ?? "") ?? 3)
+// `--only shipped`: whend as it ships beside rsyslog and nothing else, for working on pipelines.
+let onlyShipped = options["only"] == "shipped"
 let work = options["work"] ?? "/tmp/whend-bench-\(getpid())"
 try? FileManager.default.removeItem(atPath: work)
 try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
@@ -307,7 +309,7 @@ for round in 1...rounds {
         "round \(round)/\(rounds): whend as shipped (built-in pipelines on), acks and fsync, 4 connections, to the end of every pipeline…"
     )
     shippedRounds.append(try runWhendShipped(connections: 4))
-    for connections in [1, 4] {
+    for connections in [1, 4] where !onlyShipped {
         say("round \(round)/\(rounds): rsyslog, \(connections) connection(s)…")
         allRounds["rsyslog-\(connections)", default: []].append(try runRsyslog(connections: connections))
         say("round \(round)/\(rounds): whend, no acks, \(connections) connection(s)…")
@@ -318,7 +320,7 @@ for round in 1...rounds {
             try runWhend(connections: connections, acks: true, durability: "fsync"))
     }
 }
-for connections in [1, 4] {
+for connections in [1, 4] where !onlyShipped {
     for kind in ["rsyslog", "noacks", "acks"] { runs.append(median(allRounds["\(kind)-\(connections)"]!)) }
 }
 let shippedPeer = median(allRounds["rsyslog-shipped"]!)
@@ -327,6 +329,30 @@ let shippedIngest = median(shippedRounds.map(\.ingest))
 var shippedWorkerPeaks: [String: Double] = [:]
 for r in shippedRounds {
     for (k, v) in r.workerPeakRSSMiB { shippedWorkerPeaks[k] = max(shippedWorkerPeaks[k] ?? 0, v) }
+}
+
+@MainActor func printShipped() {
+    print("whend as it ships (embedded defaults: the four built-in pipelines on), 4 connections, acks and fsync:")
+    print(
+        "  ingest: \(fmt(shippedIngest.eventsPerSecond)) events/s (\(fmt(shippedIngest.eventsPerSecond / shippedPeer.eventsPerSecond, 2)) × rsyslog \(fmt(shippedPeer.eventsPerSecond)) events/s), CPU of whend and its workers \(fmt(shippedIngest.cpuMicrosPerEvent, 2)) µs/event, daemon peak RSS \(fmt(shippedIngest.peakRSSMiB, 1)) MiB"
+    )
+    print(
+        "  end to end (first byte → every pipeline's lag 0): \(fmt(shipped.endToEndEventsPerSecond)) events/s (\(fmt(shipped.endToEndEventsPerSecond / shippedPeer.eventsPerSecond, 2)) × rsyslog); \(shipped.derived) derived records"
+    )
+    print(
+        "  CPU µs per event: "
+            + shipped.cpuMicrosPerEvent.sorted { $0.key < $1.key }.map { "\($0.key) \(fmt($0.value, 2))" }.joined(
+                separator: ", "))
+    print(
+        "  pipeline workers' peak RSS: "
+            + shippedWorkerPeaks.sorted { $0.key < $1.key }.map { "\($0.key) \(fmt($0.value, 1)) MiB" }.joined(
+                separator: ", "))
+}
+
+if onlyShipped {
+    print("whend as shipped beside rsyslog — \(corpusEvents) events, medians of \(rounds) rounds")
+    printShipped()
+    exit(0)
 }
 
 // MARK: fdatasync on this filesystem: the floor under any durable ack
@@ -478,21 +504,7 @@ print("types: " + typeCounts.sorted { $0.key < $1.key }.map { "\($0.key) \($0.va
 print("machine: \(ProcessInfo.processInfo.activeProcessorCount) cores; every ratio below is to rsyslog in the same run")
 print("each row: the median of \(rounds) interleaved rounds (peak RSS: the highest)")
 print("")
-print("whend as it ships (embedded defaults: the four built-in pipelines on), 4 connections, acks and fsync:")
-print(
-    "  ingest: \(fmt(shippedIngest.eventsPerSecond)) events/s (\(fmt(shippedIngest.eventsPerSecond / shippedPeer.eventsPerSecond, 2)) × rsyslog \(fmt(shippedPeer.eventsPerSecond)) events/s), CPU of whend and its workers \(fmt(shippedIngest.cpuMicrosPerEvent, 2)) µs/event, daemon peak RSS \(fmt(shippedIngest.peakRSSMiB, 1)) MiB"
-)
-print(
-    "  end to end (first byte → every pipeline's lag 0): \(fmt(shipped.endToEndEventsPerSecond)) events/s (\(fmt(shipped.endToEndEventsPerSecond / shippedPeer.eventsPerSecond, 2)) × rsyslog); \(shipped.derived) derived records"
-)
-print(
-    "  CPU µs per event: "
-        + shipped.cpuMicrosPerEvent.sorted { $0.key < $1.key }.map { "\($0.key) \(fmt($0.value, 2))" }.joined(
-            separator: ", "))
-print(
-    "  pipeline workers' peak RSS: "
-        + shippedWorkerPeaks.sorted { $0.key < $1.key }.map { "\($0.key) \(fmt($0.value, 1)) MiB" }.joined(
-            separator: ", "))
+printShipped()
 print("")
 print(
     pad("run", 26) + lpad("conns", 6) + lpad("events/s", 12) + lpad("× rsyslog", 11) + lpad("CPU µs/ev", 11)
