@@ -145,16 +145,22 @@ struct AnalyticsFilter {
 final class AnalyticsSpool: @unchecked Sendable {
     // Unchecked: all state is guarded by `condition`.
     private let condition = NSCondition()
+    /// The events not yet delivered are `events[head...]`: delivered ones leave from the front
+    /// in O(1), where removing them from an array moved the whole backlog each time.
     private var events: [[UInt8]] = []
+    private var head = 0
     private var bytes = 0
     private let file: Int32
+    /// The spool file's length: this plugin is its only writer, so no `lseek` per event.
+    private var fileLength: off_t
     let maxBytes: Int
     private let path: String
 
     init(path: String, maxBytes: Int) throws {
         self.path = path
         self.maxBytes = maxBytes
-        for line in (FileManager.default.contents(atPath: path) ?? Data()).split(separator: 0x0A) {
+        let existing = FileManager.default.contents(atPath: path) ?? Data()
+        for line in existing.split(separator: 0x0A) {
             events.append(Array(line))
             bytes += line.count
         }
@@ -162,6 +168,7 @@ final class AnalyticsSpool: @unchecked Sendable {
         guard file >= 0 else {
             throw PluginError.fail("analytics: cannot open the spool \(path): \(String(cString: strerror(errno)))")
         }
+        fileLength = lseek(file, 0, SEEK_END)
     }
 
     deinit { close(file) }
@@ -176,10 +183,11 @@ final class AnalyticsSpool: @unchecked Sendable {
         entry.append(0x0A)
         do {
             // Whole lines only: the spool is read back line by line after a restart.
-            try DurableFile.append(entry, to: file, path: path)
+            try DurableFile.append(entry, to: file, path: path, length: fileLength)
         } catch {
             throw PluginError.fail("analytics: \(error)")
         }
+        fileLength += off_t(entry.count)
         events.append(line)
         bytes += line.count
         condition.signal()
@@ -191,10 +199,10 @@ final class AnalyticsSpool: @unchecked Sendable {
     func peek(maxEvents: Int, maxBytes: Int, wait: TimeInterval) -> [[UInt8]] {
         condition.lock()
         defer { condition.unlock() }
-        if events.isEmpty { _ = condition.wait(until: Date().addingTimeInterval(wait)) }
+        if head == events.count { _ = condition.wait(until: Date().addingTimeInterval(wait)) }
         var batch: [[UInt8]] = []
         var size = 0
-        for e in events {
+        for e in events[head...] {
             guard batch.count < maxEvents, size + e.count + 1 <= maxBytes - 64 || batch.isEmpty else { break }
             batch.append(e)
             size += e.count + 1
@@ -202,18 +210,27 @@ final class AnalyticsSpool: @unchecked Sendable {
         return batch
     }
 
-    var count: Int { condition.withLock { events.count } }
+    var count: Int { condition.withLock { events.count - head } }
 
     /// The first `n` events are delivered.
     func remove(_ n: Int) {
         condition.lock()
         defer { condition.unlock() }
-        for e in events.prefix(n) { bytes -= e.count }
-        events.removeFirst(min(n, events.count))
-        // Rewritten only when it empties: what stays in it after a crash is sent again, and
-        // messageId makes that harmless.
-        if events.isEmpty {
-            _ = ftruncate(file, 0)
+        let end = min(head + n, events.count)
+        for i in head..<end {
+            bytes -= events[i].count
+            events[i] = []
+        }
+        head = end
+        if head == events.count {
+            events.removeAll(keepingCapacity: true)
+            head = 0
+            // Rewritten only when it empties: what stays in it after a crash is sent again, and
+            // messageId makes that harmless.
+            if ftruncate(file, 0) == 0 { fileLength = 0 }
+        } else if head > 4096 && head * 2 > events.count {
+            events.removeFirst(head)
+            head = 0
         }
     }
 
@@ -315,9 +332,14 @@ final class AnalyticsSender: @unchecked Sendable {
     /// Appends to the NDJSON destination; throws (and the batch is written again later) when it
     /// cannot, so that no batch is counted sent that is not in the file.
     static func append(_ bytes: [UInt8], to path: String) throws {
-        try DurableFile.createDirectory((path as NSString).deletingLastPathComponent)
-        // Readable by other local tools, as an NDJSON destination is meant to be.
-        try DurableFile.append(bytes, to: path, mode: 0o644)
+        // Readable by other local tools, as an NDJSON destination is meant to be. Opened for
+        // each batch, so that a destination rotated away is followed.
+        do {
+            try DurableFile.append(bytes, to: path, mode: 0o644)
+        } catch  where error.code == ENOENT {
+            try DurableFile.createDirectory((path as NSString).deletingLastPathComponent)
+            try DurableFile.append(bytes, to: path, mode: 0o644)
+        }
     }
 
     /// POSTs one batch until it is accepted (true), dropped for a 4xx (true: nothing more to

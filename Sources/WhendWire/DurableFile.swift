@@ -62,11 +62,15 @@ public enum DurableFile {
     /// Appends `bytes` whole to the file open (`O_APPEND`) on `fd`: if the write fails
     /// part-way, what was written of it is cut off again.
     public static func append(_ bytes: [UInt8], to fd: Int32, path: String) throws(DurableFileError) {
-        let start = lseek(fd, 0, SEEK_END)
+        try append(bytes, to: fd, path: path, length: lseek(fd, 0, SEEK_END))
+    }
+
+    /// The same, for a file whose `length` the caller keeps (its only writer): no `lseek`.
+    public static func append(_ bytes: [UInt8], to fd: Int32, path: String, length: off_t) throws(DurableFileError) {
         do throws(DurableFileError) {
             try writeAll(fd, bytes, path: path)
         } catch {
-            if start >= 0 { _ = ftruncate(fd, start) }
+            if length >= 0 { _ = ftruncate(fd, length) }
             throw error
         }
     }
