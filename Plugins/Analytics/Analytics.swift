@@ -52,6 +52,8 @@ final class Analytics: WhendPlugin {
 
     deinit { sender.stop() }
 
+    func flush() throws { try spool.flush() }
+
     func handle(_ record: PluginRecord, next: PluginNext) throws {
         if record.has(.type, "when") || record.has(.type, "screen") {
             if let event = filter.event(for: record) {
@@ -151,8 +153,10 @@ final class AnalyticsSpool: @unchecked Sendable {
     private var head = 0
     private var bytes = 0
     private let file: Int32
-    /// The spool file's length: this plugin is its only writer, so no `lseek` per event.
+    /// The spool file's length: this plugin is its only writer, so no `lseek` per write.
     private var fileLength: off_t
+    /// Lines spooled in memory, not yet written to the file.
+    private var unwritten: [UInt8] = []
     let maxBytes: Int
     private let path: String
 
@@ -171,27 +175,45 @@ final class AnalyticsSpool: @unchecked Sendable {
         fileLength = lseek(file, 0, SEEK_END)
     }
 
-    deinit { close(file) }
+    deinit {
+        try? writeUnwritten()
+        close(file)
+    }
 
-    /// Spools one event. False when the spool is full; throws when it cannot be written (the
-    /// pipeline then retries the record: an event is never passed without being spooled).
+    /// Spools one event, in memory and in the spool file's write buffer. False when the spool
+    /// is full; throws when the buffer, full, cannot be written (the pipeline then retries the
+    /// record). The worker calls `flush()` before its cursor passes the record: an event is
+    /// never passed without being in the spool file.
     func append(_ line: [UInt8]) throws -> Bool {
         condition.lock()
         defer { condition.unlock() }
         guard bytes + line.count <= maxBytes else { return false }
-        var entry = line
-        entry.append(0x0A)
-        do {
-            // Whole lines only: the spool is read back line by line after a restart.
-            try DurableFile.append(entry, to: file, path: path, length: fileLength)
-        } catch {
-            throw PluginError.fail("analytics: \(error)")
-        }
-        fileLength += off_t(entry.count)
+        // Whole lines only: the spool is read back line by line after a restart.
+        unwritten += line
+        unwritten.append(0x0A)
         events.append(line)
         bytes += line.count
         condition.signal()
+        if unwritten.count >= 64 << 10 { try writeUnwritten() }
         return true
+    }
+
+    /// Writes the spool file's buffer (one write where there was one per event).
+    func flush() throws {
+        condition.lock()
+        defer { condition.unlock() }
+        try writeUnwritten()
+    }
+
+    private func writeUnwritten() throws {
+        guard !unwritten.isEmpty else { return }
+        do {
+            try DurableFile.append(unwritten, to: file, path: path, length: fileLength)
+        } catch {
+            throw PluginError.fail("analytics: \(error)")
+        }
+        fileLength += off_t(unwritten.count)
+        unwritten.removeAll(keepingCapacity: true)
     }
 
     /// Up to `maxEvents` events of at most `maxBytes` bytes in all, waiting at most `wait`
@@ -226,7 +248,9 @@ final class AnalyticsSpool: @unchecked Sendable {
             events.removeAll(keepingCapacity: true)
             head = 0
             // Rewritten only when it empties: what stays in it after a crash is sent again, and
-            // messageId makes that harmless.
+            // messageId makes that harmless. Every event is delivered: what was not written is
+            // not needed.
+            unwritten.removeAll(keepingCapacity: true)
             if ftruncate(file, 0) == 0 { fileLength = 0 }
         } else if head > 4096 && head * 2 > events.count {
             events.removeFirst(head)

@@ -305,6 +305,10 @@ package enum PipelineWorker {
         var lastProgress = Date.distantPast
 
         var lastFlush = Date()
+        /// The records through which the plugins' held effects are durable (`chain.flush()`).
+        var flushedThrough = cursor
+        var lastPluginFlush = Date()
+        var flushFailure: String?
 
         // Called after every record; the work is done at most every 0.1 s (derived records: every
         // 5 ms, or sooner when 256 KiB wait). The cursor saved is below the oldest record not
@@ -317,9 +321,34 @@ package enum PipelineWorker {
                 output.flush()
                 lastFlush = now
             }
-            if keepsState, !chain.plugins.isEmpty, cursor != snapshotCursor,
-                force || now.timeIntervalSince(lastSnapshot) >= snapshotSpacing
+            let saveDue = force || now.timeIntervalSince(lastSave) >= 0.1
+            let snapshotDue =
+                keepsState && !chain.plugins.isEmpty && cursor != snapshotCursor
+                && (force || now.timeIntervalSince(lastSnapshot) >= snapshotSpacing)
+            // Neither the cursor nor a snapshot passes records whose effects a plugin still
+            // holds in memory: they are made durable first, or both wait.
+            var flushed = true
+            if snapshotDue
+                || (cursor != flushedThrough && (force || now.timeIntervalSince(lastPluginFlush) >= 0.1))
             {
+                lastPluginFlush = now
+                do {
+                    try chain.flush()
+                    flushedThrough = cursor
+                    if flushFailure != nil {
+                        logger.notice("pipeline \(spec.name): its plugins flush again")
+                        flushFailure = nil
+                    }
+                } catch {
+                    flushed = false
+                    // Said once per kind of failure, not every tenth of a second.
+                    if flushFailure != error.description {
+                        logger.error("pipeline \(spec.name): \(error); its cursor stays before the records it holds")
+                        flushFailure = error.description
+                    }
+                }
+            }
+            if snapshotDue && flushed {
                 lastSnapshot = now
                 // The state goes with a cursor only when every record handled is finished: its
                 // derived records stored, the deferred stage done. Wait for that, briefly.
@@ -336,10 +365,9 @@ package enum PipelineWorker {
                     }
                 }
             }
-            let saveDue = force || now.timeIntervalSince(lastSave) >= 0.1
             let progressDue = force || now.timeIntervalSince(lastProgress) >= 0.25
             guard saveDue || progressDue else { return }
-            let durable = completions.watermark(acceptedThrough: cursor)
+            let durable = min(completions.watermark(acceptedThrough: cursor), flushedThrough)
             if saveDue, durable != savedCursor {
                 do {
                     try save(durable, to: spec.cursorPath)

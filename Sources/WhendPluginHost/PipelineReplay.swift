@@ -58,8 +58,12 @@ package final class PipelineReplay {
         }
     }
 
-    /// Closes the plugins (they flush what they keep).
-    package func finish() { chain = PluginChain([]) }
+    /// Has the plugins make durable what they hold, then closes them; throws with a plugin's
+    /// reason if one cannot (it is closed all the same).
+    package func finish() throws(PluginLoadError) {
+        defer { chain = PluginChain([]) }
+        try chain.flush()
+    }
 
     /// The record's `_rt` value, as it is spelled. The trusted fields are at the end of a
     /// stored record, so the search runs backwards and allocates nothing.

@@ -25,6 +25,11 @@ package final class PluginChain: Sendable {
 
     package var isEmpty: Bool { plugins.isEmpty }
 
+    /// Every stage makes durable what it holds for the records handled (see `whend_plugin.flush`).
+    package func flush() throws(PluginLoadError) {
+        for plugin in plugins { try plugin.flush() }
+    }
+
     /// Runs `record` (a JSON object) through the chain; `seq` is its `_seq`, 0 before the journal.
     package func run(_ record: UnsafeBufferPointer<UInt8>, seq: UInt64 = 0) -> ChainOutcome {
         let call = ChainCall(chain: self, original: record, seq: seq)

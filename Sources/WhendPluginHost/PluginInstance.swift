@@ -100,6 +100,22 @@ package final class PluginInstance: @unchecked Sendable {
         }
     }
 
+    /// Asks the plugin to make durable what it holds for the records handled (ABI 1's `flush`,
+    /// when the plugin has it); throws with the plugin's reason.
+    package func flush() throws(PluginLoadError) {
+        let d = library.descriptor.pointee
+        let minimum =
+            MemoryLayout<whend_plugin>.offset(of: \whend_plugin.flush)! + MemoryLayout<UnsafeRawPointer>.size
+        guard Int(d.struct_size) >= minimum, let flush = d.flush else { return }
+        var error = [CChar](repeating: 0, count: 1024)
+        let capacity = error.count
+        let rc = lock.withLock { flush(instance, &error, capacity) }
+        guard rc == WHEND_OK else {
+            let why = String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            throw PluginLoadError(description: "plugin \(library.name) could not flush: \(why)")
+        }
+    }
+
     /// Calls the plugin's middleware with `record`; `next` continues the chain.
     package func handle(
         _ record: UnsafePointer<whend_record>, next: whend_next_fn, context: UnsafeMutableRawPointer,

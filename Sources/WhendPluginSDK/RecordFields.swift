@@ -1,3 +1,4 @@
+import CScan
 import Foundation
 import WhendWire
 
@@ -182,25 +183,17 @@ func forEachMember(
     func skipString() -> Bool {
         i += 1
         var escaped = false
+        guard let base = bytes.baseAddress else { return false }
         while i < n {
-            // Eight bytes at a time to the next quote or backslash: most of a record is strings.
-            if let base = bytes.baseAddress {
-                while i + 8 <= n {
-                    let word = UInt64(littleEndian: UnsafeRawPointer(base + i).loadUnaligned(as: UInt64.self))
-                    if hasQuoteOrBackslash(word) { break }
-                    i += 8
-                }
-            }
+            // To the next quote or backslash, sixteen bytes at a time: most of a record is strings.
+            i += whend_find_quote_or_backslash(base + i, n - i)
             guard i < n else { break }
-            let b = bytes[i]
-            if b == UInt8(ascii: "\\") {
+            if bytes[i] == UInt8(ascii: "\\") {
                 escaped = true
                 i += 2
-            } else if b == UInt8(ascii: "\"") {
-                i += 1
-                return escaped
             } else {
                 i += 1
+                return escaped
             }
         }
         return escaped
@@ -262,17 +255,6 @@ func forEachMember(
         guard more else { return nil }
     }
     return nil
-}
-
-/// Whether any byte of `word` is `"` or `\\` (the classic has-zero-byte test on the word
-/// xor'ed with each): exact, no false positives.
-@inline(__always)
-func hasQuoteOrBackslash(_ word: UInt64) -> Bool {
-    let ones: UInt64 = 0x0101_0101_0101_0101
-    let highs: UInt64 = 0x8080_8080_8080_8080
-    let q = word ^ (ones &* 0x22)
-    let b = word ^ (ones &* 0x5C)
-    return ((q &- ones) & ~q & highs) | ((b &- ones) & ~b & highs) != 0
 }
 
 extension JSONObjectWriter {

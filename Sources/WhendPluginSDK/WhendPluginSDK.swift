@@ -200,6 +200,14 @@ public protocol WhendPlugin: AnyObject {
     init(host: PluginHost, configuration: [String: Any]) throws
     /// Handles one record; calls `next` to pass it (or a changed one) on.
     func handle(_ record: PluginRecord, next: PluginNext) throws
+    /// Makes durable what the plugin holds in memory for the records it has handled: a
+    /// pipeline's worker calls it before it saves its cursor (or a snapshot) past them, and
+    /// retries later if it throws. A plugin may then batch its writes. By default, nothing.
+    func flush() throws
+}
+
+extension WhendPlugin {
+    public func flush() throws {}
 }
 
 /// A plugin whose state survives restarts: declare the state `Codable` and keep it in `state`.
@@ -266,7 +274,7 @@ public func exportPlugin<P: WhendPlugin>(_ type: P.Type) -> UnsafeRawPointer {
             name: strdup(P.name), version: strdup(P.version), roles: P.roles.rawValue,
             create: createInstance, destroy: destroyInstance, handle: handleRecord,
             snapshot: type is any PersistentStatePlugin.Type ? snapshotInstance : nil,
-            restore: type is any PersistentStatePlugin.Type ? restoreInstance : nil))
+            restore: type is any PersistentStatePlugin.Type ? restoreInstance : nil, flush: flushInstance))
     exportedDescription = description
     return UnsafeRawPointer(description)
 }
@@ -371,6 +379,18 @@ private let snapshotInstance:
         bytes.withUnsafeBufferPointer { write(context, $0.baseAddress, $0.count) }
         return Int32(WHEND_OK)
     }
+
+private let flushInstance: @convention(c) (UnsafeMutableRawPointer?, UnsafeMutablePointer<CChar>?, Int) -> Int32 = {
+    instance, errorBuffer, capacity in
+    guard let instance else { return Int32(WHEND_FAIL) }
+    do {
+        try Unmanaged<InstanceBox>.fromOpaque(instance).takeUnretainedValue().plugin.flush()
+        return Int32(WHEND_OK)
+    } catch {
+        write("\(error)", to: errorBuffer, capacity: capacity)
+        return Int32(WHEND_FAIL)
+    }
+}
 
 private let restoreInstance:
     @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<UInt8>?, Int, UnsafeMutablePointer<CChar>?, Int) -> Int32 =

@@ -129,7 +129,13 @@ struct Replay: ParsableCommand {
             out.flush()
             printError("whenctl replay: warning: \(problem)")
         }
-        replay.finish()
+        do {
+            try replay.finish()
+        } catch {
+            out.flush()
+            progress.finish()
+            throw Failure("\(error); its state in \(stateDirectory) may lack the last records' effects")
+        }
         out.flush()
         progress.finish()
         printError(

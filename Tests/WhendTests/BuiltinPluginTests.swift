@@ -147,6 +147,42 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
         #expect(first == ids)
     }
 
+    /// analytics writes its spool in batches; its worker flushes them before its cursor passes
+    /// the records. Killed once the cursor is past every record, while the destination refuses
+    /// everything, the worker must have every event in the spool: the next one delivers them.
+    @Test func analyticsLosesNoEventWhenItsWorkerIsKilledPastItsRecords() throws {
+        let server = try HTTPTestServer(answers: [.init(status: 503)])
+        let daemon = try daemonWithBuiltins(
+            "builtin-analytics-kill",
+            settings: """
+                plugin.analytics = {"endpoint": "http://127.0.0.1:\(server.port)/v1/batch", "file": null, "flush_interval": 0.2, "max_backoff": 0.2}
+                """)
+        defer { daemon.stop() }
+        let names = (1...40).map { "step\($0)" }
+        try sendSession(
+            daemon, app: "com.example.kill", session: "k", names.map { #"{"type":"when","name":"\#($0)"}"# })
+        #expect(try daemon.waitForPipeline("analytics", cursor: names.count))
+        guard let pid = try daemon.pipeline("analytics")?["pid"] as? Int, pid > 0 else {
+            Issue.record("no analytics worker")
+            return
+        }
+        kill(pid_t(pid), SIGKILL)
+        // Only what the next worker sends counts: the killed one sent every event already.
+        #expect(eventually { (try? daemon.pipeline("analytics")?["pid"] as? Int).map { $0 != pid } ?? false })
+        let sentBefore = server.requests.count
+        server.answer([.init(status: 200)])
+        func delivered() -> Set<String> {
+            Set(
+                server.requests.dropFirst(sentBefore).flatMap { body -> [String] in
+                    let batch =
+                        (try? JSONSerialization.jsonObject(with: body) as? [String: Any])?["batch"] as? [[String: Any]]
+                    return (batch ?? []).compactMap { $0["event"] as? String }
+                })
+        }
+        #expect(eventually(30) { delivered() == Set(names) }, "delivered: \(delivered().sorted())")
+        server.stop()
+    }
+
     @Test func analyticsFiltersByAppAndWhenReportsOversizedEventsAndDropsWhatA4xxRefuses() throws {
         let server = try HTTPTestServer(answers: [.init(status: 400), .init(status: 200)])
         let daemon = try daemonWithBuiltins(

@@ -56,6 +56,9 @@ final class HTTPTestServer: @unchecked Sendable {
 
     var requests: [Data] { lock.withLock { bodies } }
 
+    /// From the next request on, these answers (the last one repeats).
+    func answer(_ answers: [Answer]) { lock.withLock { script = answers } }
+
     private func serve() {
         while !lock.withLock({ stopped }) {
             let client = accept(fd, nil, nil)

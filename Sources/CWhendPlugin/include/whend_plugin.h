@@ -106,6 +106,12 @@ typedef struct whend_plugin {
     int (*snapshot)(void *instance, void (*write)(void *write_context, const uint8_t *bytes, size_t length),
                     void *write_context);
     int (*restore)(void *instance, const uint8_t *bytes, size_t length, char *error, size_t error_capacity);
+    /* Added within ABI 1 (read only when struct_size covers it; may be NULL): makes durable
+     * what the instance holds in memory for the records it has handled (buffered writes), and
+     * returns WHEND_OK, or WHEND_FAIL with why in error. A pipeline's worker calls it before it
+     * saves its cursor or a snapshot, and moves neither past those records until it succeeds:
+     * a plugin may then batch its writes and still lose nothing when the worker is killed. */
+    int (*flush)(void *instance, char *error, size_t error_capacity);
 } whend_plugin;
 
 typedef const whend_plugin *(*whend_plugin_entry_fn)(void);
