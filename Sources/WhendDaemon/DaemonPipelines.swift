@@ -95,22 +95,14 @@ extension Daemon {
         var clock = RFC3339Clock()
         var now: [UInt8] = []
         clock.appendNow(to: &now)
-        var prefixes: [String: [UInt8]] = [:]
+        // The pipeline too: a restarted daemon finds what each pipeline already derived.
+        var builder = DerivedRecordBuilder(pipeline: pipeline)
         for record in records {
-            // The pipeline too: a restarted daemon finds what each pipeline already derived.
-            var trusted = prefixes[record.origin] ?? derivedRecordPrefix(origin: record.origin, pipeline: pipeline)
-            if prefixes[record.origin] == nil { prefixes[record.origin] = trusted }
-            appendDecimal(record.cause, to: &trusted)
-            trusted += #","_rt":""#.utf8
-            trusted += now
-            trusted.append(UInt8(ascii: "\""))
             do {
-                let body = try record.bytes.withUnsafeBufferPointer { out in
-                    try trusted.withUnsafeBufferPointer {
-                        try IngestRewrite.derivedBody(output: out, trustedMembers: $0)
-                    }
+                try record.bytes.withUnsafeBufferPointer { (out) throws(WireError) in
+                    try builder.appendBody(
+                        out, origin: record.origin, cause: record.cause, receivedAt: now, to: &batch.bodies)
                 }
-                batch.bodies += body
                 batch.ends.append(batch.bodies.count)
             } catch {
                 logger.error(

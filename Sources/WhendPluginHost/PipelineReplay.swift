@@ -106,25 +106,21 @@ private final class DerivedSink: @unchecked Sendable {
     package func begin(cause: UInt64, record: UnsafeBufferPointer<UInt8>) {
         self.cause = cause
         self.record = record
+        receivedAt = nil
     }
 
-    /// `{"_origin":"NAME","_cause":` by plugin name: the same for every record a plugin derives.
-    private var prefixes: [String: [UInt8]] = [:]
+    private var builder = DerivedRecordBuilder(pipeline: nil)
+    /// The `_rt` of the record in hand, once a plugin derived something from it.
+    private var receivedAt: [UInt8]?
 
     package func emit(_ json: UnsafeBufferPointer<UInt8>, origin: String) -> Bool {
-        var trusted = prefixes[origin] ?? derivedRecordPrefix(origin: origin, pipeline: nil)
-        if prefixes[origin] == nil { prefixes[origin] = trusted }
-        appendDecimal(cause, to: &trusted)
-        trusted += #","_rt":""#.utf8
-        trusted += PipelineReplay.receivedAt(record)
-        trusted.append(UInt8(ascii: "\""))
-        guard
-            let body = try? trusted.withUnsafeBufferPointer({
-                try IngestRewrite.derivedBody(output: json, trustedMembers: $0)
-            })
-        else { return false }
+        if receivedAt == nil { receivedAt = PipelineReplay.receivedAt(self.record) }
         var record: [UInt8] = [UInt8(ascii: "{")]
-        record += body
+        do {
+            try builder.appendBody(json, origin: origin, cause: cause, receivedAt: receivedAt ?? [], to: &record)
+        } catch {
+            return false
+        }
         output(record)
         return true
     }

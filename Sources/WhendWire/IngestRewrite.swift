@@ -30,22 +30,47 @@ public enum IngestRewrite {
     public static func derivedBody(output: UnsafeBufferPointer<UInt8>, trustedMembers: UnsafeBufferPointer<UInt8>)
         throws(WireError) -> [UInt8]
     {
-        var body = try untrustedMembers(of: output, reserving: trustedMembers.count + 2)
-        body.append(UInt8(ascii: ","))
-        body.append(contentsOf: trustedMembers)
-        body.append(UInt8(ascii: "}"))
+        var body: [UInt8] = []
+        try appendDerivedBody(output: output, trustedMembers: trustedMembers, to: &body)
         return body
+    }
+
+    /// `derivedBody`, appended to `out` (a batch being built: no array of its own); on error
+    /// `out` is as it was.
+    public static func appendDerivedBody(
+        output: UnsafeBufferPointer<UInt8>, trustedMembers: UnsafeBufferPointer<UInt8>, to out: inout [UInt8]
+    ) throws(WireError) {
+        let start = out.count
+        do throws(WireError) {
+            out.reserveCapacity(start + output.count + trustedMembers.count + 2)
+            try appendUntrustedMembers(of: output, to: &out)
+        } catch {
+            out.removeSubrange(start...)
+            throw error
+        }
+        out.append(UInt8(ascii: ","))
+        out.append(contentsOf: trustedMembers)
+        out.append(UInt8(ascii: "}"))
     }
 
     /// The output's members but the trusted ones, comma-separated, validated.
     private static func untrustedMembers(of output: UnsafeBufferPointer<UInt8>, reserving extra: Int)
         throws(WireError) -> [UInt8]
     {
+        var body: [UInt8] = []
+        body.reserveCapacity(output.count + extra)
+        try appendUntrustedMembers(of: output, to: &body)
+        return body
+    }
+
+    /// Appends the output's members but the trusted ones to `body`, comma-separated, validated.
+    private static func appendUntrustedMembers(of output: UnsafeBufferPointer<UInt8>, to body: inout [UInt8])
+        throws(WireError)
+    {
         if let bad = firstInvalidUTF8Offset(output) {
             throw WireError(.invalidUTF8, "the changed record is not UTF-8 at byte \(bad + 1)")
         }
-        var body: [UInt8] = []
-        body.reserveCapacity(output.count + extra)
+        let start = body.count
         var sawType = false
         var scanner = JSONScanner(output)
         try scanner.scanObject { m throws(WireError) in
@@ -56,13 +81,12 @@ public enum IngestRewrite {
                 }
                 sawType = true
             }
-            if !body.isEmpty { body.append(UInt8(ascii: ",")) }
+            if body.count > start { body.append(UInt8(ascii: ",")) }
             append(m, of: output, to: &body)
         }
         scanner.skipWhitespace()
         guard scanner.atEnd else { throw scanner.syntaxError("unexpected data after the changed record") }
         guard sawType else { throw WireError(.missingField, "the changed record has no type") }
-        return body
     }
 
     /// `"key":value`, in one copy when the member is written without spaces.

@@ -84,3 +84,39 @@ public func derivedRecordPrefix(origin: String, pipeline: String?) -> [UInt8] {
     prefix += #","_cause":"#.utf8
     return prefix
 }
+
+/// Builds derived records as the journal stores them, one after another: the plugin's members,
+/// checked (`IngestRewrite.appendDerivedBody`), then whend's trusted ones,
+/// `"_origin":…[,"_pipeline":…],"_cause":N,"_rt":"T"`. The daemon and `whenctl replay` build
+/// them the same way, so that both store the same bytes.
+public struct DerivedRecordBuilder {
+    private let pipeline: String?
+    private var origin = ""
+    /// The trusted members of the last record; its first `prefixLength` bytes are the origin's.
+    private var trusted: [UInt8] = []
+    private var prefixLength = 0
+
+    public init(pipeline: String?) { self.pipeline = pipeline }
+
+    /// Appends the body of the record `origin` derived from `_seq` `cause` (without the opening
+    /// brace: the journal writer puts `{"_seq":N,` before it) to `out`; on error `out` is as it
+    /// was. `receivedAt` is the `_rt` to give it, without quotes.
+    public mutating func appendBody(
+        _ json: UnsafeBufferPointer<UInt8>, origin: String, cause: UInt64, receivedAt: some Collection<UInt8>,
+        to out: inout [UInt8]
+    ) throws(WireError) {
+        if origin != self.origin || trusted.isEmpty {
+            self.origin = origin
+            trusted = derivedRecordPrefix(origin: origin, pipeline: pipeline)
+            prefixLength = trusted.count
+        }
+        trusted.removeSubrange(prefixLength...)
+        appendDecimal(cause, to: &trusted)
+        trusted += #","_rt":""#.utf8
+        trusted += receivedAt
+        trusted.append(UInt8(ascii: "\""))
+        try trusted.withUnsafeBufferPointer { (members) throws(WireError) in
+            try IngestRewrite.appendDerivedBody(output: json, trustedMembers: members, to: &out)
+        }
+    }
+}
