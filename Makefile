@@ -57,7 +57,8 @@ soak: test-deps
 		--filter "CrashConsistencyTests|HostileClientTests|FaultTests|PowerCutTests"
 
 # The ingest benchmark: release builds of whend and of Benchmarks/, rsyslog unpacked beside them,
-# one corpus of BENCH_EVENTS events sent to each. Prints the table and the bars.
+# one corpus of BENCH_EVENTS events sent to each. Prints the table and the bars. BENCH_ONLY=shipped
+# runs whend as it ships beside rsyslog and nothing else; BENCH_ONLY=latency, the ack latency.
 BENCH_EVENTS ?= 1000000
 BENCH_ROUNDS ?= 3
 bench: deps
@@ -67,7 +68,8 @@ bench: deps
 	cc -shared -fPIC -O2 -I Sources/CWhendPlugin/include Benchmarks/noop.c -o Benchmarks/.build/libnoop.so
 	Benchmarks/.build/release/whend-bench --whend .build/release/whend --whenctl .build/release/whenctl \
 		--rsyslog-root Benchmarks/.peer/root --events $(BENCH_EVENTS) --rounds $(BENCH_ROUNDS) \
-		--noop-plugin Benchmarks/.build/libnoop.so $(if $(wildcard /usr/sbin/nats-server),--nats-server /usr/sbin/nats-server)
+		--noop-plugin Benchmarks/.build/libnoop.so $(if $(wildcard /usr/sbin/nats-server),--nats-server /usr/sbin/nats-server) \
+		$(if $(BENCH_ONLY),--only $(BENCH_ONLY))
 
 # What WhenClient.emit costs the app's thread with the daemon up, down and stopped, against one
 # blocking send(2) per event in the same run.

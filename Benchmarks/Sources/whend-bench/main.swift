@@ -32,6 +32,8 @@ let eventCount = Int(options["events"] ?? "") ?? 1_000_000
 let rounds = max(1, Int(options["rounds"] ?? "") ?? 3)
 // `--only shipped`: whend as it ships beside rsyslog and nothing else, for working on pipelines.
 let onlyShipped = options["only"] == "shipped"
+// `--only latency`: the fdatasync floor and whend's ack latency at a steady rate, nothing else.
+let onlyLatency = options["only"] == "latency"
 let work = options["work"] ?? "/tmp/whend-bench-\(getpid())"
 try? FileManager.default.removeItem(atPath: work)
 try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
@@ -79,6 +81,11 @@ func parts(_ k: Int) -> [[UInt8]] {
 say("zstd -3 over the whole corpus (the compression reference)…")
 try shell("zstd -q -3 -f -o \(work)/corpus.zst \(corpusPath)")
 let zstdBytesPerEvent = Double(fileSize(work + "/corpus.zst")) / Double(corpusEvents)
+
+if onlyLatency {
+    printLatencies(try measureLatencies())
+    exit(0)
+}
 
 // MARK: Runs
 
@@ -355,11 +362,17 @@ if onlyShipped {
     exit(0)
 }
 
-// MARK: fdatasync on this filesystem: the floor under any durable ack
+// MARK: fdatasync on this filesystem, and whend's ack latency at a steady rate
 
-say("fdatasync latency of this filesystem…")
-var syncLatencies: [Double] = []
-do {
+/// The fdatasync latency of this filesystem (the floor under any durable ack), sorted, and
+/// whend's ack latencies at a steady 50k events/s, sorted, with the rate reached.
+@MainActor func measureLatencies() throws -> (sync: [Double], acks: [Double], rate: Double) {
+    // The runs before left gigabytes of dirty pages: written back now, they would be written
+    // back during the measurement instead, and every fdatasync would wait behind them.
+    say("writing back what the runs before left in the page cache…")
+    Glibc.sync()
+    say("fdatasync latency of this filesystem…")
+    var sync: [Double] = []
     let path = work + "/fdatasync-probe"
     let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
     let block = [UInt8](repeating: 0x61, count: 4096)
@@ -367,21 +380,29 @@ do {
         _ = block.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
         let t = monotonicSeconds()
         fdatasync(fd)
-        syncLatencies.append((monotonicSeconds() - t) * 1e6)
+        sync.append((monotonicSeconds() - t) * 1e6)
     }
     close(fd)
-    syncLatencies.sort()
+    say("ack latency at a steady 50k events/s…")
+    let (daemon, socket) = try startWhend(work + "/whend-latency")
+    let lines = Array(allLines.prefix(250_000))
+    let (latencies, seconds) = try pacedLatency(socket: socket, lines: lines, rate: 50_000)
+    _ = daemon.stop()
+    return (sync.sorted(), latencies.sorted(), Double(lines.count) / seconds)
 }
 
-// MARK: Ack latency at a steady rate
+func printLatencies(_ l: (sync: [Double], acks: [Double], rate: Double)) {
+    print(
+        "fdatasync of a 4 KiB append on this filesystem: p50 \(fmt(percentile(l.sync, 0.5))) µs, p99 \(fmt(percentile(l.sync, 0.99))) µs, p999 \(fmt(percentile(l.sync, 0.999))) µs"
+    )
+    print(
+        "ack latency, 1 connection, steady \(fmt(l.rate)) events/s, fsync: p50 \(fmt(percentile(l.acks, 0.5))) µs, p99 \(fmt(percentile(l.acks, 0.99))) µs, p999 \(fmt(percentile(l.acks, 0.999))) µs"
+    )
+}
 
-say("ack latency at a steady 50k events/s…")
-let latencyDir = work + "/whend-latency"
-let (latencyDaemon, latencySocket) = try startWhend(latencyDir)
-let latencyLines = Array(allLines.prefix(250_000))
-let (latencies, latencySeconds) = try pacedLatency(socket: latencySocket, lines: latencyLines, rate: 50_000)
-_ = latencyDaemon.stop()
-let sortedLatencies = latencies.sorted()
+let latencyFigures = try measureLatencies()
+let syncLatencies = latencyFigures.sync
+let sortedLatencies = latencyFigures.acks
 
 // MARK: whenctl cat
 
@@ -518,12 +539,7 @@ for run in runs {
 }
 print("")
 print("zstd -3 over the whole corpus: \(fmt(zstdBytesPerEvent, 1)) bytes/event")
-print(
-    "fdatasync of a 4 KiB append on this filesystem: p50 \(fmt(percentile(syncLatencies, 0.5))) µs, p99 \(fmt(percentile(syncLatencies, 0.99))) µs, p999 \(fmt(percentile(syncLatencies, 0.999))) µs"
-)
-print(
-    "ack latency, 1 connection, steady \(fmt(Double(latencyLines.count) / latencySeconds)) events/s, fsync: p50 \(fmt(percentile(sortedLatencies, 0.5))) µs, p99 \(fmt(percentile(sortedLatencies, 0.99))) µs, p999 \(fmt(percentile(sortedLatencies, 0.999))) µs"
-)
+printLatencies(latencyFigures)
 print("whenctl cat to /dev/null: \(fmt(Double(corpusEvents) / catSeconds)) records/s")
 if let natsSeconds {
     print(
