@@ -42,7 +42,8 @@ public enum IngestRewrite {
     ) throws(WireError) {
         let start = out.count
         do throws(WireError) {
-            out.reserveCapacity(start + output.count + trustedMembers.count + 2)
+            // No reserveCapacity here: it grows an array to exactly what is asked, and called
+            // for each record of a batch it copied the whole batch every time.
             try appendUntrustedMembers(of: output, to: &out)
         } catch {
             out.removeSubrange(start...)
