@@ -8,7 +8,7 @@ DEBIAN_PACKAGES := libzstd-dev libsystemd-dev libnats-dev zstd pkg-config
 # man to read the installed man pages (man-db), and what the README's tour uses (socat, jq).
 TEST_PACKAGES := systemd e2fsprogs util-linux binutils nats-server python3-fusepy man-db socat jq
 
-.PHONY: deps test-deps build release run test soak strict lint bench bench-client fuzz deb package-check system-test clean
+.PHONY: deps test-deps build release run test soak strict lint bench bench-client fuzz harnesses deb package-check system-test clean
 
 # Installs what is missing, and nothing when all is there (so `make run` needs no root twice);
 # waits up to ten minutes for another apt or dpkg to let go of their lock instead of failing.
@@ -95,6 +95,12 @@ fuzz: deps
 			-artifact_prefix=Fuzz/findings/$$target- -print_final_stats=1 2>&1 | grep -E "^(Done|stat::number_of_executed_units|SUMMARY)|crash-|timeout-|oom-" ; \
 	done; \
 	if ls Fuzz/findings/* >/dev/null 2>&1; then echo "findings in Fuzz/findings/: make each a regression test"; exit 1; fi
+
+# The benchmarks and the fuzz targets are packages of their own: CI builds them, and runs each
+# fuzz target briefly on its seeds, so that a change to whend's modules cannot leave them broken.
+harnesses: deps
+	$(SWIFT) build --package-path Benchmarks
+	$(MAKE) fuzz FUZZ_SECONDS=10
 
 # An installable package: static release binaries, units, default configuration, docs.
 deb: test-deps

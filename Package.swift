@@ -10,13 +10,14 @@ let package = Package(
         // App sessions simulated through WhenClient, for the tour and the benchmarks.
         .executable(name: "whend-demo", targets: ["whend-demo"]),
         .library(name: "WhendWire", targets: ["WhendWire"]),
-        .library(name: "WhendJournal", targets: ["WhendJournal"]),
         // For apps: emit to whend without ever blocking.
         .library(name: "WhenClient", targets: ["WhenClient"]),
         // For app tests: the GIVEN/WHEN/THEN runner, from Swift Testing or XCTest.
         .library(name: "WhenTesting", targets: ["WhenTesting"]),
         // For plugin authors: the Swift SDK over the C ABI (Sources/CWhendPlugin/include).
         .library(name: "WhendPluginSDK", targets: ["WhendPluginSDK"]),
+        // The properties Fuzz/'s libFuzzer targets check, for that package alone.
+        .library(name: "WhendFuzzing", targets: ["WhendFuzzing"]),
         // Plugins, as shared libraries loaded with dlopen.
         .library(name: "redact", type: .dynamic, targets: ["RedactPlugin"]),
         .library(name: "screen-tracking", type: .dynamic, targets: ["ScreenTrackingPlugin"]),
@@ -49,6 +50,7 @@ let package = Package(
         .target(name: "CLinux"),
         // SIMD helpers for reading records, inlined into Swift (static inline C).
         .target(name: "CScan"),
+        .target(name: "WhendFuzzing", dependencies: ["WhendWire", "WhendJournal", "WhendConfiguration"]),
         // The ABI version as exported data, linked into every plugin built with the SDK.
         .target(name: "CWhendPluginABI", dependencies: ["CWhendPlugin"]),
         .target(name: "WhendPluginSDK", dependencies: ["CWhendPlugin", "CWhendPluginABI", "CScan", "WhendWire"]),

@@ -12,19 +12,17 @@ let package = Package(
     targets: [
         .executableTarget(
             name: "FuzzEventLine",
-            dependencies: [.product(name: "WhendWire", package: "main")],
+            dependencies: [.product(name: "WhendFuzzing", package: "main")],
             swiftSettings: fuzzTarget
         ),
         .executableTarget(
             name: "FuzzSegment",
-            dependencies: [
-                .product(name: "WhendWire", package: "main"), .product(name: "WhendJournal", package: "main"),
-            ],
+            dependencies: [.product(name: "WhendFuzzing", package: "main")],
             swiftSettings: fuzzTarget
         ),
         .executableTarget(
             name: "FuzzConfiguration",
-            dependencies: [.product(name: "WhendDaemon", package: "main")],
+            dependencies: [.product(name: "WhendFuzzing", package: "main")],
             swiftSettings: fuzzTarget
         ),
     ],

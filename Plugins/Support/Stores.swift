@@ -3,15 +3,15 @@ import WhendWire
 
 /// Where crash-reports keeps its reports, and how they are named: shared by the plugin and by
 /// `whenctl crashes`.
-public enum CrashReportStore {
-    public static func directory(pluginState: String) -> String { pluginState + "/reports" }
+package enum CrashReportStore {
+    package static func directory(pluginState: String) -> String { pluginState + "/reports" }
 
     /// The plugin's state directory under whend's: `<state>/plugins/crash-reports`.
-    public static func directory(stateDirectory: String) -> String {
+    package static func directory(stateDirectory: String) -> String {
         directory(pluginState: stateDirectory + "/plugins/crash-reports")
     }
 
-    public static func fileName(seq: UInt64, kind: String) -> String {
+    package static func fileName(seq: UInt64, kind: String) -> String {
         let digits = String(seq)
         return String(repeating: "0", count: max(0, 20 - digits.count)) + digits + "-" + kind + ".json"
     }
@@ -19,7 +19,7 @@ public enum CrashReportStore {
 
 /// Written beside, synced and renamed (`DurableFile`): a reader, or whend after a power cut,
 /// never sees half a file.
-public func writeFileAtomically(_ bytes: [UInt8], to path: String) throws {
+package func writeFileAtomically(_ bytes: [UInt8], to path: String) throws {
     try DurableFile.replace(path, with: bytes)
 }
 
@@ -28,18 +28,18 @@ public func writeFileAtomically(_ bytes: [UInt8], to path: String) throws {
 /// `sessions.json` (with the `_seq` it is complete through), and `whenctl sessions` completes
 /// that export from the journal, so that the listing is always as new as the journal. A
 /// `sessions.log` of changes after the export, which earlier versions wrote, is still read.
-public struct SessionIndex {
-    public struct Entry: Codable, Equatable, Sendable {
-        public var app: String
-        public var session: String
-        public var firstSeq: UInt64
-        public var lastSeq: UInt64
-        public var firstTime: String
-        public var lastTime: String
-        public var counts: [String: Int]
-        public var records: Int { counts.values.reduce(0, +) }
+package struct SessionIndex {
+    package struct Entry: Codable, Equatable, Sendable {
+        package var app: String
+        package var session: String
+        package var firstSeq: UInt64
+        package var lastSeq: UInt64
+        package var firstTime: String
+        package var lastTime: String
+        package var counts: [String: Int]
+        package var records: Int { counts.values.reduce(0, +) }
 
-        public init(
+        package init(
             app: String, session: String, firstSeq: UInt64, lastSeq: UInt64, firstTime: String, lastTime: String,
             counts: [String: Int]
         ) {
@@ -68,21 +68,21 @@ public struct SessionIndex {
 
     /// By session: the digest of app and session, so that a record finds its entry without
     /// building strings.
-    public private(set) var entries: [SessionDigest: Entry] = [:]
-    public private(set) var indexedThrough: UInt64 = 0
-    public let directory: String
+    package private(set) var entries: [SessionDigest: Entry] = [:]
+    package private(set) var indexedThrough: UInt64 = 0
+    package let directory: String
 
-    public static func directory(stateDirectory: String) -> String { stateDirectory + "/plugins/session-recorder" }
+    package static func directory(stateDirectory: String) -> String { stateDirectory + "/plugins/session-recorder" }
 
     /// An index built elsewhere (a plugin's saved state).
-    public init(directory: String, indexedThrough: UInt64, entries: [SessionDigest: Entry]) {
+    package init(directory: String, indexedThrough: UInt64, entries: [SessionDigest: Entry]) {
         self.directory = directory
         self.indexedThrough = indexedThrough
         self.entries = entries
     }
 
     /// Reads the export and replays the log after it, if an earlier version left one.
-    public init(directory: String) {
+    package init(directory: String) {
         self.directory = directory
         if let data = FileManager.default.contents(atPath: directory + "/sessions.json"),
             let snapshot = try? JSONDecoder().decode(Snapshot.self, from: data)
@@ -105,7 +105,7 @@ public struct SessionIndex {
     /// Indexes one record; false if it was indexed already (a record handled again). The
     /// strings are asked for only when the session is new (app, session) or when kept (time).
     @discardableResult
-    public mutating func apply(
+    package mutating func apply(
         seq: UInt64, session key: SessionDigest, app: () -> String, sessionID: () -> String, type: String,
         time: () -> String
     ) -> Bool {
@@ -126,7 +126,7 @@ public struct SessionIndex {
 
     /// Indexes a record as the journal stores it (for a reader completing the export from the
     /// journal): its `app`, `session`, `type` and time (`ts`, else `_rt`), as the plugin reads them.
-    public mutating func apply(stored line: UnsafeBufferPointer<UInt8>, seq: UInt64) {
+    package mutating func apply(stored line: UnsafeBufferPointer<UInt8>, seq: UInt64) {
         var app: JSONValue?
         var session: JSONValue?
         var type: JSONValue?
@@ -195,7 +195,7 @@ public struct SessionIndex {
     }
 
     /// The sessions, most recent first.
-    public var sessions: [Entry] { entries.values.sorted { $0.lastSeq > $1.lastSeq } }
+    package var sessions: [Entry] { entries.values.sorted { $0.lastSeq > $1.lastSeq } }
 
     /// Keeps the `limit` most recently active sessions.
     mutating func trim(to limit: Int) {
@@ -208,13 +208,13 @@ public struct SessionIndex {
 /// Keeps a `SessionIndex` and exports it to `sessions.json` every `exportEvery` records
 /// indexed (at least eight per session kept, so that an export's cost per record stays the same
 /// however many sessions there are) and when closed.
-public final class SessionIndexExport {
-    public var index: SessionIndex
+package final class SessionIndexExport {
+    package var index: SessionIndex
     private var sinceExport = 0
     private let exportEvery: Int
     private let maxSessions: Int
 
-    public init(directory: String, exportEvery: Int = 1_000_000, maxSessions: Int = 100_000) throws {
+    package init(directory: String, exportEvery: Int = 1_000_000, maxSessions: Int = 100_000) throws {
         try DurableFile.createDirectory(directory)
         index = SessionIndex(directory: directory)
         self.exportEvery = exportEvery
@@ -223,7 +223,7 @@ public final class SessionIndexExport {
 
     /// Indexes a record. `app`, `session` and `time` are JSON values as stored; true when the
     /// index is due for an export.
-    public func record(
+    package func record(
         seq: UInt64, session key: SessionDigest, app: JSONValue, session: JSONValue, type: String, time: JSONValue?
     ) -> Bool {
         guard
@@ -238,7 +238,7 @@ public final class SessionIndexExport {
 
     /// Writes `sessions.json` (synced, renamed into place), then drops a log an earlier
     /// version left, which the export now holds.
-    public func export() throws {
+    package func export() throws {
         index.trim(to: maxSessions)
         try writeFileAtomically(index.snapshotJSON(), to: index.directory + "/sessions.json")
         sinceExport = 0

@@ -2,12 +2,12 @@ import Foundation
 import WhendWire
 
 /// A failed system call on a journal file, with what to do about it.
-public struct JournalIOError: Error, CustomStringConvertible, Sendable {
-    public var operation: String
-    public var path: String
-    public var errno: Int32
+package struct JournalIOError: Error, CustomStringConvertible, Sendable {
+    package var operation: String
+    package var path: String
+    package var errno: Int32
 
-    public var description: String {
+    package var description: String {
         let reason = String(cString: strerror(errno))
         var advice = ""
         switch errno {
@@ -20,7 +20,7 @@ public struct JournalIOError: Error, CustomStringConvertible, Sendable {
     }
 
     /// True when retrying later may succeed without anyone changing the configuration.
-    public var isOutOfSpace: Bool { errno == ENOSPC || errno == EDQUOT }
+    package var isOutOfSpace: Bool { errno == ENOSPC || errno == EDQUOT }
 }
 
 enum FileIO {

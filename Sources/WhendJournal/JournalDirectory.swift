@@ -2,38 +2,38 @@ import Foundation
 import WhendWire
 
 /// One segment file of the journal, named by the `_seq` of its first record.
-public struct SegmentFile: Sendable, Comparable {
-    public var firstSeq: UInt64
-    public var path: String
+package struct SegmentFile: Sendable, Comparable {
+    package var firstSeq: UInt64
+    package var path: String
 
-    public init(firstSeq: UInt64, path: String) {
+    package init(firstSeq: UInt64, path: String) {
         self.firstSeq = firstSeq
         self.path = path
     }
 
-    public static func < (a: SegmentFile, b: SegmentFile) -> Bool { a.firstSeq < b.firstSeq }
+    package static func < (a: SegmentFile, b: SegmentFile) -> Bool { a.firstSeq < b.firstSeq }
 
     /// `00000000000000000001.jsonl.zst`: zero-padded so that names sort in `_seq` order.
-    public static func name(firstSeq: UInt64) -> String {
+    package static func name(firstSeq: UInt64) -> String {
         let digits = String(firstSeq)
         return String(repeating: "0", count: max(0, 20 - digits.count)) + digits + ".jsonl.zst"
     }
 }
 
 /// The journal directory: where segments are, and in which order.
-public struct JournalDirectory: Sendable {
-    public let path: String
+package struct JournalDirectory: Sendable {
+    package let path: String
 
-    public init(path: String) {
+    package init(path: String) {
         self.path = path
     }
 
     /// The journal directory under a state directory (PROTOCOL.md §7).
-    public init(stateDirectory: String) {
+    package init(stateDirectory: String) {
         self.path = stateDirectory + "/journal"
     }
 
-    public func create() throws {
+    package func create() throws {
         do {
             try DurableFile.createDirectory(path)
         } catch {
@@ -41,10 +41,10 @@ public struct JournalDirectory: Sendable {
         }
     }
 
-    public func segmentPath(firstSeq: UInt64) -> String { path + "/" + SegmentFile.name(firstSeq: firstSeq) }
+    package func segmentPath(firstSeq: UInt64) -> String { path + "/" + SegmentFile.name(firstSeq: firstSeq) }
 
     /// The segments, oldest first. Files that are not segments are left alone.
-    public func segments() -> [SegmentFile] {
+    package func segments() -> [SegmentFile] {
         guard let names = try? FileManager.default.contentsOfDirectory(atPath: path) else { return [] }
         var result: [SegmentFile] = []
         for name in names where name.hasSuffix(".jsonl.zst") {
@@ -56,7 +56,7 @@ public struct JournalDirectory: Sendable {
     }
 
     /// How many segments there are and their bytes on disk together.
-    public func usage() -> (segments: Int, bytes: Int64) {
+    package func usage() -> (segments: Int, bytes: Int64) {
         let all = segments()
         return (all.count, all.reduce(Int64(0)) { $0 + (FileIO.size($1.path) ?? 0) })
     }

@@ -2,27 +2,27 @@ import Foundation
 import WhendWire
 
 /// Something wrong found in a segment, with where it is.
-public struct JournalProblem: Sendable, CustomStringConvertible, Equatable {
-    public var path: String
+package struct JournalProblem: Sendable, CustomStringConvertible, Equatable {
+    package var path: String
     /// The offset in the (compressed) file of the frame where it lies.
-    public var offset: Int64
-    public var message: String
+    package var offset: Int64
+    package var message: String
 
-    public var description: String { "\(path): offset \(offset): \(message)" }
+    package var description: String { "\(path): offset \(offset): \(message)" }
 }
 
 /// A record as a reader sees it.
-public struct JournalRecord {
+package struct JournalRecord {
     /// The stored line, without `\n`. Valid only during the callback.
-    public var line: UnsafeBufferPointer<UInt8>
+    package var line: UnsafeBufferPointer<UInt8>
     /// Its `_seq`, read from the line's start where the writer puts it.
-    public var seq: UInt64?
-    public var segment: String
-    public var frameOffset: Int64
+    package var seq: UInt64?
+    package var segment: String
+    package var frameOffset: Int64
 
     /// Scans (and so validates) the whole line for the fields filters and indexes use. Readers
     /// that need only the line and `_seq` skip this cost.
-    public func fields() throws(WireError) -> StoredRecord {
+    package func fields() throws(WireError) -> StoredRecord {
         try StoredRecord.scan(line)
     }
 }
@@ -48,13 +48,13 @@ func seqPrefix(_ line: UnsafeBufferPointer<UInt8>) -> UInt64? {
 /// near the first wanted record instead of decompressing everything before it. The active
 /// segment is read up to its last flushed commit; with `follow`, the reader waits for more and
 /// moves to the next segment once the writer opens it.
-public struct JournalReader: Sendable {
-    public let directory: JournalDirectory
+package struct JournalReader: Sendable {
+    package let directory: JournalDirectory
     /// How long a following reader waits for a change it is not told of (inotify tells it of
     /// every commit; this bounds the wait where inotify is missing).
-    public var pollInterval: TimeInterval = 0.1
+    package var pollInterval: TimeInterval = 0.1
 
-    public init(directory: JournalDirectory) {
+    package init(directory: JournalDirectory) {
         self.directory = directory
     }
 
@@ -68,7 +68,7 @@ public struct JournalReader: Sendable {
     ///   - onCaughtUp: called each time the reader has read everything there is (when
     ///     following); returning false stops the reading.
     ///   - onProblem: called for damage; the reader then goes on with the next segment.
-    public func read(
+    package func read(
         fromSeq: UInt64? = nil, sinceMicros: Int64? = nil, follow: Bool = false,
         body: (JournalRecord, _ isLive: Bool) -> Bool,
         onCaughtUp: () -> Bool = { true },

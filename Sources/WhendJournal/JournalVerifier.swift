@@ -2,29 +2,29 @@ import Foundation
 import WhendWire
 
 /// What `whenctl verify` found.
-public struct VerificationReport: Sendable {
-    public var segments = 0
-    public var records: UInt64 = 0
-    public var firstSeq: UInt64?
-    public var lastSeq: UInt64?
-    public var problems: [JournalProblem] = []
+package struct VerificationReport: Sendable {
+    package var segments = 0
+    package var records: UInt64 = 0
+    package var firstSeq: UInt64?
+    package var lastSeq: UInt64?
+    package var problems: [JournalProblem] = []
     /// Facts that are not problems, such as a segment being written right now.
-    public var notes: [String] = []
+    package var notes: [String] = []
 
-    public var isClean: Bool { problems.isEmpty }
+    package var isClean: Bool { problems.isEmpty }
 }
 
 /// Checks every segment: zstd integrity (frame checksums included), one JSON object per line,
 /// `_seq` contiguous within and across segments, and each sealed segment's index.
-public struct JournalVerifier: Sendable {
-    public let directory: JournalDirectory
+package struct JournalVerifier: Sendable {
+    package let directory: JournalDirectory
 
-    public init(directory: JournalDirectory) {
+    package init(directory: JournalDirectory) {
         self.directory = directory
     }
 
     /// - Parameter progress: called after each segment with (done, total).
-    public func verify(progress: (Int, Int) -> Void = { _, _ in }) -> VerificationReport {
+    package func verify(progress: (Int, Int) -> Void = { _, _ in }) -> VerificationReport {
         var report = VerificationReport()
         let segments = directory.segments()
         var previousLast: UInt64?

@@ -2,7 +2,7 @@ import Foundation
 import WhendWire
 
 /// What an acknowledgement means (DESIGN.md "The journal writer").
-public enum Durability: String, Sendable, CaseIterable {
+package enum Durability: String, Sendable, CaseIterable {
     /// Acked once `fdatasync` returned: the record survives a power cut.
     case fsync
     /// Acked once `write` returned: the record survives a crash of the daemon, not of the machine.
@@ -12,55 +12,55 @@ public enum Durability: String, Sendable, CaseIterable {
 }
 
 /// How the journal is written, rotated and pruned.
-public struct JournalConfiguration: Sendable {
-    public var directory: JournalDirectory
-    public var durability: Durability = .fsync
+package struct JournalConfiguration: Sendable {
+    package var directory: JournalDirectory
+    package var durability: Durability = .fsync
     /// Rotate the active segment once it holds this many compressed bytes.
-    public var segmentMaxBytes: Int64 = 32 << 20
+    package var segmentMaxBytes: Int64 = 32 << 20
     /// Rotate the active segment once it is this old (seconds), if it holds any record.
-    public var segmentMaxAge: TimeInterval = 3600
+    package var segmentMaxAge: TimeInterval = 3600
     /// End a zstd frame after this many uncompressed bytes: the seek granularity.
-    public var frameBytes: Int = 4 << 20
+    package var frameBytes: Int = 4 << 20
     /// Delete the oldest sealed segments while the journal is larger than this (0: no limit).
-    public var retentionMaxBytes: Int64 = 1 << 30
+    package var retentionMaxBytes: Int64 = 1 << 30
     /// Delete sealed segments older than this many seconds (0: no limit).
-    public var retentionMaxAge: TimeInterval = 0
+    package var retentionMaxAge: TimeInterval = 0
     /// The limits above wait for readers (pipelines) to pass a segment; past this size the
     /// oldest segments go even so, and the readers that had not read them are told (0: none).
-    public var retentionHardMaxBytes: Int64 = 4 << 30
+    package var retentionHardMaxBytes: Int64 = 4 << 30
     /// Likewise while the file system holding the journal has less free space than this (0:
     /// no floor; then a full file system makes whend answer `unavailable` instead).
-    public var retentionMinFreeBytes: Int64 = 0
+    package var retentionMinFreeBytes: Int64 = 0
     /// How many of the latest records the de-duplication of resent events covers.
-    public var dedupWindow: Int = 100_000
-    public var compressionLevel: Int32 = 3
+    package var dedupWindow: Int = 100_000
+    package var compressionLevel: Int32 = 3
 
-    public init(directory: JournalDirectory) {
+    package init(directory: JournalDirectory) {
         self.directory = directory
     }
 }
 
 /// Records of one connection, handed to the writer together: the unit of ordering and of
 /// acknowledgement.
-public struct JournalBatch: Sendable {
+package struct JournalBatch: Sendable {
     /// Record bodies (everything after `{"_seq":N,`), back to back.
-    public var bodies: [UInt8] = []
+    package var bodies: [UInt8] = []
     /// Where each body ends in `bodies`.
-    public var ends: [Int] = []
+    package var ends: [Int] = []
     /// The de-duplication keys of the bodies that carry an `id`, by body index, ascending.
-    public var keys: [(index: Int, key: DedupKey)] = []
+    package var keys: [(index: Int, key: DedupKey)] = []
     /// The range of `_rt` stamped on these bodies, in µs, for the index.
-    public var minReceivedMicros: Int64 = .max
-    public var maxReceivedMicros: Int64 = .min
+    package var minReceivedMicros: Int64 = .max
+    package var maxReceivedMicros: Int64 = .min
 
-    public init() {}
+    package init() {}
 
-    public var isEmpty: Bool { ends.isEmpty }
-    public var count: Int { ends.count }
+    package var isEmpty: Bool { ends.isEmpty }
+    package var count: Int { ends.count }
 }
 
 /// The fate of a batch.
-public enum JournalCommit: Sendable, Equatable {
+package enum JournalCommit: Sendable, Equatable {
     /// Every record is stored (under the configured durability), or was a resend of one that is.
     case stored(lastSeq: UInt64)
     /// Nothing of the batch is acknowledged; the message says why and what to do.
@@ -68,13 +68,13 @@ public enum JournalCommit: Sendable, Equatable {
 }
 
 /// Live figures of the writer, for status and metrics.
-public struct JournalStatistics: Sendable {
-    public var lastSeq: UInt64
-    public var recordsStored: UInt64
-    public var duplicatesSkipped: UInt64
-    public var commits: UInt64
-    public var bytesWritten: UInt64
-    public var failing: String?
+package struct JournalStatistics: Sendable {
+    package var lastSeq: UInt64
+    package var recordsStored: UInt64
+    package var duplicatesSkipped: UInt64
+    package var commits: UInt64
+    package var bytesWritten: UInt64
+    package var failing: String?
 }
 
 /// The one place that orders records: it gives each its `_seq`, commits everything that arrived
@@ -86,11 +86,11 @@ public struct JournalStatistics: Sendable {
 /// Thread safety: `queue`, `pendingBytesStorage`, `stopping`, `stats` and the accepted configuration are guarded by
 /// `condition`; every other
 /// stored property is touched only by the writer thread once `start()` has been called.
-public final class JournalWriter: @unchecked Sendable {
-    public typealias Completion = @Sendable (JournalCommit) -> Void
+package final class JournalWriter: @unchecked Sendable {
+    package typealias Completion = @Sendable (JournalCommit) -> Void
     /// Told of every successful commit on the writer thread: records stored, bytes written
     /// (uncompressed) and how long the write and its sync took, in seconds.
-    public typealias CommitObserver = @Sendable (_ records: Int, _ bytes: Int, _ seconds: Double) -> Void
+    package typealias CommitObserver = @Sendable (_ records: Int, _ bytes: Int, _ seconds: Double) -> Void
 
     /// The settings the writer thread works by; only it reads them after `start()`.
     private var configurationInUse: JournalConfiguration
@@ -119,10 +119,10 @@ public final class JournalWriter: @unchecked Sendable {
     private let log: @Sendable (String) -> Void
     /// The readers retention waits for: each one's name and durable cursor (the last `_seq` it
     /// has finished), asked for when retention runs.
-    public typealias RetentionReaders = @Sendable () -> [(name: String, cursor: UInt64)]
+    package typealias RetentionReaders = @Sendable () -> [(name: String, cursor: UInt64)]
     /// Told when retention deletes records a reader had not read: the reader, and the first
     /// and last `_seq` it loses.
-    public typealias RetentionLoss = @Sendable (_ reader: String, _ first: UInt64, _ last: UInt64) -> Void
+    package typealias RetentionLoss = @Sendable (_ reader: String, _ first: UInt64, _ last: UInt64) -> Void
     private var retentionReaders: RetentionReaders?
     private var retentionLoss: RetentionLoss?
     /// When retention last said it was keeping segments for a reader (said at most hourly).
@@ -140,7 +140,7 @@ public final class JournalWriter: @unchecked Sendable {
     ///
     /// - Parameter log: where to report what recovery and retention did.
     /// - Throws: `JournalIOError` when the directory cannot be created or the tail recovered.
-    public init(configuration: JournalConfiguration, log: @escaping @Sendable (String) -> Void = { _ in }) throws {
+    package init(configuration: JournalConfiguration, log: @escaping @Sendable (String) -> Void = { _ in }) throws {
         self.configurationInUse = configuration
         self.acceptedConfiguration = configuration
         self.log = log
@@ -188,7 +188,7 @@ public final class JournalWriter: @unchecked Sendable {
     ///   - heartbeatInterval: the longest time between two calls of `heartbeat`.
     ///   - heartbeat: called from the writer thread between commits, never during one.
     ///   - onCommit: told of every successful commit, on the writer thread.
-    public func start(
+    package func start(
         heartbeatInterval: TimeInterval = 1, heartbeat: (@Sendable () -> Void)? = nil,
         onCommit: CommitObserver? = nil
     ) {
@@ -206,7 +206,7 @@ public final class JournalWriter: @unchecked Sendable {
 
     /// Queues a batch. Its completion runs on the writer thread once the batch's group commit
     /// is done (or failed). After `shutdown()` began, batches fail with a message saying so.
-    public func submit(_ batch: JournalBatch, completion: @escaping Completion) {
+    package func submit(_ batch: JournalBatch, completion: @escaping Completion) {
         condition.lock()
         if stopping {
             condition.unlock()
@@ -220,7 +220,7 @@ public final class JournalWriter: @unchecked Sendable {
     }
 
     /// The journal's settings as last accepted (the writer applies them between commits).
-    public var configuration: JournalConfiguration {
+    package var configuration: JournalConfiguration {
         condition.lock()
         defer { condition.unlock() }
         return acceptedConfiguration
@@ -230,7 +230,7 @@ public final class JournalWriter: @unchecked Sendable {
     /// up before its next commit. The directory, the de-duplication window and the compression
     /// level are fixed for the writer's life: a change to them is ignored here (the daemon says
     /// they need a restart).
-    public func reconfigure(_ new: JournalConfiguration) {
+    package func reconfigure(_ new: JournalConfiguration) {
         condition.lock()
         var applied = acceptedConfiguration
         applied.durability = new.durability
@@ -245,20 +245,20 @@ public final class JournalWriter: @unchecked Sendable {
     }
 
     /// Bytes of records submitted and not yet committed: what the daemon bounds its memory by.
-    public var pendingBytes: Int {
+    package var pendingBytes: Int {
         condition.lock()
         defer { condition.unlock() }
         return pendingBytesStorage
     }
 
-    public var statistics: JournalStatistics {
+    package var statistics: JournalStatistics {
         condition.lock()
         defer { condition.unlock() }
         return stats
     }
 
     /// Commits everything queued, seals the active segment and stops the thread.
-    public func shutdown() {
+    package func shutdown() {
         condition.lock()
         stopping = true
         condition.signal()
@@ -483,7 +483,7 @@ public final class JournalWriter: @unchecked Sendable {
 
     /// Sets who retention waits for, and who hears of records deleted before they were read.
     /// Call before `start()`.
-    public func waitForReaders(_ readers: @escaping RetentionReaders, onLoss: @escaping RetentionLoss) {
+    package func waitForReaders(_ readers: @escaping RetentionReaders, onLoss: @escaping RetentionLoss) {
         retentionReaders = readers
         retentionLoss = onLoss
     }

@@ -8,22 +8,22 @@ import Foundation
 /// reserved (u32), the entries (offset, first `_seq`, min and max `_rt` in µs: 4 × 64 bits), and
 /// a trailer of payload size (u32) and `"WHIX"` so that a reader finds the index from the end
 /// of the file. A segment that ends in a valid index is *sealed*.
-public struct SegmentIndex: Sendable, Equatable {
+package struct SegmentIndex: Sendable, Equatable {
     /// One zstd frame of the segment.
-    public struct Entry: Sendable, Equatable {
+    package struct Entry: Sendable, Equatable {
         /// Offset of the frame in the file.
-        public var offset: Int64
-        public var firstSeq: UInt64
-        public var minReceivedMicros: Int64
-        public var maxReceivedMicros: Int64
+        package var offset: Int64
+        package var firstSeq: UInt64
+        package var minReceivedMicros: Int64
+        package var maxReceivedMicros: Int64
     }
 
-    public var firstSeq: UInt64
+    package var firstSeq: UInt64
     /// `firstSeq - 1` for a segment without records.
-    public var lastSeq: UInt64
-    public var entries: [Entry]
+    package var lastSeq: UInt64
+    package var entries: [Entry]
 
-    public var recordCount: UInt64 { lastSeq + 1 - firstSeq }
+    package var recordCount: UInt64 { lastSeq + 1 - firstSeq }
 
     static let frameMagic: UInt32 = 0x184D_2A5E
     static let tag: UInt32 = 0x5849_4857  // "WHIX" read as little-endian
@@ -60,7 +60,7 @@ public struct SegmentIndex: Sendable, Equatable {
     }
 
     /// Reads the index at the end of a segment file; nil when the segment is not sealed.
-    public static func read(fromFileAt path: String) -> SegmentIndex? {
+    package static func read(fromFileAt path: String) -> SegmentIndex? {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return nil }
         defer { close(fd) }
@@ -118,12 +118,12 @@ public struct SegmentIndex: Sendable, Equatable {
     }
 
     /// The offset of the last frame that starts at or before `seq`.
-    public func offset(forSeq seq: UInt64) -> Int64 {
+    package func offset(forSeq seq: UInt64) -> Int64 {
         entries.last(where: { $0.firstSeq <= seq })?.offset ?? 0
     }
 
     /// The offset of the first frame that may hold a record received at or after `micros`.
-    public func offset(forReceivedMicros micros: Int64) -> Int64? {
+    package func offset(forReceivedMicros micros: Int64) -> Int64? {
         entries.first(where: { $0.maxReceivedMicros >= micros })?.offset
     }
 }

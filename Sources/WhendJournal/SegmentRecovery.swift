@@ -10,8 +10,8 @@ import WhendWire
 /// unfinished one (decoders would report corruption and drop data), so the records of the torn
 /// frame are compressed again into a fresh, finished frame. The new file is written beside the
 /// old one and renamed over it, so a crash during recovery leaves the old file as it was.
-public enum SegmentRecovery {
-    public enum Outcome: Sendable, Equatable {
+package enum SegmentRecovery {
+    package enum Outcome: Sendable, Equatable {
         /// The segment was sealed already: nothing touched.
         case alreadySealed
         /// The segment was sealed now; `droppedBytes` of its tail could not be kept.
@@ -20,17 +20,17 @@ public enum SegmentRecovery {
         case removedEmpty
     }
 
-    public struct Result: Sendable {
-        public var outcome: Outcome
+    package struct Result: Sendable {
+        package var outcome: Outcome
         /// The last `_seq` the segment holds (`firstSeq - 1` when none).
-        public var lastSeq: UInt64
-        public var index: SegmentIndex?
+        package var lastSeq: UInt64
+        package var index: SegmentIndex?
     }
 
     /// Recovers `segment` in place.
     /// - Parameter onRecord: called for every record kept, in order (for the de-duplication
     ///   window).
-    public static func recover(
+    package static func recover(
         _ segment: SegmentFile, onRecord: (StoredRecord) -> Void = { _ in }
     ) throws -> Result {
         if let index = SegmentIndex.read(fromFileAt: segment.path), index.firstSeq == segment.firstSeq {

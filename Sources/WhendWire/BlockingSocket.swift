@@ -2,22 +2,22 @@ import Foundation
 
 /// A blocking client connection to a Unix stream socket, for command-line tools and tests.
 /// Apps use the non-blocking client library instead.
-public final class BlockingSocket: @unchecked Sendable {
+package final class BlockingSocket: @unchecked Sendable {
     // Unchecked: `fd` never changes after init; `close()` is the caller's to order.
-    public let fd: Int32
+    package let fd: Int32
 
-    public struct Failure: Error, CustomStringConvertible {
-        public var description: String
+    package struct Failure: Error, CustomStringConvertible {
+        package var description: String
         /// connect(2)'s errno, when it was the connection that failed.
-        public var connectErrno: Int32? = nil
+        package var connectErrno: Int32? = nil
 
         /// True when nothing listens there: no daemon, rather than a broken one.
-        public var nobodyListens: Bool { connectErrno == ENOENT || connectErrno == ECONNREFUSED }
+        package var nobodyListens: Bool { connectErrno == ENOENT || connectErrno == ECONNREFUSED }
     }
 
     /// Connects to `path`.
     /// - Throws: `Failure` saying whether the daemon is missing or the path unreachable.
-    public init(path: String) throws {
+    package init(path: String) throws {
         #if canImport(Glibc)
             let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
         #else
@@ -57,7 +57,7 @@ public final class BlockingSocket: @unchecked Sendable {
 
     deinit { close(fd) }
 
-    public func send(_ bytes: [UInt8]) throws {
+    package func send(_ bytes: [UInt8]) throws {
         var done = 0
         while done < bytes.count {
             let n = bytes.withUnsafeBytes {
@@ -75,13 +75,13 @@ public final class BlockingSocket: @unchecked Sendable {
         }
     }
 
-    public func send(_ text: String) throws { try send(Array(text.utf8)) }
+    package func send(_ text: String) throws { try send(Array(text.utf8)) }
 
     /// Shuts down the writing side: the daemon answers what it got, then closes.
-    public func finishSending() { shutdown(fd, Int32(SHUT_WR)) }
+    package func finishSending() { shutdown(fd, Int32(SHUT_WR)) }
 
     /// Reads whatever is available (blocking for at least one byte); empty at end of stream.
-    public func receive(max: Int = 65536) throws -> [UInt8] {
+    package func receive(max: Int = 65536) throws -> [UInt8] {
         var buffer = [UInt8](repeating: 0, count: max)
         while true {
             let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, max, 0) }
@@ -94,7 +94,7 @@ public final class BlockingSocket: @unchecked Sendable {
     }
 
     /// Waits until there is something to read (or the peer closed), at most `timeout` seconds.
-    public func waitReadable(timeout: TimeInterval) -> Bool {
+    package func waitReadable(timeout: TimeInterval) -> Bool {
         var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
         let milliseconds = Int32(max(0, min(timeout, 3600)) * 1000)
         while true {
@@ -105,7 +105,7 @@ public final class BlockingSocket: @unchecked Sendable {
     }
 
     /// Reads lines until the daemon closes, calling `body` for each.
-    public func receiveLines(_ body: (String) -> Void) throws {
+    package func receiveLines(_ body: (String) -> Void) throws {
         var framer = LineFramer(maxLineBytes: Self.maxAnswerBytes)
         func line(_ piece: LineFramer.Piece) {
             if case .line(let bytes) = piece { body(String(decoding: bytes, as: UTF8.self)) }
@@ -119,5 +119,5 @@ public final class BlockingSocket: @unchecked Sendable {
     }
 
     /// The longest line a daemon's answer may be; longer ones are skipped, never buffered.
-    public static let maxAnswerBytes = 1 << 24
+    package static let maxAnswerBytes = 1 << 24
 }

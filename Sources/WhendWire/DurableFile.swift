@@ -1,27 +1,27 @@
 import Foundation
 
 /// Why a durable write did not happen, with the path and the system's reason.
-public struct DurableFileError: Error, CustomStringConvertible {
-    public var operation: String
-    public var path: String
-    public var code: Int32
+package struct DurableFileError: Error, CustomStringConvertible {
+    package var operation: String
+    package var path: String
+    package var code: Int32
 
-    public init(operation: String, path: String, code: Int32) {
+    package init(operation: String, path: String, code: Int32) {
         self.operation = operation
         self.path = path
         self.code = code
     }
 
-    public var description: String { "cannot \(operation) \(path): \(String(cString: strerror(code)))" }
+    package var description: String { "cannot \(operation) \(path): \(String(cString: strerror(code)))" }
 }
 
 /// The one rule for files whend and its plugins must find whole after a crash or a power cut:
 /// cursors, snapshots, indexes, spools, reports.
-public enum DurableFile {
+package enum DurableFile {
     /// Replaces `path` with `bytes`: written beside (`path.tmp`), synced, renamed over `path`,
     /// and the directory synced, so that afterwards `path` holds the old bytes or the new ones,
     /// never a mix, and the rename itself survives a power cut. Every step is checked.
-    public static func replace(_ path: String, with bytes: [UInt8]) throws(DurableFileError) {
+    package static func replace(_ path: String, with bytes: [UInt8]) throws(DurableFileError) {
         let temporary = path + ".tmp"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
         guard fd >= 0 else { throw DurableFileError(operation: "create", path: temporary, code: errno) }
@@ -49,7 +49,7 @@ public enum DurableFile {
     /// Appends `bytes` whole to `path` (created if need be), and syncs it when `sync`. If the
     /// write fails part-way, what was written of it is cut off again, so that the file stays
     /// whole lines.
-    public static func append(_ bytes: [UInt8], to path: String, sync: Bool = false, mode: mode_t = 0o600)
+    package static func append(_ bytes: [UInt8], to path: String, sync: Bool = false, mode: mode_t = 0o600)
         throws(DurableFileError)
     {
         let fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, mode)
@@ -61,12 +61,12 @@ public enum DurableFile {
 
     /// Appends `bytes` whole to the file open (`O_APPEND`) on `fd`: if the write fails
     /// part-way, what was written of it is cut off again.
-    public static func append(_ bytes: [UInt8], to fd: Int32, path: String) throws(DurableFileError) {
+    package static func append(_ bytes: [UInt8], to fd: Int32, path: String) throws(DurableFileError) {
         try append(bytes, to: fd, path: path, length: lseek(fd, 0, SEEK_END))
     }
 
     /// The same, for a file whose `length` the caller keeps (its only writer): no `lseek`.
-    public static func append(_ bytes: [UInt8], to fd: Int32, path: String, length: off_t) throws(DurableFileError) {
+    package static func append(_ bytes: [UInt8], to fd: Int32, path: String, length: off_t) throws(DurableFileError) {
         do throws(DurableFileError) {
             try writeAll(fd, bytes, path: path)
         } catch {
@@ -78,7 +78,7 @@ public enum DurableFile {
     /// Creates the directory `path` and whatever parents it lacks, each one durable: a
     /// directory's name is in its parent, so the parent is synced after each one is made (else
     /// a power cut can take a new journal directory away with everything synced inside it).
-    public static func createDirectory(_ path: String, mode: mode_t = 0o755) throws(DurableFileError) {
+    package static func createDirectory(_ path: String, mode: mode_t = 0o755) throws(DurableFileError) {
         var missing: [String] = []
         var candidate = path
         var status = stat()
@@ -99,7 +99,7 @@ public enum DurableFile {
     }
 
     /// Syncs the directory holding `path`: a rename or a new file is durable only then.
-    public static func syncDirectory(of path: String) throws(DurableFileError) {
+    package static func syncDirectory(of path: String) throws(DurableFileError) {
         let directory = (path as NSString).deletingLastPathComponent
         let fd = open(directory.isEmpty ? "." : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { throw DurableFileError(operation: "open the directory", path: directory, code: errno) }
@@ -118,7 +118,7 @@ public enum DurableFile {
 
 /// Writes all of `bytes` to `fd`, carrying on after short writes and EINTR. Returns nil once
 /// all is written, else the errno of the write that failed (EIO for one that wrote nothing).
-public func writeFully(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) -> Int32? {
+package func writeFully(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) -> Int32? {
     var done = 0
     while done < bytes.count {
         let n = write(fd, bytes.baseAddress! + done, bytes.count - done)

@@ -1,7 +1,7 @@
 import Foundation
 
 /// The event types of PROTOCOL.md §6.
-public enum EventType: String, Sendable, CaseIterable {
+package enum EventType: String, Sendable, CaseIterable {
     case lifecycle, when, navigation, screen, error
 
     /// The type named by raw (unescaped) bytes, without building a String.
@@ -18,14 +18,14 @@ public enum EventType: String, Sendable, CaseIterable {
 }
 
 /// The connection settings a hello line carries (PROTOCOL.md §3).
-public struct Hello: Sendable, Equatable {
+package struct Hello: Sendable, Equatable {
     /// Default `app`, decoded UTF-8.
-    public var app: [UInt8]?
+    package var app: [UInt8]?
     /// Default `session`, decoded UTF-8.
-    public var session: [UInt8]?
-    public var acks: Bool
+    package var session: [UInt8]?
+    package var acks: Bool
 
-    public init(app: [UInt8]? = nil, session: [UInt8]? = nil, acks: Bool = false) {
+    package init(app: [UInt8]? = nil, session: [UInt8]? = nil, acks: Bool = false) {
         self.app = app
         self.session = session
         self.acks = acks
@@ -101,30 +101,30 @@ enum KnownKey: Int {
 }
 
 /// One top-level member of an event line: where its key and value lie in the line.
-public struct EventMember: Sendable {
+package struct EventMember: Sendable {
     /// The key's raw bytes, quotes included, as they came.
-    public var keyRange: Range<Int>
+    package var keyRange: Range<Int>
     /// The key, decoded (without quotes).
     var key: KnownKey?
-    public var kind: JSONKind
+    package var kind: JSONKind
     /// The value's raw bytes as they came (a valid JSON value).
-    public var valueRange: Range<Int>
+    package var valueRange: Range<Int>
 }
 
 /// A validated event line, as positions into the line it was scanned from.
 ///
 /// Valid only while that line's bytes are: the encoder turns it into a stored record at once.
-public struct ScannedEvent: Sendable {
-    public var type: EventType
-    public var members: [EventMember]
+package struct ScannedEvent: Sendable {
+    package var type: EventType
+    package var members: [EventMember]
     /// Whether the event carries its own `app` and `session` (else the connection's apply).
-    public var hasApp: Bool
-    public var hasSession: Bool
+    package var hasApp: Bool
+    package var hasSession: Bool
     /// Where the fields that identify the event for de-duplication lie in the line: set only
     /// when the event has an `id`.
-    public var app: StringValue?
-    public var session: StringValue?
-    public var id: StringValue?
+    package var app: StringValue?
+    package var session: StringValue?
+    package var id: StringValue?
     /// For a `when` in the Codable form: the member index of `when`, and the ranges of the case
     /// name (raw string contents) and its params object.
     var codableWhen: (member: Int, name: Range<Int>, params: Range<Int>)?
@@ -133,20 +133,20 @@ public struct ScannedEvent: Sendable {
 }
 
 /// A string value in a line: its contents between the quotes, and whether they hold escapes.
-public struct StringValue: Sendable {
-    public var contents: Range<Int>
-    public var escaped: Bool
+package struct StringValue: Sendable {
+    package var contents: Range<Int>
+    package var escaped: Bool
 }
 
 /// What one non-empty line turned out to be.
-public enum ScannedLine: Sendable {
+package enum ScannedLine: Sendable {
     case empty
     case hello(Hello)
     case event(ScannedEvent)
 }
 
 /// Validates lines of the event protocol (PROTOCOL.md §2–§6) without building a JSON tree.
-public enum EventScanner {
+package enum EventScanner {
     /// Scans one line (without its `\n`; a trailing `\r` is tolerated).
     ///
     /// - Parameters:
@@ -155,14 +155,14 @@ public enum EventScanner {
     /// - Returns: `.empty` for a blank line, `.hello` for a valid hello on the first line, else
     ///   the validated event.
     /// - Throws: a `WireError` with the §5 code for the first rule the line breaks.
-    public static func scan(_ line: UnsafeBufferPointer<UInt8>, helloAllowed: Bool) throws(WireError) -> ScannedLine {
+    package static func scan(_ line: UnsafeBufferPointer<UInt8>, helloAllowed: Bool) throws(WireError) -> ScannedLine {
         var members: [EventMember] = []
         return try scan(line, helloAllowed: helloAllowed, reusing: &members)
     }
 
     /// The same, reusing `members` as scratch space so that a connection allocates nothing per
     /// event once its buffer has grown.
-    public static func scan(
+    package static func scan(
         _ line: UnsafeBufferPointer<UInt8>, helloAllowed: Bool, reusing members: inout [EventMember]
     ) throws(WireError) -> ScannedLine {
         var end = line.count

@@ -3,14 +3,14 @@
 /// A plugin may change anything a client may send, but never a trusted field: every member of
 /// its output whose key begins with `_` (escaped or not) is left out, and the original record's
 /// `_` members are put back after the rest, as whend wrote them.
-public enum IngestRewrite {
+package enum IngestRewrite {
     /// - Parameters:
     ///   - output: the plugin's record, one JSON object.
     ///   - original: the record as whend encoded it (a JSON object with its trusted fields).
     /// - Returns: the new body: the members without the opening brace, ending with `}` (the form
     ///   the journal writer puts after `{"_seq":N,`).
     /// - Throws: `WireError` when the output is not one JSON object with a string `type`.
-    public static func body(output: UnsafeBufferPointer<UInt8>, original: UnsafeBufferPointer<UInt8>)
+    package static func body(output: UnsafeBufferPointer<UInt8>, original: UnsafeBufferPointer<UInt8>)
         throws(WireError) -> [UInt8]
     {
         var body = try untrustedMembers(of: output, reserving: 128)
@@ -27,7 +27,7 @@ public enum IngestRewrite {
     /// The body of a record a plugin derived: its members as `body(output:original:)` keeps
     /// them, then `trustedMembers`, whend's own (`"_origin":…,"_cause":…`, as whend wrote them:
     /// not scanned again).
-    public static func derivedBody(output: UnsafeBufferPointer<UInt8>, trustedMembers: UnsafeBufferPointer<UInt8>)
+    package static func derivedBody(output: UnsafeBufferPointer<UInt8>, trustedMembers: UnsafeBufferPointer<UInt8>)
         throws(WireError) -> [UInt8]
     {
         var body: [UInt8] = []
@@ -37,7 +37,7 @@ public enum IngestRewrite {
 
     /// `derivedBody`, appended to `out` (a batch being built: no array of its own); on error
     /// `out` is as it was.
-    public static func appendDerivedBody(
+    package static func appendDerivedBody(
         output: UnsafeBufferPointer<UInt8>, trustedMembers: UnsafeBufferPointer<UInt8>, to out: inout [UInt8]
     ) throws(WireError) {
         let start = out.count

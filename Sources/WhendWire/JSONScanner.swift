@@ -9,13 +9,13 @@ public enum JSONKind: Sendable, Equatable {
 /// builds no tree: callers ask for the next token and get byte ranges back. Values the caller
 /// does not care about are skipped with full validation. Nesting deeper than `maxDepth` is an
 /// error rather than a deep recursion, so hostile input cannot exhaust the stack.
-public struct JSONScanner {
-    public static let maxDepth = 512
+package struct JSONScanner {
+    package static let maxDepth = 512
 
-    public let bytes: UnsafeBufferPointer<UInt8>
-    public var position: Int
+    package let bytes: UnsafeBufferPointer<UInt8>
+    package var position: Int
 
-    public init(_ bytes: UnsafeBufferPointer<UInt8>) {
+    package init(_ bytes: UnsafeBufferPointer<UInt8>) {
         self.bytes = bytes
         self.position = 0
     }
@@ -24,7 +24,7 @@ public struct JSONScanner {
 
     @inline(__always) func peek() -> UInt8? { position < bytes.count ? bytes[position] : nil }
 
-    public mutating func skipWhitespace() {
+    package mutating func skipWhitespace() {
         while position < bytes.count {
             switch bytes[position] {
             case 0x20, 0x09, 0x0A, 0x0D: position += 1
@@ -37,7 +37,7 @@ public struct JSONScanner {
         WireError(.invalidJSON, "the line is not valid JSON: \(what) at byte \(position + 1)")
     }
 
-    public mutating func expect(_ byte: UInt8, _ what: String) throws(WireError) {
+    package mutating func expect(_ byte: UInt8, _ what: String) throws(WireError) {
         skipWhitespace()
         guard peek() == byte else {
             throw syntaxError(atEnd ? "the line ends where \(what) was expected" : "expected \(what)")
@@ -47,7 +47,7 @@ public struct JSONScanner {
 
     /// Scans a string starting at the current position (which must be its opening quote).
     /// Returns the range of its raw contents (without quotes) and whether it holds escapes.
-    public mutating func scanString() throws(WireError) -> (range: Range<Int>, hasEscapes: Bool) {
+    package mutating func scanString() throws(WireError) -> (range: Range<Int>, hasEscapes: Bool) {
         guard peek() == UInt8(ascii: "\"") else { throw syntaxError("expected a string") }
         position += 1
         let start = position
@@ -125,7 +125,7 @@ public struct JSONScanner {
 
     /// Scans (validates and skips) any value starting at the current position, after
     /// whitespace. Returns its kind and its raw byte range.
-    public mutating func scanValue(depth: Int = 0) throws(WireError) -> (kind: JSONKind, range: Range<Int>) {
+    package mutating func scanValue(depth: Int = 0) throws(WireError) -> (kind: JSONKind, range: Range<Int>) {
         skipWhitespace()
         let start = position
         guard let b = peek() else { throw syntaxError("the line ends where a value was expected") }
@@ -159,19 +159,19 @@ public struct JSONScanner {
     }
 
     /// One member of an object: where its key (without quotes) and its value lie.
-    public struct Member {
+    package struct Member {
         /// The key's raw contents, without the quotes.
-        public var key: Range<Int>
+        package var key: Range<Int>
         /// The key with its quotes, as it came.
-        public var quotedKey: Range<Int>
-        public var keyHasEscapes: Bool
-        public var kind: JSONKind
-        public var value: Range<Int>
+        package var quotedKey: Range<Int>
+        package var keyHasEscapes: Bool
+        package var kind: JSONKind
+        package var value: Range<Int>
     }
 
     /// Scans the object that starts at the current position (after whitespace), calling `body`
     /// for each member in order, and leaves the position after its closing brace.
-    public mutating func scanObject(depth: Int = 0, _ body: (Member) throws(WireError) -> Void) throws(WireError) {
+    package mutating func scanObject(depth: Int = 0, _ body: (Member) throws(WireError) -> Void) throws(WireError) {
         skipWhitespace()
         guard peek() == UInt8(ascii: "{") else { throw syntaxError("expected an object") }
         position += 1
@@ -251,7 +251,7 @@ public struct JSONScanner {
 
 /// Decodes the raw contents of a JSON string (as `JSONScanner.scanString` delimits them, already
 /// validated) into UTF-8 bytes. Unpaired surrogates in `\u` escapes become U+FFFD.
-public func decodeJSONString(_ raw: UnsafeBufferPointer<UInt8>) -> [UInt8] {
+package func decodeJSONString(_ raw: UnsafeBufferPointer<UInt8>) -> [UInt8] {
     var out: [UInt8] = []
     out.reserveCapacity(raw.count)
     var i = 0
@@ -301,14 +301,14 @@ public func decodeJSONString(_ raw: UnsafeBufferPointer<UInt8>) -> [UInt8] {
 }
 
 /// Appends `bytes` to `out` as a JSON string literal, quotes included.
-public func appendJSONString(_ bytes: some Sequence<UInt8>, to out: inout [UInt8]) {
+package func appendJSONString(_ bytes: some Sequence<UInt8>, to out: inout [UInt8]) {
     if let done: Void = bytes.withContiguousStorageIfAvailable({ appendJSONString($0, to: &out) }) { return done }
     appendJSONString(Array(bytes), to: &out)
 }
 
 /// Appends `bytes` to `out` as a JSON string literal, quotes included. Runs that need no escape
 /// are copied whole: this runs for every string of every derived record.
-public func appendJSONString(_ bytes: UnsafeBufferPointer<UInt8>, to out: inout [UInt8]) {
+package func appendJSONString(_ bytes: UnsafeBufferPointer<UInt8>, to out: inout [UInt8]) {
     func hex(_ nibble: UInt8) -> UInt8 { nibble < 10 ? 0x30 + nibble : 0x57 + nibble }
     out.append(UInt8(ascii: "\""))
     var runStart = 0

@@ -6,27 +6,27 @@ import Foundation
 /// A line longer than `maxLineBytes` is never buffered: the framer reports it as `.tooLarge`
 /// once its newline arrives, skipping its bytes meanwhile, so memory stays within the limit
 /// whatever a client sends.
-public struct LineFramer: Sendable {
-    public enum Piece {
+package struct LineFramer: Sendable {
+    package enum Piece {
         /// A complete line, without its `\n`. Valid only during the callback.
         case line(UnsafeBufferPointer<UInt8>)
         /// A line over the limit; its length in bytes.
         case tooLarge(Int)
     }
 
-    public let maxLineBytes: Int
+    package let maxLineBytes: Int
     var partial: [UInt8] = []
     var skippedBytes: Int?
 
-    public init(maxLineBytes: Int) {
+    package init(maxLineBytes: Int) {
         self.maxLineBytes = maxLineBytes
     }
 
     /// Bytes held for a line that has not ended yet.
-    public var bufferedBytes: Int { partial.count }
+    package var bufferedBytes: Int { partial.count }
 
     /// Feeds a chunk, calling `body` for each line it completes, in order.
-    public mutating func feed(_ chunk: UnsafeBufferPointer<UInt8>, _ body: (Piece) throws -> Void) rethrows {
+    package mutating func feed(_ chunk: UnsafeBufferPointer<UInt8>, _ body: (Piece) throws -> Void) rethrows {
         var start = 0
         let count = chunk.count
         while start < count {
@@ -56,7 +56,7 @@ public struct LineFramer: Sendable {
 
     /// Ends the stream: bytes after the last `\n` count as a final line, so that a client
     /// which half-closes without a trailing newline still has its last event handled.
-    public mutating func finish(_ body: (Piece) throws -> Void) rethrows {
+    package mutating func finish(_ body: (Piece) throws -> Void) rethrows {
         if let skipped = skippedBytes {
             skippedBytes = nil
             try body(.tooLarge(skipped))
@@ -92,7 +92,7 @@ public struct LineFramer: Sendable {
 
 /// The index of the first `\n` at or after `from`, found with `memchr` (vectorised by libc).
 @inline(__always)
-public func indexOfNewline(in buffer: UnsafeBufferPointer<UInt8>, from: Int) -> Int? {
+package func indexOfNewline(in buffer: UnsafeBufferPointer<UInt8>, from: Int) -> Int? {
     guard from < buffer.count, let base = buffer.baseAddress else { return nil }
     guard let hit = memchr(base + from, 0x0A, buffer.count - from) else { return nil }
     return base.distance(to: hit.assumingMemoryBound(to: UInt8.self))

@@ -1,18 +1,18 @@
 /// RFC 3339 `date-time` — `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`, `T`/`Z` in either case or a
 /// space for the `T` — the one parser whend's validation, the journal's readers, whenctl and
 /// the plugins share. Allocates nothing: plugins read the time of every record they handle.
-public enum RFC3339 {
+package enum RFC3339 {
     /// A point in time, to the nanosecond (digits past the ninth are ignored).
-    public struct Instant: Sendable, Equatable {
-        public var seconds: Int64
-        public var nanoseconds: Int32
+    package struct Instant: Sendable, Equatable {
+        package var seconds: Int64
+        package var nanoseconds: Int32
 
-        public var microseconds: Int64 { seconds * 1_000_000 + Int64(nanoseconds / 1000) }
-        public var secondsSince1970: Double { Double(seconds) + Double(nanoseconds) / 1e9 }
+        package var microseconds: Int64 { seconds * 1_000_000 + Int64(nanoseconds / 1000) }
+        package var secondsSince1970: Double { Double(seconds) + Double(nanoseconds) / 1e9 }
     }
 
     /// The instant `text` names, or nil if it is not an RFC 3339 date-time.
-    public static func parse<C: RandomAccessCollection<UInt8>>(_ text: C) -> Instant? where C.Index == Int {
+    package static func parse<C: RandomAccessCollection<UInt8>>(_ text: C) -> Instant? where C.Index == Int {
         let base = text.startIndex
         let count = text.count
         func byte(_ at: Int) -> UInt8 { text[base + at] }
@@ -70,6 +70,6 @@ public enum RFC3339 {
 }
 
 /// Whether `v` is an RFC 3339 date-time.
-public func isRFC3339<C: RandomAccessCollection<UInt8>>(_ v: C) -> Bool where C.Index == Int {
+package func isRFC3339<C: RandomAccessCollection<UInt8>>(_ v: C) -> Bool where C.Index == Int {
     RFC3339.parse(v) != nil
 }

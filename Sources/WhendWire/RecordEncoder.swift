@@ -1,14 +1,14 @@
 import Foundation
 
 /// The daemon-written fields of PROTOCOL.md §7 for one connection's sender.
-public struct PeerCredentials: Sendable, Equatable {
-    public var pid: Int32
-    public var uid: UInt32
-    public var gid: UInt32
+package struct PeerCredentials: Sendable, Equatable {
+    package var pid: Int32
+    package var uid: UInt32
+    package var gid: UInt32
     /// The sender's process name (`/proc/<pid>/comm`).
-    public var comm: String
+    package var comm: String
 
-    public init(pid: Int32, uid: UInt32, gid: UInt32, comm: String) {
+    package init(pid: Int32, uid: UInt32, gid: UInt32, comm: String) {
         self.pid = pid
         self.uid = uid
         self.gid = gid
@@ -78,8 +78,8 @@ public struct DedupKey: Hashable, Sendable {
 /// prepends once it has given the record its place. The body holds the event's fields as they
 /// came (the `when` Codable form rewritten to `name` + `params`), the hello's defaults, and the
 /// trusted fields, in that order.
-public struct RecordEncoder: Sendable {
-    public private(set) var hello: Hello
+package struct RecordEncoder: Sendable {
+    package private(set) var hello: Hello
     let credentials: PeerCredentials
     /// `,"_pid":…,"_uid":…,"_gid":…,"_comm":"…"}`: the same for every record of the connection.
     let trustedSuffix: [UInt8]
@@ -92,7 +92,7 @@ public struct RecordEncoder: Sendable {
     /// `,"_rt":"…"`: the time of the read being encoded, set by `stampReceived()`.
     var receivedField: [UInt8] = []
 
-    public init(credentials: PeerCredentials, hello: Hello = Hello()) {
+    package init(credentials: PeerCredentials, hello: Hello = Hello()) {
         self.credentials = credentials
         self.hello = hello
         var suffix: [UInt8] = []
@@ -118,18 +118,18 @@ public struct RecordEncoder: Sendable {
     }
 
     /// The encoder for the rest of the connection once a hello has arrived.
-    public func with(hello: Hello) -> RecordEncoder {
+    package func with(hello: Hello) -> RecordEncoder {
         RecordEncoder(credentials: credentials, hello: hello)
     }
 
     /// The `app` an event without its own gets: the hello's, else the sender's process name.
-    public var defaultApp: [UInt8] { defaultAppBytes }
+    package var defaultApp: [UInt8] { defaultAppBytes }
 
     /// Takes the current time as `_rt` for the records encoded next: the daemon stamps once per
     /// read, since everything in one read arrived at the same moment.
     /// - Returns: that time in microseconds since 1970.
     @discardableResult
-    public mutating func stampReceived() -> Int64 {
+    package mutating func stampReceived() -> Int64 {
         var ts = timespec()
         clock_gettime(CLOCK_REALTIME, &ts)
         receivedField.removeAll(keepingCapacity: true)
@@ -148,7 +148,7 @@ public struct RecordEncoder: Sendable {
     /// time of the last `stampReceived()`.
     ///
     /// - Returns: the de-duplication key when the event carries an `id`.
-    public mutating func appendBody(
+    package mutating func appendBody(
         of event: ScannedEvent, line: UnsafeBufferPointer<UInt8>, to out: inout [UInt8]
     ) -> DedupKey? {
         if receivedField.isEmpty { stampReceived() }
@@ -197,19 +197,19 @@ public struct RecordEncoder: Sendable {
 /// Formats the wall clock as RFC 3339 UTC with microseconds, e.g. `2026-11-21T13:35:00.123456Z`.
 ///
 /// The date part is computed once a second; the rest is digit arithmetic.
-public struct RFC3339Clock: Sendable {
+package struct RFC3339Clock: Sendable {
     var cachedSecond: Int = -1
     var cachedPrefix: [UInt8] = []
 
-    public init() {}
+    package init() {}
 
-    public mutating func appendNow(to out: inout [UInt8]) {
+    package mutating func appendNow(to out: inout [UInt8]) {
         var ts = timespec()
         clock_gettime(CLOCK_REALTIME, &ts)
         append(seconds: Int(ts.tv_sec), micros: Int(ts.tv_nsec) / 1000, to: &out)
     }
 
-    public mutating func append(seconds: Int, micros: Int, to out: inout [UInt8]) {
+    package mutating func append(seconds: Int, micros: Int, to out: inout [UInt8]) {
         if seconds != cachedSecond {
             var t = time_t(seconds)
             var parts = tm()

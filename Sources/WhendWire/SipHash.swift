@@ -2,7 +2,7 @@
 /// the same bytes give the same digest in every process, so that a digest can be saved (a
 /// plugin's state, a snapshot's checksum). Finding two inputs with one digest takes about 2^64
 /// tries even knowing the key.
-public struct SipHash128 {
+package struct SipHash128 {
     private var v0: UInt64 = 0x736f_6d65_7073_6575
     private var v1: UInt64 = 0x646f_7261_6e64_6f6d ^ 0xee
     private var v2: UInt64 = 0x6c79_6765_6e65_7261
@@ -11,7 +11,7 @@ public struct SipHash128 {
     private var tailCount = 0
     private var length = 0
 
-    public init(key: (UInt64, UInt64) = (0x7768_656e_642d_6b65, 0x792d_7631_2d73_6970)) {
+    package init(key: (UInt64, UInt64) = (0x7768_656e_642d_6b65, 0x792d_7631_2d73_6970)) {
         v0 ^= key.0
         v1 ^= key.1
         v2 ^= key.0
@@ -46,7 +46,7 @@ public struct SipHash128 {
         v0 ^= m
     }
 
-    public mutating func write(_ bytes: UnsafeRawBufferPointer) {
+    package mutating func write(_ bytes: UnsafeRawBufferPointer) {
         length += bytes.count
         var i = 0
         // Fill a partial word first, then whole words straight from the input.
@@ -71,14 +71,14 @@ public struct SipHash128 {
         }
     }
 
-    public mutating func write(_ value: UInt64) {
+    package mutating func write(_ value: UInt64) {
         withUnsafeBytes(of: value.littleEndian) { write($0) }
     }
 
-    public mutating func write(_ bytes: [UInt8]) { bytes.withUnsafeBytes { write($0) } }
+    package mutating func write(_ bytes: [UInt8]) { bytes.withUnsafeBytes { write($0) } }
 
     /// The digest of everything written.
-    public func finalize() -> (UInt64, UInt64) {
+    package func finalize() -> (UInt64, UInt64) {
         var s = self
         s.compress(s.tail | UInt64(truncatingIfNeeded: length) << 56)
         s.v2 ^= 0xee

@@ -1,10 +1,10 @@
 import Foundation
 
 /// Where the event and control sockets are (PROTOCOL.md §1).
-public enum SocketLocation {
+package enum SocketLocation {
     /// The runtime directory whend uses when none is configured: `$RUNTIME_DIRECTORY`, else
     /// `$XDG_RUNTIME_DIR/whend`, else `/tmp/whend-$UID`.
-    public static func defaultRuntimeDirectory(environment: [String: String] = ProcessInfo.processInfo.environment)
+    package static func defaultRuntimeDirectory(environment: [String: String] = ProcessInfo.processInfo.environment)
         -> String
     {
         if let dir = environment["RUNTIME_DIRECTORY"], !dir.isEmpty {
@@ -16,14 +16,14 @@ public enum SocketLocation {
     }
 
     /// Where the packaged whend (the systemd units) has its sockets and its state.
-    public static let systemRuntimeDirectory = "/run/whend"
-    public static let systemStateDirectory = "/var/lib/whend"
+    package static let systemRuntimeDirectory = "/run/whend"
+    package static let systemStateDirectory = "/var/lib/whend"
 
     /// The event socket a client connects to: `$WHEND_SOCKET`, else `events.sock` in the
     /// default runtime directory if a whend made it, else the packaged whend's
     /// (`/run/whend/events.sock`) if there is one: the tools installed with the package find
     /// the installed daemon with no flags.
-    public static func eventSocket(environment: [String: String] = ProcessInfo.processInfo.environment) -> String {
+    package static func eventSocket(environment: [String: String] = ProcessInfo.processInfo.environment) -> String {
         if let path = environment["WHEND_SOCKET"], !path.isEmpty { return path }
         let own = defaultRuntimeDirectory(environment: environment) + "/events.sock"
         let system = systemRuntimeDirectory + "/events.sock"
@@ -34,7 +34,7 @@ public enum SocketLocation {
     }
 
     /// The control socket that goes with an event socket: `control.sock` beside it.
-    public static func controlSocket(besideEventSocket path: String) -> String {
+    package static func controlSocket(besideEventSocket path: String) -> String {
         // By bytes, not NSString: Foundation's path functions trap on some odd strings.
         guard let slash = path.utf8.lastIndex(of: UInt8(ascii: "/")) else { return "control.sock" }
         return String(path[..<slash]) + "/control.sock"
@@ -42,7 +42,7 @@ public enum SocketLocation {
 
     /// The state directory: `$STATE_DIRECTORY`, else `$XDG_STATE_HOME/whend`, else
     /// `~/.local/state/whend`. The journal is `journal/` inside it.
-    public static func defaultStateDirectory(environment: [String: String] = ProcessInfo.processInfo.environment)
+    package static func defaultStateDirectory(environment: [String: String] = ProcessInfo.processInfo.environment)
         -> String
     {
         if let dir = environment["STATE_DIRECTORY"], !dir.isEmpty {
@@ -56,7 +56,7 @@ public enum SocketLocation {
     /// The state directory a reader (`whenctl cat`, `verify`, `sessions`…) uses when none is
     /// given: the default one if it holds a journal, else the packaged whend's
     /// (`/var/lib/whend`) if that one does and can be read.
-    public static func readerStateDirectory(environment: [String: String] = ProcessInfo.processInfo.environment)
+    package static func readerStateDirectory(environment: [String: String] = ProcessInfo.processInfo.environment)
         -> String
     {
         let own = defaultStateDirectory(environment: environment)

@@ -74,7 +74,7 @@ public func parseUInt(_ bytes: UnsafeBufferPointer<UInt8>) -> UInt64? {
 }
 
 /// The start of a derived record's trusted members: `"_origin":"NAME"[,"_pipeline":"P"],"_cause":`.
-public func derivedRecordPrefix(origin: String, pipeline: String?) -> [UInt8] {
+package func derivedRecordPrefix(origin: String, pipeline: String?) -> [UInt8] {
     var prefix = Array(#""_origin":"#.utf8)
     appendJSONString(origin.utf8, to: &prefix)
     if let pipeline {
@@ -89,19 +89,19 @@ public func derivedRecordPrefix(origin: String, pipeline: String?) -> [UInt8] {
 /// checked (`IngestRewrite.appendDerivedBody`), then whend's trusted ones,
 /// `"_origin":…[,"_pipeline":…],"_cause":N,"_rt":"T"`. The daemon and `whenctl replay` build
 /// them the same way, so that both store the same bytes.
-public struct DerivedRecordBuilder {
+package struct DerivedRecordBuilder {
     private let pipeline: String?
     private var origin = ""
     /// The trusted members of the last record; its first `prefixLength` bytes are the origin's.
     private var trusted: [UInt8] = []
     private var prefixLength = 0
 
-    public init(pipeline: String?) { self.pipeline = pipeline }
+    package init(pipeline: String?) { self.pipeline = pipeline }
 
     /// Appends the body of the record `origin` derived from `_seq` `cause` (without the opening
     /// brace: the journal writer puts `{"_seq":N,` before it) to `out`; on error `out` is as it
     /// was. `receivedAt` is the `_rt` to give it, without quotes.
-    public mutating func appendBody(
+    package mutating func appendBody(
         _ json: UnsafeBufferPointer<UInt8>, origin: String, cause: UInt64, receivedAt: some Collection<UInt8>,
         to out: inout [UInt8]
     ) throws(WireError) {

@@ -10,10 +10,10 @@
 /// `whend-demo` would outlive whatever started them. Tools that stop by those signals' default
 /// action unblock them first. Dispositions are left alone: a parent that chose to ignore one
 /// (`nohup`) still has its way.
-public enum TerminationSignals {
-    public static let stopping: [Int32] = [SIGTERM, SIGINT, SIGHUP, SIGQUIT]
+package enum TerminationSignals {
+    package static let stopping: [Int32] = [SIGTERM, SIGINT, SIGHUP, SIGQUIT]
 
-    public static func unblock(_ signals: [Int32] = stopping) {
+    package static func unblock(_ signals: [Int32] = stopping) {
         var set = sigset_t()
         sigemptyset(&set)
         for signal in signals { sigaddset(&set, signal) }
@@ -26,7 +26,7 @@ public enum TerminationSignals {
     /// killed by systemd's watchdog (SIGABRT, then SIGCONT) then had an event loop thread run on
     /// and accept a connection waiting in the kernel before the signal ended the process, and
     /// that client was reset instead of being served by the next whend.
-    public static func withNoneBlocked<T>(_ body: () throws -> T) rethrows -> T {
+    package static func withNoneBlocked<T>(_ body: () throws -> T) rethrows -> T {
         var none = sigset_t()
         sigemptyset(&none)
         var previous = sigset_t()

@@ -2,7 +2,7 @@
 ///
 /// Returns the offset of the first byte that is not part of a valid sequence, or nil when the
 /// whole buffer is valid. ASCII runs are skipped eight bytes at a time.
-public func firstInvalidUTF8Offset(_ bytes: UnsafeBufferPointer<UInt8>) -> Int? {
+package func firstInvalidUTF8Offset(_ bytes: UnsafeBufferPointer<UInt8>) -> Int? {
     let count = bytes.count
     guard let base = bytes.baseAddress else { return nil }
     var i = 0

@@ -1,5 +1,5 @@
 /// whend's version, as the welcome line's `server` field reports it (`whend/<version>`).
-public enum WhendVersion {
-    public static let current = "0.1.0"
-    public static let protocolVersion = 1
+package enum WhendVersion {
+    package static let current = "0.1.0"
+    package static let protocolVersion = 1
 }
