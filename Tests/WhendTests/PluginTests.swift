@@ -155,16 +155,21 @@ func isInOrderAtLeastOnce(_ seqs: [Int], upTo n: Int) -> Bool {
     return highest == n && Set(seqs) == Set(1...n)
 }
 
+/// 500 `when` events named `name` on each of `connections` connections in turn, each acked.
+private func sendWhens(_ daemon: DaemonProcess, named name: String, connections: Int) throws {
+    for part in 0..<connections {
+        let events = (1...500).map { #"{"type":"when","name":"\#(name)","id":"\#(part)-\#($0)"}"# }
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 500)
+    }
+}
+
 @Suite(.serialized) struct PipelineTests {
     /// A C plugin that segfaults on _seq 1000: ingestion goes on, the worker restarts from its
     /// cursor, and the pipeline sees every record, in order, at least once.
     @Test func aPluginThatCrashesOnItsThousandthRecordLosesNothing() throws {
         let (daemon, seen) = try pipelineDaemon("pipe-crash", settings: #"plugin.recorder = {"crash_at": 1000}"#)
         try daemon.start()
-        for part in 0..<6 {
-            let events = (1...500).map { #"{"type":"when","name":"tap","id":"\#(part)-\#($0)"}"# }
-            #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 500)
-        }
+        try sendWhens(daemon, named: "tap", connections: 6)
         #expect(try daemon.waitForPipeline("rec", cursor: 3000))
         let pipeline = try daemon.pipeline("rec")
         #expect((pipeline?["restarts"] as? Int ?? 0) >= 1)
@@ -179,10 +184,7 @@ func isInOrderAtLeastOnce(_ seqs: [Int], upTo n: Int) -> Bool {
     @Test func derivedRecordsAreNotAppendedTwiceAfterAWorkerRestart() throws {
         let (daemon, _) = try pipelineDaemon("pipe-derive", settings: #"plugin.recorder = {"crash_at": 1000}"#)
         try daemon.start()
-        for part in 0..<4 {
-            let events = (1...500).map { #"{"type":"when","name":"derive","id":"\#(part)-\#($0)"}"# }
-            #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 500)
-        }
+        try sendWhens(daemon, named: "derive", connections: 4)
         // 2000 events, each deriving one record: the pipeline ends at 4000.
         #expect(try daemon.waitForPipeline("rec", cursor: 4000))
         #expect(daemon.log.contains("killed by signal 11"))

@@ -52,14 +52,7 @@ import WhendWire
         for i in 1...500 { try connection.send(#"{"type":"when","name":"step","params":{"i":\#(i)}}"# + "\n") }
         try connection.send(#"{"type":"when","name":"last"}"#)  // no newline
         connection.finishSending()
-        var acks: [Int] = []
-        try connection.receiveLines { line in
-            if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
-                let a = o["ack"] as? Int
-            {
-                acks.append(a)
-            }
-        }
+        let acks = try connection.receivedAcks()
         #expect(acks.last == 501)
         #expect(acks == acks.sorted())  // never backwards
         daemon.stop()

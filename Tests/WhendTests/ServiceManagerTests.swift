@@ -125,14 +125,7 @@ final class NotifySocket {
         filesystem.thaw()
         #expect(whileStuck == 0, "\(whileStuck) pings while the writer was stuck")
         #expect(notify.messages(for: 1.0).filter { $0.contains("WATCHDOG=1") }.count >= 3)
-        var acks: [Int] = []
-        try connection.receiveLines { line in
-            if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
-                let a = o["ack"] as? Int
-            {
-                acks.append(a)
-            }
-        }
+        let acks = try connection.receivedAcks()
         #expect(acks == [1])
         #expect(daemon.stop() == 0)
         #expect(daemon.records().map { $0["name"] as? String } == ["Before", "During"])
@@ -227,14 +220,7 @@ func waitForExit(_ pid: pid_t) -> Int32 {
         // …and is answered by the next whend.
         pid = try spawnActivated(
             listeningFD: listener, socketPath: path, stateDirectory: state, log: directory + "/log")
-        var acks: [Int] = []
-        try early.receiveLines { line in
-            if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
-                let a = o["ack"] as? Int
-            {
-                acks.append(a)
-            }
-        }
+        let acks = try early.receivedAcks()
         #expect(acks.last == 1)
         kill(pid, SIGTERM)
         #expect(waitForExit(pid) == 0)

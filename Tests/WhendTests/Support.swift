@@ -322,3 +322,18 @@ func derivedPart(_ text: String) -> (cause: Int, text: String)? {
     if text.hasPrefix(#"{"_seq":"#), let comma = text.firstIndex(of: ",") { start = text.index(after: comma) }
     return (cause, String(text[start..<origin.lowerBound]))
 }
+
+extension BlockingSocket {
+    /// Every `{"ack":N}` the daemon sends until it closes the connection, in order.
+    func receivedAcks() throws -> [Int] {
+        var acks: [Int] = []
+        try receiveLines { line in
+            if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
+                let a = o["ack"] as? Int
+            {
+                acks.append(a)
+            }
+        }
+        return acks
+    }
+}

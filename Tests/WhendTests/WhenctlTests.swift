@@ -265,14 +265,7 @@ import WhendWire
         for i in 1...200 { try connection.send(#"{"type":"when","name":"s","id":"\#(i)"}"# + "\n") }
         usleep(200_000)  // let whend read them
         #expect(daemon.stop() == 0)
-        var acks: [Int] = []
-        try connection.receiveLines { line in
-            if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
-                let a = o["ack"] as? Int
-            {
-                acks.append(a)
-            }
-        }
+        let acks = try connection.receivedAcks()
         #expect(acks.last == 200)
         #expect(daemon.records().count == 200)
         // The active segment was sealed.
