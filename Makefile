@@ -5,8 +5,9 @@ DEBIAN_PACKAGES := libzstd-dev libsystemd-dev libnats-dev zstd pkg-config
 # What the tests use besides: systemd-socket-activate and systemd-analyze (systemd), a small
 # ext4 filesystem to freeze (e2fsprogs, util-linux), strip for the .deb (binutils), JetStream
 # for the nats plugin (nats-server), FUSE from Python for the power-cut file system (python3-fusepy),
-# man to read the installed man pages (man-db), and what the README's tour uses (socat, jq).
-TEST_PACKAGES := systemd e2fsprogs util-linux binutils nats-server python3-fusepy man-db socat jq
+# man to read the installed man pages (man-db), what the README's tour uses (socat, jq), and
+# promtool to check the metrics as Prometheus reads them (prometheus).
+TEST_PACKAGES := systemd e2fsprogs util-linux binutils nats-server python3-fusepy man-db socat jq prometheus
 
 .PHONY: deps test-deps build release run test soak strict lint bench bench-client fuzz harnesses deb package-check system-test clean
 

@@ -1,4 +1,3 @@
-import CoreMetrics
 import NIOConcurrencyHelpers
 import Prometheus
 import WhendConfiguration
@@ -6,9 +5,9 @@ import WhendJournal
 import WhendPluginHost
 import WhendWire
 
-/// Everything whend counts, kept twice over on purpose: as swift-metrics instruments, which a
-/// Prometheus registry renders for `whenctl metrics`, and as plain numbers that `whenctl
-/// status` and `STATUS=` read back (swift-metrics instruments cannot be read).
+/// Everything whend counts, kept twice over on purpose: as metrics of a Prometheus registry,
+/// which renders them for `whenctl metrics` (each family with its `# HELP`, as `promtool check
+/// metrics` asks), and as plain numbers that `whenctl status` and `STATUS=` read back.
 ///
 /// Per-event paths touch it once per read or per commit, never once per event.
 final class DaemonMetrics: Sendable {
@@ -23,58 +22,109 @@ final class DaemonMetrics: Sendable {
     let registry = PrometheusCollectorRegistry()
     private let state = NIOLockedValueBox(Snapshot())
 
-    private let bytesInCounter: CoreMetrics.Counter
-    private let receivedCounter: CoreMetrics.Counter
-    private let storedCounter: CoreMetrics.Counter
-    private let storedBytesCounter: CoreMetrics.Counter
-    private let rejectedCounters: [WireErrorCode: CoreMetrics.Counter]
-    private let droppedRepliesCounter: CoreMetrics.Counter
-    private let commitTimer: CoreMetrics.Timer
-    private let connectionsGauge: CoreMetrics.Gauge
-    private let pendingGauge: CoreMetrics.Gauge
-    private let lastSeqGauge: CoreMetrics.Gauge
-    private let journalBytesGauge: CoreMetrics.Gauge
-    private let journalSegmentsGauge: CoreMetrics.Gauge
-    private let factory: PrometheusMetricsFactory
-    private let pipelineGauges = NIOLockedValueBox<[String: [CoreMetrics.Gauge]]>([:])
-    private let lostCounters = NIOLockedValueBox<[String: CoreMetrics.Counter]>([:])
+    private let bytesInCounter: Counter
+    private let receivedCounter: Counter
+    private let storedCounter: Counter
+    private let storedBytesCounter: Counter
+    private let rejectedCounters: [WireErrorCode: Counter]
+    private let droppedRepliesCounter: Counter
+    private let commitTimer: DurationHistogram
+    private let connectionsGauge: Gauge
+    private let pendingGauge: Gauge
+    private let lastSeqGauge: Gauge
+    private let journalBytesGauge: Gauge
+    private let journalSegmentsGauge: Gauge
+    private let pipelineGauges = NIOLockedValueBox<[String: [Gauge]]>([:])
+    private let lostCounters = NIOLockedValueBox<[String: Counter]>([:])
+
+    /// Every family whend exposes, with the help text a scraper shows (the README's table says
+    /// the same).
+    enum Family: String, CaseIterable {
+        case bytesReceived = "whend_bytes_received_total"
+        case eventsReceived = "whend_events_received_total"
+        case eventsStored = "whend_events_stored_total"
+        case eventsRejected = "whend_events_rejected_total"
+        case journalBytesWritten = "whend_journal_bytes_written_total"
+        case repliesDropped = "whend_replies_dropped_total"
+        case commitDuration = "whend_commit_duration_seconds"
+        case connections = "whend_connections"
+        case pendingBytes = "whend_pending_bytes"
+        case journalLastSeq = "whend_journal_last_seq"
+        case journalBytes = "whend_journal_bytes"
+        case journalSegments = "whend_journal_segments"
+        case pipelineLag = "whend_pipeline_lag_records"
+        case pipelineFailures = "whend_pipeline_failures"
+        case pipelineDeadLetters = "whend_pipeline_dead_letters"
+        case pipelineRestarts = "whend_pipeline_restarts"
+        case pipelineLostToRetention = "whend_pipeline_records_lost_to_retention_total"
+
+        var help: String {
+            switch self {
+            case .bytesReceived: return "Bytes read from event connections."
+            case .eventsReceived: return "Valid events read from clients."
+            case .eventsStored: return "Records committed to the journal, derived ones included."
+            case .eventsRejected: return "Error replies to clients, by protocol error code."
+            case .journalBytesWritten: return "Record bytes committed to the journal, before compression."
+            case .repliesDropped:
+                return "Error lines dropped for clients that asked for no acks and did not read them."
+            case .commitDuration:
+                return "One group commit of the journal: the write and, with durability fsync, the fdatasync."
+            case .connections: return "Open event connections."
+            case .pendingBytes: return "Record bytes read from clients and waiting for the journal."
+            case .journalLastSeq: return "The last _seq stored."
+            case .journalBytes: return "Bytes of the journal on disk."
+            case .journalSegments: return "Segments of the journal on disk."
+            case .pipelineLag: return "Records a pipeline has still to process."
+            case .pipelineFailures: return "Failed attempts of a pipeline's plugins on a record, since whend started."
+            case .pipelineDeadLetters: return "Records a pipeline wrote to its dead letters, since whend started."
+            case .pipelineRestarts: return "Restarts of a pipeline's worker, since whend started."
+            case .pipelineLostToRetention:
+                return "Records retention deleted before a pipeline read them."
+            }
+        }
+
+        var descriptor: MetricNameDescriptor {
+            MetricNameDescriptor(metricName: rawValue, unitName: "", helpText: help)
+        }
+    }
 
     init() {
-        var factory = PrometheusMetricsFactory(registry: registry)
-        // A commit is a write and, with durability fsync, an fdatasync: tens of µs to seconds.
-        factory.durationHistogramBuckets["whend_commit_duration_seconds"] = [
-            .microseconds(50), .microseconds(100), .microseconds(250), .microseconds(500), .milliseconds(1),
-            .milliseconds(2), .milliseconds(5), .milliseconds(10), .milliseconds(25), .milliseconds(50),
-            .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1), .seconds(5),
-        ]
-        self.factory = factory
-        bytesInCounter = CoreMetrics.Counter(label: "whend_bytes_received_total", factory: factory)
-        receivedCounter = CoreMetrics.Counter(label: "whend_events_received_total", factory: factory)
-        storedCounter = CoreMetrics.Counter(label: "whend_events_stored_total", factory: factory)
-        storedBytesCounter = CoreMetrics.Counter(label: "whend_journal_bytes_written_total", factory: factory)
-        var rejected: [WireErrorCode: CoreMetrics.Counter] = [:]
-        for code in WireErrorCode.allCases {
-            rejected[code] = CoreMetrics.Counter(
-                label: "whend_events_rejected_total", dimensions: [("code", code.rawValue)], factory: factory)
+        let registry = self.registry
+        func counter(_ family: Family, _ labels: [(String, String)] = []) -> Counter {
+            registry.makeCounter(descriptor: family.descriptor, labels: labels)
         }
+        func gauge(_ family: Family) -> Gauge { registry.makeGauge(descriptor: family.descriptor) }
+        bytesInCounter = counter(.bytesReceived)
+        receivedCounter = counter(.eventsReceived)
+        storedCounter = counter(.eventsStored)
+        storedBytesCounter = counter(.journalBytesWritten)
+        var rejected: [WireErrorCode: Counter] = [:]
+        for code in WireErrorCode.allCases { rejected[code] = counter(.eventsRejected, [("code", code.rawValue)]) }
         rejectedCounters = rejected
-        droppedRepliesCounter = CoreMetrics.Counter(label: "whend_replies_dropped_total", factory: factory)
-        commitTimer = CoreMetrics.Timer(label: "whend_commit_duration_seconds", factory: factory)
-        connectionsGauge = CoreMetrics.Gauge(label: "whend_connections", factory: factory)
-        pendingGauge = CoreMetrics.Gauge(label: "whend_pending_bytes", factory: factory)
-        lastSeqGauge = CoreMetrics.Gauge(label: "whend_journal_last_seq", factory: factory)
-        journalBytesGauge = CoreMetrics.Gauge(label: "whend_journal_bytes", factory: factory)
-        journalSegmentsGauge = CoreMetrics.Gauge(label: "whend_journal_segments", factory: factory)
+        droppedRepliesCounter = counter(.repliesDropped)
+        // A commit is a write and, with durability fsync, an fdatasync: tens of µs to seconds.
+        commitTimer = registry.makeDurationHistogram(
+            descriptor: Family.commitDuration.descriptor,
+            buckets: [
+                .microseconds(50), .microseconds(100), .microseconds(250), .microseconds(500), .milliseconds(1),
+                .milliseconds(2), .milliseconds(5), .milliseconds(10), .milliseconds(25), .milliseconds(50),
+                .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1), .seconds(5),
+            ])
+        connectionsGauge = gauge(.connections)
+        pendingGauge = gauge(.pendingBytes)
+        lastSeqGauge = gauge(.journalLastSeq)
+        journalBytesGauge = gauge(.journalBytes)
+        journalSegmentsGauge = gauge(.journalSegments)
     }
 
     func add(bytesIn: Int) {
         state.withLockedValue { $0.bytesIn += bytesIn }
-        bytesInCounter.increment(by: bytesIn)
+        bytesInCounter.increment(by: Int64(bytesIn))
     }
 
     func received(_ n: Int) {
         state.withLockedValue { $0.eventsReceived += n }
-        receivedCounter.increment(by: n)
+        receivedCounter.increment(by: Int64(n))
     }
 
     func rejected(_ code: WireErrorCode) {
@@ -92,7 +142,7 @@ final class DaemonMetrics: Sendable {
             $0.connections += 1
             return $0.connections
         }
-        connectionsGauge.record(n)
+        connectionsGauge.set(Int64(n))
     }
 
     func connectionClosed() {
@@ -100,26 +150,30 @@ final class DaemonMetrics: Sendable {
             $0.connections -= 1
             return $0.connections
         }
-        connectionsGauge.record(n)
+        connectionsGauge.set(Int64(n))
     }
 
     /// From the journal writer's thread, once per group commit.
     /// Retention deleted `records` records before `pipeline` read them.
     func lostToRetention(pipeline: String, records: UInt64) {
-        let counter = lostCounters.withLockedValue { known in
+        lostCounter(pipeline).increment(by: Int64(records))
+    }
+
+    /// Made with the pipeline's gauges, at 0: a family that appears only once something is lost
+    /// is one a dashboard cannot be built on.
+    private func lostCounter(_ pipeline: String) -> Counter {
+        lostCounters.withLockedValue { known in
             if let c = known[pipeline] { return c }
-            let c = CoreMetrics.Counter(
-                label: "whend_pipeline_records_lost_to_retention_total", dimensions: [("pipeline", pipeline)],
-                factory: factory)
+            let c = registry.makeCounter(
+                descriptor: Family.pipelineLostToRetention.descriptor, labels: [("pipeline", pipeline)])
             known[pipeline] = c
             return c
         }
-        counter.increment(by: Int64(records))
     }
 
     func committed(records: Int, bytes: Int, seconds: Double) {
-        storedCounter.increment(by: records)
-        storedBytesCounter.increment(by: bytes)
+        storedCounter.increment(by: Int64(records))
+        storedBytesCounter.increment(by: Int64(bytes))
         commitTimer.recordNanoseconds(Int64(seconds * 1e9))
     }
 
@@ -142,23 +196,23 @@ final class DaemonMetrics: Sendable {
         for p in pipelines {
             let gauges = pipelineGauges.withLockedValue { known in
                 if let g = known[p.name] { return g }
-                let g = [
-                    "whend_pipeline_lag_records", "whend_pipeline_failures", "whend_pipeline_dead_letters",
-                    "whend_pipeline_restarts",
-                ].map { CoreMetrics.Gauge(label: $0, dimensions: [("pipeline", p.name)], factory: factory) }
+                let g = [Family.pipelineLag, .pipelineFailures, .pipelineDeadLetters, .pipelineRestarts].map {
+                    registry.makeGauge(descriptor: $0.descriptor, labels: [("pipeline", p.name)])
+                }
+                _ = lostCounter(p.name)
                 known[p.name] = g
                 return g
             }
-            gauges[0].record(Int64(p.lag))
-            gauges[1].record(p.failures)
-            gauges[2].record(p.deadLetters)
-            gauges[3].record(p.restarts)
+            gauges[0].set(Int64(p.lag))
+            gauges[1].set(Int64(p.failures))
+            gauges[2].set(Int64(p.deadLetters))
+            gauges[3].set(Int64(p.restarts))
         }
-        pendingGauge.record(pendingBytes)
-        lastSeqGauge.record(Int64(journal.lastSeq))
+        pendingGauge.set(Int64(pendingBytes))
+        lastSeqGauge.set(Int64(journal.lastSeq))
         let usage = directory.usage()
-        journalSegmentsGauge.record(usage.segments)
-        journalBytesGauge.record(usage.bytes)
+        journalSegmentsGauge.set(Int64(usage.segments))
+        journalBytesGauge.set(usage.bytes)
         return registry.emitToString()
     }
 }

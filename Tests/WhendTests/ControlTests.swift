@@ -31,6 +31,36 @@ import WhendWire
         daemon.stop()
     }
 
+    /// What `whenctl metrics` prints is what Prometheus reads: Debian's `promtool check metrics`
+    /// finds nothing to say, with traffic, a rejection and the built-in pipelines present, and
+    /// every family whend exposes is there with its help and type.
+    @Test func metricsAreWhatPromtoolChecksClean() throws {
+        let daemon = DaemonProcess("promtool", arguments: ["--builtin-pipelines", "true"])
+        try daemon.start()
+        defer { daemon.stop() }
+        let answers = try exchange(
+            daemon.socketPath, [helloWithAcks, #"{"type":"screen","name":"A"}"#, #"{"type":"bogus"}"#])
+        #expect(answers.acks.last == 2)
+        #expect(eventually { (try? daemon.pipeline("sessions")?["pid"] as? Int).map { $0 > 0 } ?? false })
+        let metrics = try daemon.whenctl(["metrics"])
+        #expect(metrics.status == 0)
+        let file = daemon.directory + "/metrics.txt"
+        try metrics.output.write(toFile: file, atomically: true, encoding: .utf8)
+        let check = try runCommand("/bin/sh", ["-c", "exec promtool check metrics < '\(file)'"])
+        #expect(
+            check.status == 0 && check.output.isEmpty && check.error.isEmpty, "promtool: \(check.output)\(check.error)")
+        for family in [
+            "whend_bytes_received_total", "whend_events_received_total", "whend_events_stored_total",
+            "whend_events_rejected_total", "whend_journal_bytes_written_total", "whend_replies_dropped_total",
+            "whend_commit_duration_seconds", "whend_connections", "whend_pending_bytes", "whend_journal_last_seq",
+            "whend_journal_bytes", "whend_journal_segments", "whend_pipeline_lag_records", "whend_pipeline_failures",
+            "whend_pipeline_dead_letters", "whend_pipeline_restarts", "whend_pipeline_records_lost_to_retention_total",
+        ] {
+            #expect(metrics.output.contains("# HELP \(family) "), "no help for \(family)")
+            #expect(metrics.output.contains("# TYPE \(family) "), "no type for \(family)")
+        }
+    }
+
     /// A reload applies what changed to connections that stay open, refuses an invalid file
     /// and keeps the configuration in force, and names what needs a restart.
     @Test func reloadAppliesChangesWithoutDroppingConnectionsAndRefusesBadOnes() throws {
