@@ -1,10 +1,13 @@
 // swift-tools-version:6.0
+import Foundation
 import PackageDescription
 
 // libFuzzer targets for whend's input formats. A package of its own, built with
 // `swift build --sanitize=fuzzer`; `make fuzz` runs each target for a bounded time.
 // Each target holds only `LLVMFuzzerTestOneInput`: libFuzzer provides `main`.
 let fuzzTarget: [SwiftSetting] = [.unsafeFlags(["-parse-as-library"])]
+// A path dependency is named after its folder, whatever the clone is called.
+let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().lastPathComponent
 
 let package = Package(
     name: "whend-fuzz",
@@ -12,17 +15,17 @@ let package = Package(
     targets: [
         .executableTarget(
             name: "FuzzEventLine",
-            dependencies: [.product(name: "WhendFuzzing", package: "main")],
+            dependencies: [.product(name: "WhendFuzzing", package: root)],
             swiftSettings: fuzzTarget
         ),
         .executableTarget(
             name: "FuzzSegment",
-            dependencies: [.product(name: "WhendFuzzing", package: "main")],
+            dependencies: [.product(name: "WhendFuzzing", package: root)],
             swiftSettings: fuzzTarget
         ),
         .executableTarget(
             name: "FuzzConfiguration",
-            dependencies: [.product(name: "WhendFuzzing", package: "main")],
+            dependencies: [.product(name: "WhendFuzzing", package: root)],
             swiftSettings: fuzzTarget
         ),
     ],
