@@ -6,8 +6,14 @@ DEBIAN_PACKAGES := libzstd-dev libsystemd-dev libnats-dev zstd pkg-config
 # ext4 filesystem to freeze (e2fsprogs, util-linux), strip for the .deb (binutils), JetStream
 # for the nats plugin (nats-server), FUSE from Python for the power-cut file system (python3-fusepy),
 # man to read the installed man pages (man-db), what the README's tour uses (socat, jq), and
-# promtool to check the metrics as Prometheus reads them (prometheus).
-TEST_PACKAGES := systemd e2fsprogs util-linux binutils nats-server python3-fusepy man-db socat jq prometheus
+# promtool to check the metrics as Prometheus reads them (prometheus), and Python's venv for
+# the readers from PyPI below (python3-venv).
+TEST_PACKAGES := systemd e2fsprogs util-linux binutils nats-server python3-fusepy man-db socat jq prometheus \
+	python3-venv
+# Readers of whend's formats that nobody here wrote, from PyPI, in a virtual environment of the
+# tests' own: pyzstd's seekable-format reader.
+TEST_VENV := .build/test-venv
+TEST_PYTHON_PACKAGES := pyzstd==0.20.0
 
 .PHONY: deps test-deps build release run test soak strict lint bench bench-client fuzz harnesses deb package-check system-test clean
 
@@ -28,6 +34,8 @@ deps:
 
 test-deps:
 	$(call install_missing,$(DEBIAN_PACKAGES) $(TEST_PACKAGES))
+	@test -x $(TEST_VENV)/bin/python || /usr/bin/python3 -m venv $(TEST_VENV)
+	@$(TEST_VENV)/bin/python -c "import pyzstd" 2>/dev/null || $(TEST_VENV)/bin/pip install -q $(TEST_PYTHON_PACKAGES)
 
 build: deps
 	$(SWIFT) build

@@ -65,6 +65,10 @@ package struct JournalVerifier: Sendable {
         var lastSeq: UInt64?
         var frameStarts = Set<Int64>()
         var lineInFrame = 0
+        // Each frame of records decoded whole: where it starts, and its uncompressed bytes.
+        var frames: [(start: Int64, bytes: Int)] = []
+        var frameBytes = 0
+        var damaged = false  // a frame that does not decode: reported, and no seek table check
         let sealedIndex = SegmentIndex.read(fromFileAt: segment.path)
         var start: Int64 = 0
         var decoder = SegmentDecoder()
@@ -75,11 +79,14 @@ package struct JournalVerifier: Sendable {
                 try data.withUnsafeBytes { raw in
                     try decoder.feed(UnsafeRawBufferPointer(rebasing: raw[Int(start)...])) { event in
                         switch event {
-                        case .frameEnd:
+                        case .frameEnd(let frameStart, _):
+                            if lineInFrame > 0 { frames.append((frameStart, frameBytes)) }
                             lineInFrame = 0
+                            frameBytes = 0
                         case .line(let line, let frameOffset):
                             frameStarts.insert(frameOffset)
                             lineInFrame += 1
+                            frameBytes += line.count + 1
                             let fields: StoredRecord
                             do { fields = try StoredRecord.scan(line) } catch {
                                 problem(frameOffset, "line \(lineInFrame) of the frame is not a JSON object (\(error))")
@@ -105,6 +112,8 @@ package struct JournalVerifier: Sendable {
                 break
             } catch let failure as SegmentDecoder.Failure {
                 lineInFrame = 0
+                frameBytes = 0
+                damaged = true
                 frameStarts.insert(failure.offset)  // reported here, not again by the index check
                 guard let next = sealedIndex?.entries.first(where: { $0.offset > failure.offset }),
                     next.offset < Int64(data.count)
@@ -133,6 +142,9 @@ package struct JournalVerifier: Sendable {
             for entry in index.entries where !frameStarts.contains(entry.offset) {
                 problem(entry.offset, "the index points to offset \(entry.offset), where no frame of records starts")
             }
+            if !damaged, let table = SeekTable.read(fromFileAt: segment.path) {
+                checkSeekTable(table, against: frames, indexSize: index.encoded().count, problem: problem)
+            }
         } else if isLast {
             report.notes.append("\(segment.path) is the active segment (not sealed yet)")
             if !decoder.isBetweenFrames, decoder.pendingLineBytes > 0 {
@@ -145,5 +157,34 @@ package struct JournalVerifier: Sendable {
                 "not sealed, yet not the last segment: it was torn and never recovered; start whend once to recover it")
         }
         return lastSeq
+    }
+
+    /// The seek table lists every frame of records as decoded (where it starts, by the sum of
+    /// the sizes before it, and its uncompressed bytes), then whend's index frame.
+    private func checkSeekTable(
+        _ table: SeekTable, against frames: [(start: Int64, bytes: Int)], indexSize: Int,
+        problem: (Int64, String) -> Void
+    ) {
+        guard table.frames.count == frames.count + 1 else {
+            problem(
+                0,
+                "the seek table lists \(table.frames.count) frames; the segment has \(frames.count) frames of records and its index"
+            )
+            return
+        }
+        var offset: Int64 = 0
+        for (i, entry) in table.frames.dropLast().enumerated() {
+            if offset != frames[i].start || Int(entry.decompressedSize) != frames[i].bytes {
+                problem(
+                    frames[i].start,
+                    "the seek table puts frame \(i + 1) at offset \(offset) with \(entry.decompressedSize) bytes uncompressed; it is at \(frames[i].start) with \(frames[i].bytes)"
+                )
+                return
+            }
+            offset += Int64(entry.compressedSize)
+        }
+        if let last = table.frames.last, Int(last.compressedSize) != indexSize || last.decompressedSize != 0 {
+            problem(offset, "the seek table's last entry is not the index frame (\(indexSize) bytes)")
+        }
     }
 }

@@ -1,13 +1,15 @@
 import Foundation
 
-/// The seek index of a sealed segment, stored as its last frame: a zstd *skippable* frame, which
-/// `zstd`, `zstdcat` and every conforming decoder pass over.
+/// whend's index of a sealed segment (`_seq` and `_rt` per frame), stored as a zstd *skippable*
+/// frame, which `zstd`, `zstdcat` and every conforming decoder pass over. A sealed segment ends
+/// with it and then the zstd seekable format's seek table (`SeekTable`), whose last entry it is;
+/// segments sealed by earlier versions end with the index itself, and still read as sealed.
 ///
 /// Layout (little-endian): magic `0x184D2A5E`, payload size (u32), then the payload:
 /// `"WHIX"`, version (u32), first and last `_seq` (u64), record count (u64), entry count (u32),
 /// reserved (u32), the entries (offset, first `_seq`, min and max `_rt` in µs: 4 × 64 bits), and
-/// a trailer of payload size (u32) and `"WHIX"` so that a reader finds the index from the end
-/// of the file. A segment that ends in a valid index is *sealed*.
+/// a trailer of payload size (u32) and `"WHIX"` so that a reader finds the index from its end.
+/// A segment that ends in a valid index, or in a seek table after one, is *sealed*.
 package struct SegmentIndex: Sendable, Equatable {
     /// One zstd frame of the segment.
     package struct Entry: Sendable, Equatable {
@@ -59,7 +61,22 @@ package struct SegmentIndex: Sendable, Equatable {
         return frame + payload
     }
 
-    /// Reads the index at the end of a segment file; nil when the segment is not sealed.
+    /// What seals a segment whose zstd frames end at `dataEnd`: this index, then the seek table
+    /// of every frame (`decompressedSizes`: one per entry, in order) and of the index itself.
+    package func sealingFrames(decompressedSizes: [UInt32], dataEnd: Int64) -> [UInt8] {
+        precondition(decompressedSizes.count == entries.count, "one decompressed size per frame")
+        let index = encoded()
+        var frames: [SeekTable.Frame] = []
+        for (i, entry) in entries.enumerated() {
+            let end = i + 1 < entries.count ? entries[i + 1].offset : dataEnd
+            frames.append(.init(compressedSize: UInt32(end - entry.offset), decompressedSize: decompressedSizes[i]))
+        }
+        frames.append(.init(compressedSize: UInt32(index.count), decompressedSize: 0))
+        return index + SeekTable(frames: frames).encoded()
+    }
+
+    /// Reads the index near the end of a segment file (before its seek table, or at its very
+    /// end in a segment of an earlier version); nil when the segment is not sealed.
     package static func read(fromFileAt path: String) -> SegmentIndex? {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return nil }
@@ -67,15 +84,21 @@ package struct SegmentIndex: Sendable, Equatable {
         var st = stat()
         guard fstat(fd, &st) == 0 else { return nil }
         let fileSize = Int64(st.st_size)
-        guard fileSize >= 8 + Int64(headerSize + trailerSize) else { return nil }
+        // With a seek table, the index is its last frame: it ends where the table begins.
+        let seekTable = SeekTable.read(fd: fd, fileSize: fileSize)
+        let end = seekTable.map { fileSize - Int64($0.encodedSize) } ?? fileSize
+        guard end >= 8 + Int64(headerSize + trailerSize) else { return nil }
         var trailer = [UInt8](repeating: 0, count: trailerSize)
-        guard pread(fd, &trailer, trailerSize, off_t(fileSize - Int64(trailerSize))) == trailerSize else { return nil }
+        guard pread(fd, &trailer, trailerSize, off_t(end - Int64(trailerSize))) == trailerSize else { return nil }
         let size = Int64(le32(trailer, 0))
-        guard le32(trailer, 4) == tag, size >= Int64(headerSize + trailerSize), size + 8 <= fileSize, size < 1 << 30
+        guard le32(trailer, 4) == tag, size >= Int64(headerSize + trailerSize), size + 8 <= end, size < 1 << 30
         else { return nil }
+        if let last = seekTable?.frames.last, last.compressedSize != UInt32(size + 8) || last.decompressedSize != 0 {
+            return nil
+        }
         var frame = [UInt8](repeating: 0, count: Int(size) + 8)
-        guard pread(fd, &frame, frame.count, off_t(fileSize - size - 8)) == frame.count else { return nil }
-        guard let index = decode(frame), index.isConsistent(framesEndAt: fileSize - size - 8) else { return nil }
+        guard pread(fd, &frame, frame.count, off_t(end - size - 8)) == frame.count else { return nil }
+        guard let index = decode(frame), index.isConsistent(framesEndAt: end - size - 8) else { return nil }
         return index
     }
 

@@ -42,6 +42,8 @@ package enum SegmentRecovery {
         var cut: Int64 = 0  // end of the last frame kept whole
         var frameLines: [[UInt8]] = []  // lines of the frame being decoded
         var frameEntry: SegmentIndex.Entry?
+        var frameSizes: [UInt32] = []  // uncompressed bytes of each frame kept
+        var frameSize: UInt32 = 0
 
         struct Stop: Error {}
         let decoder = SegmentDecoder()
@@ -62,11 +64,17 @@ package enum SegmentRecovery {
                             frameEntry!.maxReceivedMicros = max(frameEntry!.maxReceivedMicros, rt)
                         }
                         frameLines.append(Array(line))
+                        frameSize += UInt32(line.count + 1)
                         expected += 1
                         onRecord(record)
                     case .frameEnd(_, let end):
-                        if let e = frameEntry { entries.append(e) }
+                        // A skippable frame (an index of a seal that was torn) holds no
+                        // records: what is kept ends with the last frame that has some.
+                        guard let e = frameEntry else { return }
+                        entries.append(e)
+                        frameSizes.append(frameSize)
                         frameEntry = nil
+                        frameSize = 0
                         frameLines.removeAll()
                         cut = end
                     }
@@ -84,7 +92,7 @@ package enum SegmentRecovery {
         }
 
         // The new file: the whole frames as they are, the torn frame's records in a new frame,
-        // then the index.
+        // then the index and the seek table.
         var rebuilt = Array(data[0..<Int(cut)])
         if !frameLines.isEmpty, var entry = frameEntry {
             entry.offset = cut
@@ -96,9 +104,11 @@ package enum SegmentRecovery {
             }
             let compressor = ZstdCompressor(level: 3)
             plain.withUnsafeBytes { compressor.compress($0, directive: ZSTD_e_end, into: &rebuilt) }
+            frameSizes.append(UInt32(plain.count))
         }
         let index = SegmentIndex(firstSeq: segment.firstSeq, lastSeq: lastSeq, entries: entries)
-        rebuilt.append(contentsOf: index.encoded())
+        rebuilt.append(
+            contentsOf: index.sealingFrames(decompressedSizes: frameSizes, dataEnd: Int64(rebuilt.count)))
 
         let temporary = segment.path + ".recovering"
         let fd = try FileIO.open(temporary, O_WRONLY | O_CREAT | O_TRUNC)

@@ -15,6 +15,8 @@ final class SegmentWriter {
     private(set) var size: Int64 = 0
     private(set) var lastSeq: UInt64
     private(set) var entries: [SegmentIndex.Entry] = []
+    /// Each frame's uncompressed bytes, for the seek table.
+    private var frameSizes: [UInt32] = []
     private var frameUncompressed = 0
     private var output: [UInt8] = []
 
@@ -55,6 +57,7 @@ final class SegmentWriter {
         if frameUncompressed == 0 {
             entries.append(
                 .init(offset: size, firstSeq: firstSeq, minReceivedMicros: minReceived, maxReceivedMicros: maxReceived))
+            frameSizes.append(0)
         } else {
             entries[entries.count - 1].minReceivedMicros = min(
                 entries[entries.count - 1].minReceivedMicros, minReceived)
@@ -62,6 +65,7 @@ final class SegmentWriter {
                 entries[entries.count - 1].maxReceivedMicros, maxReceived)
         }
         frameUncompressed += lines.count
+        frameSizes[frameSizes.count - 1] += UInt32(lines.count)
         let endFrame = frameUncompressed >= frameBytes
         output.removeAll(keepingCapacity: true)
         compressor.compress(
@@ -83,15 +87,17 @@ final class SegmentWriter {
         try FileIO.sync(fd, path: file.path)
     }
 
-    /// Ends the open frame, appends the index and syncs: the segment is then sealed, and no
-    /// byte of it changes again.
+    /// Ends the open frame, appends the index and the seek table, and syncs: the segment is
+    /// then sealed, and no byte of it changes again.
     func seal() throws {
         output.removeAll(keepingCapacity: true)
         if frameUncompressed > 0 {
             compressor.compress(UnsafeRawBufferPointer(start: nil, count: 0), directive: ZSTD_e_end, into: &output)
             frameUncompressed = 0
         }
-        output.append(contentsOf: SegmentIndex(firstSeq: file.firstSeq, lastSeq: lastSeq, entries: entries).encoded())
+        let index = SegmentIndex(firstSeq: file.firstSeq, lastSeq: lastSeq, entries: entries)
+        output.append(
+            contentsOf: index.sealingFrames(decompressedSizes: frameSizes, dataEnd: size + Int64(output.count)))
         try writeOutput()
         try sync()
     }

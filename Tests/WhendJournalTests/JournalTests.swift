@@ -29,6 +29,34 @@ func readAll(_ directory: JournalDirectory) -> (lines: [[UInt8]], problems: [Jou
     return (lines, problems)
 }
 
+/// A sealed segment of records 1…300 in 30 commits, frames ended every 2000 bytes (several
+/// frames): its directory, its path, its text, and where each record's line starts in it.
+func sealedSegment(_ name: String) throws -> (
+    directory: JournalDirectory, path: String, text: [UInt8], lineStarts: [Int]
+) {
+    let directory = JournalDirectory(path: temporaryDirectory(name))
+    try directory.create()
+    let writer = try SegmentWriter(
+        directory: directory, firstSeq: 1, compressor: ZstdCompressor(level: 3), frameBytes: 2000)
+    var text: [UInt8] = []
+    var lineStarts: [Int] = []
+    for commit in 0..<30 {
+        var lines: [UInt8] = []
+        let first = UInt64(commit * 10 + 1)
+        for seq in first..<(first + 10) {
+            lineStarts.append(text.count + lines.count)
+            lines += record(seq, String(repeating: "n", count: Int(seq % 7))) + [0x0A]
+        }
+        text += lines
+        try lines.withUnsafeBytes {
+            try writer.append(
+                lines: $0, firstSeq: first, lastSeq: first + 9, minReceived: 0, maxReceived: 0, flush: true)
+        }
+    }
+    try writer.seal()
+    return (directory, directory.segmentPath(firstSeq: 1), text, lineStarts)
+}
+
 func zstdTestPasses(_ path: String) -> Bool {
     let p = Process()
     p.executableURL = URL(fileURLWithPath: "/usr/bin/zstd")
@@ -280,23 +308,7 @@ func zstdTestPasses(_ path: String) -> Bool {
 
 @Suite struct DamagedSegmentTests {
     @Test func aDamagedFrameIsSkippedAndNamedTheRestIsRead() throws {
-        let directory = JournalDirectory(path: temporaryDirectory("damaged"))
-        try directory.create()
-        let writer = try SegmentWriter(
-            directory: directory, firstSeq: 1, compressor: ZstdCompressor(level: 3), frameBytes: 2000)
-        for commit in 0..<30 {
-            var lines: [UInt8] = []
-            let first = UInt64(commit * 10 + 1)
-            for seq in first..<(first + 10) {
-                lines += record(seq, String(repeating: "n", count: Int(seq % 7))) + [0x0A]
-            }
-            try lines.withUnsafeBytes {
-                try writer.append(
-                    lines: $0, firstSeq: first, lastSeq: first + 9, minReceived: 0, maxReceived: 0, flush: true)
-            }
-        }
-        try writer.seal()
-        let path = directory.segmentPath(firstSeq: 1)
+        let (directory, path, _, _) = try sealedSegment("damaged")
         let index = try #require(SegmentIndex.read(fromFileAt: path))
         try #require(index.entries.count >= 5)
         // Corrupt the middle of one frame in the middle of the segment.
