@@ -77,6 +77,25 @@ final class Analytics: WhendPlugin {
 
 /// Which records become which events.
 struct AnalyticsFilter {
+    /// `{"name":"whend-analytics","version":…}`, as Segment's libraries name themselves.
+    static let library: [UInt8] = {
+        var library = JSONObjectWriter()
+        library.string("name", "whend-analytics")
+        library.string("version", Analytics.version)
+        return library.bytes
+    }()
+
+    /// Stable per record, so that an event sent twice is one event downstream: `whend-<_seq>-<id>`,
+    /// under the 100 characters Segment allows (a longer id is replaced by its digest).
+    static func messageID(seq: UInt64, id: String) -> String {
+        let plain = "whend-\(seq)-" + id
+        guard plain.utf8.count >= 100 else { return plain }
+        var hash = SipHash128()
+        hash.write(Array(id.utf8))
+        let (a, b) = hash.finalize()
+        return "whend-\(seq)-" + String(a, radix: 16) + String(b, radix: 16)
+    }
+
     var includeApps: Set<String>?
     var excludeApps: Set<String>
     var includeWhens: Set<String>?
@@ -112,17 +131,26 @@ struct AnalyticsFilter {
             guard origin == screensFrom, let n = r[.name], n.kind == .string else { return nil }
             name = n
         }
-        if r[.user] == nil { out.string("anonymousId", session.isEmpty ? app : app + ":" + session) }
+        // Both ids, the one not given null, and a screen's `category` null: as Segment's own
+        // libraries send them.
+        if r[.user] == nil {
+            out.string("anonymousId", session.isEmpty ? app : app + ":" + session)
+        } else {
+            out.null("anonymousId")
+        }
+        if !isWhen { out.null("category") }
         var context = JSONObjectWriter()
         var appObject = JSONObjectWriter()
         appObject.string("name", app)
         context.object("app", appObject)
+        // Who sent it, where Segment's own libraries say it (`context.library`).
+        context.raw("library", Self.library)
         if isWhen { context.value("screen", r[.screen]) }
         if !session.isEmpty { context.string("session", session) }
         out.object("context", context)
         if isWhen { out.value("event", name) }
-        // Stable per record: sent twice, it is one event downstream.
-        out.string("messageId", "whend-\(r.seq)-" + (r.string(.id) ?? app + ":" + session))
+        out.raw("integrations", Array("{}".utf8))
+        out.string("messageId", Self.messageID(seq: r.seq, id: r.string(.id) ?? app + ":" + session))
         if !isWhen { out.value("name", name) }
         if isWhen {
             if let params = r[.params] {
@@ -137,7 +165,7 @@ struct AnalyticsFilter {
         }
         if let time = r.time { out.value("timestamp", time) } else { out.string("timestamp", "") }
         out.string("type", isWhen ? "track" : "screen")
-        out.value("userId", r[.user])
+        out.valueOrNull("userId", r[.user])
         return out
     }
 }
@@ -271,6 +299,7 @@ final class AnalyticsSender: @unchecked Sendable {
     let file: String?
     let endpoint: URL?
     let authorization: String?
+    let writeKey: String?
     let batchEvents: Int
     let batchBytes: Int
     let flushInterval: Double
@@ -289,7 +318,9 @@ final class AnalyticsSender: @unchecked Sendable {
         self.file = file
         self.endpoint = endpoint
         authorization = writeKey.map { "Basic " + Data(($0 + ":").utf8).base64EncodedString() }
-        self.batchEvents = max(1, min(batchEvents, 10_000))
+        self.writeKey = writeKey
+        // Segment takes at most 2,500 events and 500 KB in a batch.
+        self.batchEvents = max(1, min(batchEvents, 2_500))
         self.batchBytes = max(1024, min(batchBytes, 500_000))
         self.flushInterval = flushInterval
         self.timeout = timeout
@@ -323,10 +354,9 @@ final class AnalyticsSender: @unchecked Sendable {
                 sleepUnlessStopped(flushInterval)
                 batch = spool.peek(maxEvents: batchEvents, maxBytes: batchBytes, wait: 0)
             }
-            let body = Self.batchBody(batch)
             if let file, fileDone < batch.count {
                 do {
-                    try Self.append(Self.batchBody(Array(batch[fileDone...])) + [0x0A], to: file)
+                    try Self.append(Self.batchBody(Array(batch[fileDone...]), writeKey: nil) + [0x0A], to: file)
                     fileDone = batch.count
                 } catch {
                     host.log(.error, "analytics: cannot write \(file): \(error); retrying")
@@ -335,7 +365,7 @@ final class AnalyticsSender: @unchecked Sendable {
                 }
             }
             if let endpoint {
-                guard deliver(body, to: endpoint, events: batch.count) else { continue }
+                guard deliver(batch, to: endpoint) else { continue }
             }
             spool.remove(batch.count)
             fileDone = 0
@@ -343,13 +373,25 @@ final class AnalyticsSender: @unchecked Sendable {
         }
     }
 
-    static func batchBody(_ events: [[UInt8]]) -> [UInt8] {
+    /// A batch as Segment's libraries post it: `{"batch":[…],"sentAt":…,"writeKey":…}`, `sentAt`
+    /// the moment of this attempt (Segment corrects the events' clocks by it). The key goes in
+    /// the body and as HTTP Basic auth, as they send it; never into the file.
+    static func batchBody(_ events: [[UInt8]], writeKey: String?) -> [UInt8] {
         var body = Array(#"{"batch":["#.utf8)
         for (i, e) in events.enumerated() {
             if i > 0 { body.append(UInt8(ascii: ",")) }
             body += e
         }
-        body += Array("]}".utf8)
+        body += Array(#"],"sentAt":"#.utf8)
+        var clock = RFC3339Clock()
+        var now: [UInt8] = []
+        clock.appendNow(to: &now)
+        appendJSONString(now, to: &body)
+        if let writeKey {
+            body += Array(#","writeKey":"#.utf8)
+            appendJSONString(writeKey.utf8, to: &body)
+        }
+        body.append(UInt8(ascii: "}"))
         return body
     }
 
@@ -368,12 +410,13 @@ final class AnalyticsSender: @unchecked Sendable {
 
     /// POSTs one batch until it is accepted (true), dropped for a 4xx (true: nothing more to
     /// do with it), or the plugin stops (false).
-    private func deliver(_ body: [UInt8], to endpoint: URL, events: Int) -> Bool {
+    private func deliver(_ batch: [[UInt8]], to endpoint: URL) -> Bool {
+        let events = batch.count
         var backoff = 0.5
         var attempt = 0
         while !isStopped {
             attempt += 1
-            let (status, retryAfter, problem) = post(body, to: endpoint)
+            let (status, retryAfter, problem) = post(Self.batchBody(batch, writeKey: writeKey), to: endpoint)
             switch status ?? 0 {
             case 200..<300:
                 return true

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import WhendWire
 
 /// A daemon with the built-in pipelines on, configured by `settings` (a configuration file).
 private func daemonWithBuiltins(_ name: String, settings: String = "") throws -> DaemonProcess {
@@ -145,6 +146,64 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
         // The retried batches are the same batch: the same messageIds each time.
         let first = (requests.first??["batch"] as? [[String: Any]])?.compactMap { $0["messageId"] as? String }
         #expect(first == ids)
+    }
+
+    /// analytics sends what Segment's own library sends: the same top-level keys (`batch`,
+    /// `sentAt`, `writeKey`, and Basic auth), and for each call type the same keys per event,
+    /// `context.library` and `integrations` included; PyPI's segment-analytics-python posts to
+    /// the same server in the same test.
+    @Test func analyticsBatchesHaveTheKeysOfSegmentsOwnLibrary() throws {
+        let server = try HTTPTestServer(answers: [.init(status: 200)])
+        defer { server.stop() }
+        let endpoint = "http://127.0.0.1:\(server.port)"
+        let library = try runCommand(
+            testPython, [repositoryRoot + "/Tests/Fixtures/segment_capture.py", endpoint, "k"])
+        try #require(library.status == 0, "segment-analytics-python: \(library.error)")
+        try #require(server.requests.count == 2, "one POST per call")
+        let theirs = server.requests.compactMap { try? JSONSerialization.jsonObject(with: $0) as? [String: Any] }
+        let theirHeads = server.requestHeads
+
+        let daemon = try daemonWithBuiltins(
+            "builtin-segment",
+            settings: """
+                plugin.analytics = {"endpoint": "\(endpoint)/v1/batch", "file": null, "flush_interval": 0.2, "write_key": "k"}
+                """)
+        defer { daemon.stop() }
+        try sendSession(
+            daemon, app: "com.example.mail", session: "e-1",
+            [
+                navigation("present", "ChangeEmail"),
+                #"{"type":"when","when":{"userTypesNewEmail":{"userEmail":"john.doe@example.com"}},"user":"u-7"}"#,
+            ])
+        #expect(eventually(30) { server.requests.count >= 3 })
+        let ours = server.requests.dropFirst(2).compactMap {
+            try? JSONSerialization.jsonObject(with: $0) as? [String: Any]
+        }
+        let ourEvents = ours.flatMap { $0["batch"] as? [[String: Any]] ?? [] }
+        let theirEvents = theirs.flatMap { $0["batch"] as? [[String: Any]] ?? [] }
+
+        // The body's keys and the authorisation, as the library sends them.
+        for body in ours {
+            #expect(Set(body.keys) == Set(theirs[0].keys), "top level: \(body.keys.sorted())")
+            #expect(body["writeKey"] as? String == "k")
+            #expect((body["sentAt"] as? String).flatMap { RFC3339.parse(Array($0.utf8)) } != nil)
+        }
+        let basic = "Basic " + Data("k:".utf8).base64EncodedString()
+        for head in theirHeads.prefix(1) + server.requestHeads.dropFirst(2) {
+            #expect(head.contains("\r\nAuthorization: \(basic)") || head.contains("\r\nauthorization: \(basic)"))
+        }
+        // Call type by call type, the same keys; whend's context says more (app, session, screen).
+        for type in ["track", "screen"] {
+            let mine = try #require(ourEvents.first { $0["type"] as? String == type }, "no \(type) of whend's")
+            let reference = try #require(theirEvents.first { $0["type"] as? String == type })
+            #expect(
+                Set(mine.keys) == Set(reference.keys), "\(type): \(mine.keys.sorted()) ≠ \(reference.keys.sorted())")
+            let context = mine["context"] as? [String: Any] ?? [:]
+            #expect(Set((context["library"] as? [String: Any] ?? [:]).keys) == ["name", "version"])
+            #expect((mine["integrations"] as? [String: Any])?.isEmpty == true)
+            #expect((mine["messageId"] as? String).map { !$0.isEmpty && $0.count < 100 } == true)
+            #expect((mine["timestamp"] as? String).flatMap { RFC3339.parse(Array($0.utf8)) } != nil)
+        }
     }
 
     /// analytics writes its spool in batches; its worker flushes them before its cursor passes

@@ -13,6 +13,7 @@ final class HTTPTestServer: @unchecked Sendable {
     private let lock = NSLock()
     private var script: [Answer]
     private var bodies: [Data] = []
+    private var heads: [String] = []
     private var stopped = false
 
     init(answers: [Answer]) throws {
@@ -56,6 +57,9 @@ final class HTTPTestServer: @unchecked Sendable {
 
     var requests: [Data] { lock.withLock { bodies } }
 
+    /// Each request's line and headers, as sent.
+    var requestHeads: [String] { lock.withLock { heads } }
+
     /// From the next request on, these answers (the last one repeats).
     func answer(_ answers: [Answer]) { lock.withLock { script = answers } }
 
@@ -86,6 +90,7 @@ final class HTTPTestServer: @unchecked Sendable {
                 let body = Data(received[(end + 4)..<(end + 4 + length)])
                 let answer = lock.withLock {
                     bodies.append(body)
+                    heads.append(String(decoding: received[..<end], as: UTF8.self))
                     return script.count > 1 ? script.removeFirst() : script[0]
                 }
                 var text = "HTTP/1.1 \(answer.status) X\r\nContent-Length: 2\r\nConnection: close\r\n"

@@ -10,6 +10,13 @@ func executable(_ name: String) -> String {
     return (me as NSString).deletingLastPathComponent + "/" + name
 }
 
+/// The repository's root: the fixtures, and the tests' Python environment (`make test-deps`).
+let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+    .deletingLastPathComponent().path
+
+/// The Python of the tests' own environment, with the readers from PyPI (`make test-deps`).
+let testPython = repositoryRoot + "/.build/test-venv/bin/python"
+
 func scratchDirectory(_ name: String) -> String {
     // Short: socket paths must fit in 108 bytes.
     let path = "/tmp/wt-\(name.prefix(12))-\(getpid())-\(UInt16.random(in: 0...UInt16.max))"
