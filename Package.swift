@@ -36,6 +36,8 @@ let package = Package(
     targets: [
         // C libraries from Debian, through system-library targets.
         .systemLibrary(name: "CZstd", pkgConfig: "libzstd", providers: [.apt(["libzstd-dev"])]),
+        // zlib, for analytics' gzip bodies.
+        .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
         .systemLibrary(name: "CNats", pkgConfig: "libnats", providers: [.apt(["libnats-dev"])]),
 
@@ -63,7 +65,7 @@ let package = Package(
             name: "NatsPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport", "CNats", "WhendWire"],
             path: "Plugins/Nats"),
         .target(
-            name: "AnalyticsPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport", "WhendWire"],
+            name: "AnalyticsPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport", "WhendWire", "CZlib"],
             path: "Plugins/Analytics"
         ),
         .target(

@@ -67,7 +67,7 @@ Package: whend
 Version: $version
 Architecture: $arch
 Maintainer: whend developers <whend@localhost>
-Depends: libc6, libstdc++6, libgcc-s1, libzstd1, libsystemd0, libcurl4, libnats3.4
+Depends: libc6, libstdc++6, libgcc-s1, libzstd1, zlib1g, libsystemd0, libcurl4, libnats3.4
 Installed-Size: $size
 Section: admin
 Priority: optional

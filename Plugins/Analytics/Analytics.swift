@@ -1,4 +1,5 @@
 import BuiltinPluginSupport
+import CZlib
 import Foundation
 import WhendPluginSDK
 import WhendWire
@@ -43,6 +44,7 @@ final class Analytics: WhendPlugin {
             path: host.stateDirectory + "/spool.ndjson", maxBytes: c["spool_max_bytes"] as? Int ?? 64 << 20)
         sender = AnalyticsSender(
             spool: spool, host: host, file: file, endpoint: endpoint, writeKey: c["write_key"] as? String,
+            gzip: c["gzip"] as? Bool ?? false,
             batchEvents: c["batch_events"] as? Int ?? 100, batchBytes: c["batch_max_bytes"] as? Int ?? 500_000,
             flushInterval: c["flush_interval"] as? Double ?? 1, timeout: c["timeout"] as? Double ?? 10,
             maxBackoff: c["max_backoff"] as? Double ?? 60)
@@ -300,6 +302,8 @@ final class AnalyticsSender: @unchecked Sendable {
     let endpoint: URL?
     let authorization: String?
     let writeKey: String?
+    /// Bodies gzip-compressed (`Content-Encoding: gzip`), as RudderStack's SDKs send them.
+    let gzip: Bool
     let batchEvents: Int
     let batchBytes: Int
     let flushInterval: Double
@@ -310,7 +314,8 @@ final class AnalyticsSender: @unchecked Sendable {
     private let done = DispatchSemaphore(value: 0)
 
     init(
-        spool: AnalyticsSpool, host: PluginHost, file: String?, endpoint: URL?, writeKey: String?, batchEvents: Int,
+        spool: AnalyticsSpool, host: PluginHost, file: String?, endpoint: URL?, writeKey: String?, gzip: Bool,
+        batchEvents: Int,
         batchBytes: Int, flushInterval: Double, timeout: Double, maxBackoff: Double
     ) {
         self.spool = spool
@@ -319,6 +324,7 @@ final class AnalyticsSender: @unchecked Sendable {
         self.endpoint = endpoint
         authorization = writeKey.map { "Basic " + Data(($0 + ":").utf8).base64EncodedString() }
         self.writeKey = writeKey
+        self.gzip = gzip
         // Segment takes at most 2,500 events and 500 KB in a batch.
         self.batchEvents = max(1, min(batchEvents, 2_500))
         self.batchBytes = max(1024, min(batchBytes, 500_000))
@@ -445,7 +451,12 @@ final class AnalyticsSender: @unchecked Sendable {
     private func post(_ body: [UInt8], to endpoint: URL) -> (status: Int?, retryAfter: Double?, problem: String) {
         var request = URLRequest(url: endpoint, timeoutInterval: timeout)
         request.httpMethod = "POST"
-        request.httpBody = Data(body)
+        if gzip, let compressed = Self.gzipped(body) {
+            request.httpBody = Data(compressed)
+            request.setValue("gzip", forHTTPHeaderField: "Content-Encoding")
+        } else {
+            request.httpBody = Data(body)
+        }
         request.setValue("application/json", forHTTPHeaderField: "Content-Type")
         if let authorization { request.setValue(authorization, forHTTPHeaderField: "Authorization") }
         let result = PostResult()
@@ -460,6 +471,31 @@ final class AnalyticsSender: @unchecked Sendable {
         }.resume()
         finished.wait()
         return result.value
+    }
+
+    /// `bytes` as one gzip member (zlib's deflate with the gzip wrapper); nil if zlib fails, and
+    /// the body then goes uncompressed.
+    static func gzipped(_ bytes: [UInt8]) -> [UInt8]? {
+        var stream = z_stream()
+        // 15 window bits, + 16 for the gzip wrapper; memory level 8: zlib's defaults.
+        guard
+            deflateInit2_(
+                &stream, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
+                Int32(MemoryLayout<z_stream>.size)) == Z_OK
+        else { return nil }
+        defer { deflateEnd(&stream) }
+        var out = [UInt8](repeating: 0, count: Int(deflateBound(&stream, uLong(bytes.count))))
+        let status: Int32 = bytes.withUnsafeBufferPointer { input in
+            out.withUnsafeMutableBufferPointer { output in
+                stream.next_in = UnsafeMutablePointer(mutating: input.baseAddress)
+                stream.avail_in = uInt(input.count)
+                stream.next_out = output.baseAddress
+                stream.avail_out = uInt(output.count)
+                return deflate(&stream, Z_FINISH)
+            }
+        }
+        guard status == Z_STREAM_END else { return nil }
+        return Array(out.prefix(Int(stream.total_out)))
     }
 
     private func sleepUnlessStopped(_ seconds: Double) {

@@ -206,6 +206,29 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
         }
     }
 
+    /// With `"gzip": true` the body is one gzip member (`Content-Encoding: gzip`), as RudderStack's
+    /// SDKs send it: gzip itself decompresses it to the batch.
+    @Test func analyticsGzipsItsBodiesWhenAsked() throws {
+        let server = try HTTPTestServer(answers: [.init(status: 200)])
+        defer { server.stop() }
+        let daemon = try daemonWithBuiltins(
+            "builtin-gzip",
+            settings: """
+                plugin.analytics = {"endpoint": "http://127.0.0.1:\(server.port)/v1/batch", "file": null, "flush_interval": 0.2, "gzip": true}
+                """)
+        defer { daemon.stop() }
+        try sendSession(daemon, app: "com.example.gzip", session: "g", [#"{"type":"when","name":"zipped"}"#])
+        #expect(eventually(30) { server.requests.count >= 1 })
+        let body = try #require(server.requests.first)
+        #expect(server.requestHeads.first?.contains("\r\nContent-Encoding: gzip") == true)
+        let file = daemon.directory + "/body.gz"
+        try body.write(to: URL(fileURLWithPath: file))
+        let plain = try runCommand("/bin/sh", ["-c", "exec gzip -dc < '\(file)'"])
+        #expect(plain.status == 0, "gzip: \(plain.error)")
+        let batch = (try? JSONSerialization.jsonObject(with: Data(plain.output.utf8)) as? [String: Any])?["batch"]
+        #expect((batch as? [[String: Any]])?.first?["event"] as? String == "zipped")
+    }
+
     /// analytics writes its spool in batches; its worker flushes them before its cursor passes
     /// the records. Killed once the cursor is past every record, while the destination refuses
     /// everything, the worker must have every event in the spool: the next one delivers them.
