@@ -309,11 +309,14 @@ package enum PipelineWorker {
         var flushedThrough = cursor
         var lastPluginFlush = Date()
         var flushFailure: String?
+        var lastProgressCursor = cursor
 
         // Called after every record; the work is done at most every 0.1 s (derived records: every
         // 5 ms, or sooner when 256 KiB wait). The cursor saved is below the oldest record not
         // finished (a deferred stage's, or one whose derived records whend has not stored yet).
-        func report(force: Bool = false) {
+        /// `idle`: nothing more to read for now, so what is held is flushed and the progress told
+        /// at once rather than at the next tick (an idle worker's cursor must not lag).
+        func report(force: Bool = false, idle: Bool = false) {
             let now = Date()
             if output.pendingBytes > 0,
                 force || output.pendingBytes >= 256 << 10 || now.timeIntervalSince(lastFlush) >= 0.005
@@ -329,7 +332,7 @@ package enum PipelineWorker {
             // holds in memory: they are made durable first, or both wait.
             var flushed = true
             if snapshotDue
-                || (cursor != flushedThrough && (force || now.timeIntervalSince(lastPluginFlush) >= 0.1))
+                || (cursor != flushedThrough && (force || idle || now.timeIntervalSince(lastPluginFlush) >= 0.1))
             {
                 lastPluginFlush = now
                 do {
@@ -365,9 +368,10 @@ package enum PipelineWorker {
                     }
                 }
             }
-            let progressDue = force || now.timeIntervalSince(lastProgress) >= 0.25
-            guard saveDue || progressDue else { return }
             let durable = min(completions.watermark(acceptedThrough: cursor), flushedThrough)
+            let progressDue =
+                force || now.timeIntervalSince(lastProgress) >= 0.25 || (idle && durable != lastProgressCursor)
+            guard saveDue || progressDue else { return }
             if saveDue, durable != savedCursor {
                 do {
                     try save(durable, to: spec.cursorPath)
@@ -382,6 +386,7 @@ package enum PipelineWorker {
             if progressDue {
                 output.progress(cursor: durable, failures: failures, deadLetters: deadLetters, skipped: skipped)
                 lastProgress = now
+                lastProgressCursor = durable
             }
         }
 
@@ -457,7 +462,7 @@ package enum PipelineWorker {
                     output.flush()
                     lastFlush = Date()
                 }
-                report()
+                report(idle: true)
                 return workerStopRequested == 0
             },
             onProblem: { problem in logger.warning("pipeline \(spec.name): \(problem)") })
