@@ -68,8 +68,9 @@ struct SavedSessionIndex: Codable, CompactCodable {
     func encode(to writer: inout CompactWriter) {
         writer.write(index.indexedThrough)
         writer.write(UInt64(index.entries.count))
-        // In `_seq` order: the same index saves the same bytes.
-        for (key, e) in index.entries.sorted(by: { $0.value.lastSeq < $1.value.lastSeq }) {
+        // Most recent first: the same index saves the same bytes.
+        for position in index.mostRecentFirst() {
+            let (key, e) = index.entries[position]
             key.encode(to: &writer)
             writer.write(e.app)
             writer.write(e.session)

@@ -168,22 +168,13 @@ package struct SessionIndex {
     /// fifth of a replay's time for an index of 10,000 sessions; sorting the entries themselves
     /// (copying each) and a writer per entry, most of what was left.
     func snapshotJSON() -> [UInt8] {
-        // Most recent first, sorted as plain numbers.
-        var order: [(lastSeq: UInt64, index: [SessionDigest: Entry].Index)] = []
-        order.reserveCapacity(entries.count)
-        var i = entries.startIndex
-        while i != entries.endIndex {
-            order.append((entries[i].value.lastSeq, i))
-            entries.formIndex(after: &i)
-        }
-        order.sort { $0.lastSeq > $1.lastSeq }
         var out: [UInt8] = []
         out.reserveCapacity(64 + entries.count * 224)
         out += #"{"indexedThrough":"#.utf8
         appendDecimal(indexedThrough, to: &out)
         out += #","sessions":["#.utf8
-        for (n, o) in order.enumerated() {
-            let e = entries[o.index].value
+        for (n, index) in mostRecentFirst().enumerated() {
+            let e = entries[index].value
             out += (n > 0 ? #",{"app":"# : #"{"app":"#).utf8
             appendJSONString(e.app.utf8, to: &out)
             out += #","counts":{"#.utf8
@@ -209,13 +200,27 @@ package struct SessionIndex {
         return out
     }
 
+    /// Where each session is, most recent first. Sorted as plain numbers: a sort of the entries
+    /// themselves copied (and retained) each one.
+    package func mostRecentFirst() -> [[SessionDigest: Entry].Index] {
+        var order: [(lastSeq: UInt64, index: [SessionDigest: Entry].Index)] = []
+        order.reserveCapacity(entries.count)
+        var i = entries.startIndex
+        while i != entries.endIndex {
+            order.append((entries[i].value.lastSeq, i))
+            entries.formIndex(after: &i)
+        }
+        order.sort { $0.lastSeq > $1.lastSeq }
+        return order.map(\.index)
+    }
+
     /// The sessions, most recent first.
-    package var sessions: [Entry] { entries.values.sorted { $0.lastSeq > $1.lastSeq } }
+    package var sessions: [Entry] { mostRecentFirst().map { entries[$0].value } }
 
     /// Keeps the `limit` most recently active sessions.
     mutating func trim(to limit: Int) {
         guard entries.count > limit else { return }
-        let cut = entries.values.map(\.lastSeq).sorted(by: >)[limit - 1]
+        let cut = entries[mostRecentFirst()[limit - 1]].value.lastSeq
         entries = entries.filter { $0.value.lastSeq >= cut }
     }
 }

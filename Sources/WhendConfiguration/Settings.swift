@@ -87,11 +87,14 @@ package enum Settings {
         }
     }
 
-    package static func seconds(_ set: @escaping @Sendable (inout DaemonConfiguration, Double) -> Void)
+    /// A finite decimal of at least `floor`: seconds, or a rate or a burst of events.
+    package static func seconds(
+        atLeast floor: Double = 0, _ set: @escaping @Sendable (inout DaemonConfiguration, Double) -> Void
+    )
         -> @Sendable (inout DaemonConfiguration, String) -> Bool
     {
         { c, v in
-            guard let n = Double(v), n >= 0, n.isFinite else { return false }
+            guard let n = Double(v), n >= floor, n.isFinite else { return false }
             set(&c, n)
             return true
         }
@@ -184,12 +187,7 @@ package enum Settings {
         Setting(
             key: "rate_burst", allowed: "a number of events, 1 or more",
             help: "events a sender may send at once above the rate", reload: .live,
-            value: { number($0.rateBurst) },
-            apply: { c, v in
-                guard let n = Double(v), n >= 1, n.isFinite else { return false }
-                c.rateBurst = n
-                return true
-            }),
+            value: { number($0.rateBurst) }, apply: seconds(atLeast: 1) { $0.rateBurst = $1 }),
         Setting(
             key: "rate_limit_by", allowed: "pid, uid or connection", help: "who a rate limit counts against",
             reload: .live, value: { $0.rateLimitBy.rawValue }
@@ -201,12 +199,8 @@ package enum Settings {
         Setting(
             key: "rate_limit_report_interval", allowed: "seconds, at least 0.1",
             help: "how often suppressed events are summed up in the log", reload: .live,
-            value: { number($0.rateLimitReportInterval) }
-        ) { c, v in
-            guard let n = Double(v), n >= 0.1, n.isFinite else { return false }
-            c.rateLimitReportInterval = n
-            return true
-        },
+            value: { number($0.rateLimitReportInterval) },
+            apply: seconds(atLeast: 0.1) { $0.rateLimitReportInterval = $1 }),
         Setting(
             key: "max_pending_bytes", allowed: "an integer of at least 4096",
             help: "bytes all connections may have waiting for the journal", reload: .live,
@@ -246,12 +240,7 @@ package enum Settings {
         Setting(
             key: "pipeline_watchdog", allowed: "seconds, at least 1",
             help: "how long a pipeline worker may be silent before it is restarted", reload: .live,
-            value: { number($0.pipelineWatchdog) }
-        ) { c, v in
-            guard let n = Double(v), n >= 1, n.isFinite else { return false }
-            c.pipelineWatchdog = n
-            return true
-        },
+            value: { number($0.pipelineWatchdog) }, apply: seconds(atLeast: 1) { $0.pipelineWatchdog = $1 }),
         Setting(
             key: "pipeline_snapshot_interval", allowed: "seconds, 0 for never",
             help: "how often a pipeline whose plugins keep state saves it with its cursor", reload: .live,

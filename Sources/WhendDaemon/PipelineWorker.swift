@@ -368,10 +368,11 @@ package enum PipelineWorker {
                     }
                 }
             }
+            let tickDue = force || now.timeIntervalSince(lastProgress) >= 0.25
+            // Not after every record: the watermark takes the completions' lock.
+            guard saveDue || tickDue || idle else { return }
             let durable = min(completions.watermark(acceptedThrough: cursor), flushedThrough)
-            let progressDue =
-                force || now.timeIntervalSince(lastProgress) >= 0.25 || (idle && durable != lastProgressCursor)
-            guard saveDue || progressDue else { return }
+            let progressDue = tickDue || (idle && durable != lastProgressCursor)
             if saveDue, durable != savedCursor {
                 do {
                     try save(durable, to: spec.cursorPath)

@@ -143,7 +143,7 @@ package struct JournalVerifier: Sendable {
                 problem(entry.offset, "the index points to offset \(entry.offset), where no frame of records starts")
             }
             if !damaged, let table = SeekTable.read(fromFileAt: segment.path) {
-                checkSeekTable(table, against: frames, indexSize: index.encoded().count, problem: problem)
+                checkSeekTable(table, against: frames, indexSize: index.encodedSize, problem: problem)
             }
         } else if isLast {
             report.notes.append("\(segment.path) is the active segment (not sealed yet)")

@@ -27,6 +27,9 @@ package struct SegmentIndex: Sendable, Equatable {
 
     package var recordCount: UInt64 { lastSeq + 1 - firstSeq }
 
+    /// The index's frame, header included.
+    package var encodedSize: Int { 8 + Self.headerSize + entries.count * 32 + Self.trailerSize }
+
     static let frameMagic: UInt32 = 0x184D_2A5E
     static let tag: UInt32 = 0x5849_4857  // "WHIX" read as little-endian
     static let version: UInt32 = 1

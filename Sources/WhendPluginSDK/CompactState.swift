@@ -199,17 +199,10 @@ extension BoundedSessions: CompactCodable where State: CompactCodable {
     public func encode(to writer: inout CompactWriter) {
         writer.write(limit)
         writer.write(UInt64(entries.count))
-        // Sorted as plain numbers: this code is not specialised for the state's type, and a
-        // sort of the entries themselves copied each state through its value witnesses
-        // (retains and releases) a dozen times.
-        var order: [(seen: UInt64, low: UInt64, high: UInt64, slot: Int)] = []
-        order.reserveCapacity(entries.count)
-        for i in entries.indices { order.append((entries[i].seen, entries[i].id.low, entries[i].id.high, i)) }
-        order.sort { ($0.seen, $0.low, $0.high) < ($1.seen, $1.low, $1.high) }
-        for o in order {
-            SessionDigest(low: o.low, high: o.high).encode(to: &writer)
-            writer.write(o.seen)
-            entries[o.slot].state.encode(to: &writer)
+        for slot in orderSeen() {
+            entries[slot].id.encode(to: &writer)
+            writer.write(entries[slot].seen)
+            entries[slot].state.encode(to: &writer)
         }
     }
 

@@ -93,13 +93,15 @@ extension SessionDigest {
         entries.removeLast(entries.count - kept)
     }
 
-    /// The sessions in the order last seen (then by digest): the same state saves the same bytes.
+    /// The sessions' slots in the order last seen (then by digest): the same state saves the
+    /// same bytes. Sorted as plain numbers: where this is not specialised for the state's type,
+    /// a sort of the entries themselves copied each state through its value witnesses.
     @usableFromInline func orderSeen() -> [Int] {
-        entries.indices.sorted {
-            let a = entries[$0]
-            let b = entries[$1]
-            return (a.seen, a.id.low, a.id.high) < (b.seen, b.id.low, b.id.high)
-        }
+        var order: [(seen: UInt64, low: UInt64, high: UInt64, slot: Int)] = []
+        order.reserveCapacity(entries.count)
+        for i in entries.indices { order.append((entries[i].seen, entries[i].id.low, entries[i].id.high, i)) }
+        order.sort { ($0.seen, $0.low, $0.high) < ($1.seen, $1.low, $1.high) }
+        return order.map(\.slot)
     }
 }
 

@@ -24,19 +24,9 @@ package enum IngestRewrite {
         return body
     }
 
-    /// The body of a record a plugin derived: its members as `body(output:original:)` keeps
-    /// them, then `trustedMembers`, whend's own (`"_origin":…,"_cause":…`, as whend wrote them:
-    /// not scanned again).
-    package static func derivedBody(output: UnsafeBufferPointer<UInt8>, trustedMembers: UnsafeBufferPointer<UInt8>)
-        throws(WireError) -> [UInt8]
-    {
-        var body: [UInt8] = []
-        try appendDerivedBody(output: output, trustedMembers: trustedMembers, to: &body)
-        return body
-    }
-
-    /// `derivedBody`, appended to `out` (a batch being built: no array of its own); on error
-    /// `out` is as it was.
+    /// The body of a record a plugin derived, appended to `out` (a batch being built: no array of
+    /// its own): its members as `body(output:original:)` keeps them, then `trustedMembers`,
+    /// whend's own (as whend wrote them: not scanned again). On error `out` is as it was.
     package static func appendDerivedBody(
         output: UnsafeBufferPointer<UInt8>, trustedMembers: UnsafeBufferPointer<UInt8>, to out: inout [UInt8]
     ) throws(WireError) {

@@ -73,18 +73,6 @@ public func parseUInt(_ bytes: UnsafeBufferPointer<UInt8>) -> UInt64? {
     return v
 }
 
-/// The start of a derived record's trusted members: `"_origin":"NAME"[,"_pipeline":"P"],"_cause":`.
-package func derivedRecordPrefix(origin: String, pipeline: String?) -> [UInt8] {
-    var prefix = Array(#""_origin":"#.utf8)
-    appendJSONString(origin.utf8, to: &prefix)
-    if let pipeline {
-        prefix += #","_pipeline":"#.utf8
-        appendJSONString(pipeline.utf8, to: &prefix)
-    }
-    prefix += #","_cause":"#.utf8
-    return prefix
-}
-
 /// Builds derived records as the journal stores them, one after another: the plugin's members,
 /// checked (`IngestRewrite.appendDerivedBody`), then whend's trusted ones,
 /// `"_origin":…[,"_pipeline":…],"_cause":N,"_rt":"T"`. The daemon and `whenctl replay` build
@@ -107,7 +95,14 @@ package struct DerivedRecordBuilder {
     ) throws(WireError) {
         if origin != self.origin || trusted.isEmpty {
             self.origin = origin
-            trusted = derivedRecordPrefix(origin: origin, pipeline: pipeline)
+            // `"_origin":"NAME"[,"_pipeline":"P"],"_cause":`
+            trusted = Array(#""_origin":"#.utf8)
+            appendJSONString(origin.utf8, to: &trusted)
+            if let pipeline {
+                trusted += #","_pipeline":"#.utf8
+                appendJSONString(pipeline.utf8, to: &trusted)
+            }
+            trusted += #","_cause":"#.utf8
             prefixLength = trusted.count
         }
         trusted.removeSubrange(prefixLength...)

@@ -186,15 +186,7 @@ extension DaemonProcess {
             if round == 1 {
                 // Sessions with screens, for screen-tracking to derive from (not acked: what it
                 // derives from what was stored is checked, not what was sent).
-                let p = Process()
-                p.executableURL = URL(fileURLWithPath: executable("whend-demo"))
-                p.arguments = [
-                    "--socket", daemon.socketPath, "--rate", "300", "--duration", "600", "--seed", "5", "--quiet",
-                ]
-                p.standardOutput = FileHandle.nullDevice
-                p.standardError = FileHandle.nullDevice
-                try p.run()
-                demo = p
+                demo = try startDemo(daemon, ["--rate", "300", "--duration", "600", "--seed", "5"])
             }
         }
         if let demo {

@@ -5,6 +5,19 @@ import WhendDaemon
 import WhendJournal
 import WhendPluginHost
 
+/// SIGKILLs `pipeline`'s worker as it runs now (it may be starting again after the last kill);
+/// false if none runs within 5 s.
+private func killWorker(_ daemon: DaemonProcess, _ pipeline: String) -> Bool {
+    var pid = 0
+    _ = eventually(5) {
+        let entry = try? daemon.pipeline(pipeline)
+        pid = entry?["state"] as? String == "running" ? entry?["pid"] as? Int ?? 0 : 0
+        return pid > 0
+    }
+    guard pid > 0 else { return false }
+    return Glibc.kill(pid_t(pid), SIGKILL) == 0
+}
+
 @Suite(.serialized) struct SnapshotTests {
     /// The seeds' journeys stream while the screens worker is SIGKILLed at 20 random moments and
     /// whend itself twice: what screen-tracking derived is, byte for byte and in the order of
@@ -23,15 +36,7 @@ import WhendPluginHost
         """.write(toFile: file, atomically: true, encoding: .utf8)
         let daemon = DaemonProcess("snapshots", arguments: ["--builtin-pipelines", "true", "--config", file])
         try daemon.start()
-        let demo = Process()
-        demo.executableURL = URL(fileURLWithPath: executable("whend-demo"))
-        demo.arguments = [
-            "--socket", daemon.socketPath, "--rate", "600", "--duration", "12", "--seed", "11", "--quiet",
-            "--fatal-one-in", "0",
-        ]
-        demo.standardOutput = FileHandle.nullDevice
-        demo.standardError = FileHandle.nullDevice
-        try demo.run()
+        let demo = try startDemo(daemon, ["--rate", "600", "--duration", "12", "--seed", "11", "--fatal-one-in", "0"])
         var generator = SystemRandomNumberGenerator()
         var workerKills = 0
         var daemonKills = 0
@@ -43,16 +48,7 @@ import WhendPluginHost
                 try daemon.start()
                 continue
             }
-            // The worker as it runs now (it may be starting again after the last kill).
-            var pid = 0
-            _ = eventually(5) {
-                let pipelines = (try? daemon.status())?["pipelines"] as? [[String: Any]] ?? []
-                let screens = pipelines.first { $0["name"] as? String == "screens" }
-                pid = screens?["state"] as? String == "running" ? screens?["pid"] as? Int ?? 0 : 0
-                return pid > 0
-            }
-            guard pid > 0 else { break }
-            Glibc.kill(pid_t(pid), SIGKILL)
+            guard killWorker(daemon, "screens") else { break }
             workerKills += 1
         }
         demo.waitUntilExit()
@@ -68,6 +64,56 @@ import WhendPluginHost
 
         try expectReplayDerivesWhatWasLive(daemon, config: file, atLeast: 500)
         #expect(daemon.log.contains("restored its plugins' state saved at _seq"), "\(daemon.log.suffix(2000))")
+    }
+
+    /// session-recorder keeps its index as state saved with its cursor: with its worker
+    /// SIGKILLed at random moments while sessions stream, the index it exports when whend stops
+    /// is the one `whenctl replay` builds from the same journal in one go, session by session.
+    /// (Without the state restored, a restarted worker counts the records after its cursor into
+    /// an index that lacks those before it.)
+    @Test func theSessionIndexSurvivesWorkerKillsUnchanged() throws {
+        let directory = scratchDirectory("sessions-kill-conf")
+        let file = directory + "/whend.conf"
+        try """
+        pipeline_snapshot_interval = 0.2
+        pipeline.analytics =
+        pipeline.crashes =
+        pipeline.screens =
+        """.write(toFile: file, atomically: true, encoding: .utf8)
+        let daemon = DaemonProcess("sessions-kill", arguments: ["--builtin-pipelines", "true", "--config", file])
+        try daemon.start()
+        let demo = try startDemo(daemon, ["--rate", "600", "--duration", "8", "--seed", "5"])
+        var kills = 0
+        while kills < 10 {
+            usleep(UInt32.random(in: 200_000...500_000))
+            guard killWorker(daemon, "sessions") else { break }
+            kills += 1
+        }
+        demo.waitUntilExit()
+        #expect(kills == 10)
+        #expect(eventually(60) { (try? daemon.pipeline("sessions")?["lag"] as? Int) == 0 })
+        #expect(daemon.stop() == 0)
+
+        func sessions(_ path: String) -> [[String: AnyHashable]] {
+            let data = FileManager.default.contents(atPath: path) ?? Data()
+            let o = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any]
+            return ((o?["sessions"] as? [[String: Any]]) ?? []).map { entry in
+                entry.compactMapValues { $0 as? AnyHashable }
+            }
+        }
+        let out = daemon.directory + "/replay"
+        let replay = try runCommand(
+            executable("whenctl"),
+            [
+                "replay", "--journal", daemon.stateDirectory + "/journal", "--plugin",
+                executable("libsession-recorder.so"), "--state-out", out,
+            ])
+        #expect(replay.status == 0, "\(replay.error)")
+        let live = sessions(daemon.stateDirectory + "/plugins/session-recorder/sessions.json")
+        let replayed = sessions(out + "/session-recorder/sessions.json")
+        #expect(live.count > 50, "\(live.count) sessions")
+        #expect(Set(live) == Set(replayed), "\(Set(live).symmetricDifference(Set(replayed)).prefix(3))")
+        #expect(daemon.log.contains("restored its plugins' state saved at _seq"))
     }
 
     /// A snapshot cut at any byte, or with any byte changed, is never taken for a state; the

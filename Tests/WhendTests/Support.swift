@@ -344,3 +344,14 @@ extension BlockingSocket {
         return acks
     }
 }
+
+/// whend-demo streaming the seeds' journeys to `daemon` in the background, its output dropped.
+func startDemo(_ daemon: DaemonProcess, _ arguments: [String]) throws -> Process {
+    let demo = Process()
+    demo.executableURL = URL(fileURLWithPath: executable("whend-demo"))
+    demo.arguments = ["--socket", daemon.socketPath, "--quiet"] + arguments
+    demo.standardOutput = FileHandle.nullDevice
+    demo.standardError = FileHandle.nullDevice
+    try demo.run()
+    return demo
+}
