@@ -17,6 +17,7 @@ final class CrashReports: PersistentStatePlugin {
     static let roles: PluginRoles = [.pipeline]
 
     private let host: PluginHost
+    private var sessionIDs = SessionIDCache()
     private let breadcrumbLimit: Int
     private let onEveryError: Bool
     private let directory: String
@@ -102,7 +103,7 @@ final class CrashReports: PersistentStatePlugin {
         // one it is about. Changed in place: copying a session's trail per record cost more
         // than all the rest.
         let capacity = breadcrumbLimit + 1
-        let id = SessionID(record)
+        let id = sessionIDs.id(of: record)
         let crumb = !record.isDerived || record.has(.type, "screen")
         let screenBefore = sessions.with(id, seq: record.seq, make: Trail.init) { trail -> String? in
             let before = trail.screen

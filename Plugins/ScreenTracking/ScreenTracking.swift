@@ -10,8 +10,13 @@ final class ScreenTracking: PersistentStatePlugin {
     static let roles: PluginRoles = [.pipeline]
 
     private let host: PluginHost
+    private var sessionIDs = SessionIDCache()
     private let maxSessions: Int
     private var sessions: BoundedSessions<SessionScreens>
+    /// Kept between records, with their capacity: most records derive nothing, and those that
+    /// do should not allocate for it.
+    private var derived: [DerivedScreenRecord] = []
+    private var writer = JSONObjectWriter()
 
     /// Saved with the pipeline's cursor: every session's stack, phases and open view.
     var state: BoundedSessions<SessionScreens> {
@@ -33,10 +38,14 @@ final class ScreenTracking: PersistentStatePlugin {
                 type.isString("navigation")
                 ? .navigation : type.isString("lifecycle") ? .lifecycle : type.isString("screen") ? .screen : nil
             if let kind {
-                let derived = sessions.with(SessionID(record), seq: record.seq, make: SessionScreens.init) {
-                    $0.apply(kind, record)
+                derived.removeAll(keepingCapacity: true)
+                sessions.with(sessionIDs.id(of: record), seq: record.seq, make: SessionScreens.init) {
+                    $0.apply(kind, record, deriving: &derived)
                 }
-                for d in derived { try host.emit(d.encoded(for: record)) }
+                for d in derived {
+                    d.encode(for: record, into: &writer)
+                    try host.emit(writer)
+                }
                 for d in derived { host.count(d.typeName) }
             }
         }
@@ -59,9 +68,9 @@ enum DerivedScreenRecord {
         }
     }
 
-    /// The record, with the cause's app, session, user and time.
-    func encoded(for cause: PluginRecord) -> JSONObjectWriter {
-        var out = JSONObjectWriter()
+    /// The record, with the cause's app, session, user and time, in `out` (emptied first).
+    func encode(for cause: PluginRecord, into out: inout JSONObjectWriter) {
+        out.removeAll()
         out.value("app", cause[.app])
         switch self {
         case .view(let name, let previous, let via):
@@ -89,7 +98,6 @@ enum DerivedScreenRecord {
             out.string("type", "diagnostic")
             out.value("user", cause[.user])
         }
-        return out
     }
 }
 
@@ -98,7 +106,6 @@ enum DerivedScreenRecord {
 struct SessionScreens: Codable {
     enum Phase: String, Codable { case willAppear, didAppear, willDisappear, didDisappear }
 
-    /// What is saved: all but the records being derived.
     private enum CodingKeys: String, CodingKey {
         case stack, phase, removed, broken, current, currentOpen, currentSince
     }
@@ -114,21 +121,18 @@ struct SessionScreens: Codable {
     var currentOpen = false
     var currentSince: Double?
 
-    private var out: [DerivedScreenRecord] = []
-
     enum Kind { case navigation, lifecycle, screen }
 
-    mutating func apply(_ kind: Kind, _ r: PluginRecord) -> [DerivedScreenRecord] {
-        out = []
+    /// Applies `r` to the session, appending what it derives to `out`.
+    mutating func apply(_ kind: Kind, _ r: PluginRecord, deriving out: inout [DerivedScreenRecord]) {
         switch kind {
-        case .navigation: navigate(r)
-        case .lifecycle: lifecycle(r)
-        case .screen: if let name = r.string(.name) { appear(name, via: "app", at: r) }
+        case .navigation: navigate(r, &out)
+        case .lifecycle: lifecycle(r, &out)
+        case .screen: if let name = r.string(.name) { appear(name, via: "app", at: r, &out) }
         }
-        return out
     }
 
-    private mutating func navigate(_ r: PluginRecord) {
+    private mutating func navigate(_ r: PluginRecord, _ out: inout [DerivedScreenRecord]) {
         let screen = r.string(.screen)
         if let screen {
             removed.remove(screen)
@@ -138,28 +142,28 @@ struct SessionScreens: Codable {
         if action.isString("root") {
             guard let screen else { return }
             stack = [screen]
-            appear(screen, via: "navigation", at: r)
+            appear(screen, via: "navigation", at: r, &out)
         } else if action.isString("push") || action.isString("present") {
             guard let screen else { return }
             stack.append(screen)
-            appear(screen, via: "navigation", at: r)
+            appear(screen, via: "navigation", at: r, &out)
         } else if action.isString("replace") {
             guard let screen else { return }
             if !stack.isEmpty { stack.removeLast() }
             stack.append(screen)
-            appear(screen, via: "navigation", at: r)
+            appear(screen, via: "navigation", at: r, &out)
         } else if action.isString("dismiss") || action.isString("pop") {
             if !stack.isEmpty { stack.removeLast() }
             // The screen revealed is a screen view too (the flow-decoration proposal's case).
             if let revealed = stack.last {
-                appear(revealed, via: "navigation", at: r)
+                appear(revealed, via: "navigation", at: r, &out)
             } else if let current {
-                disappear(current, at: r)
+                disappear(current, at: r, &out)
             }
         }
     }
 
-    private mutating func lifecycle(_ r: PluginRecord) {
+    private mutating func lifecycle(_ r: PluginRecord, _ out: inout [DerivedScreenRecord]) {
         guard let screen = r.string(.screen), let status = r[.status] else { return }
         let before = phase[screen]
         if status.isString("willAppear") {
@@ -167,56 +171,60 @@ struct SessionScreens: Codable {
                 removed.remove(screen)
                 broken.remove(screen)
             } else if removed.contains(screen) {
-                problem("reappears after being removed indefinitely, without being presented again", screen, r)
+                problem("reappears after being removed indefinitely, without being presented again", screen, r, &out)
                 broken.insert(screen)
             }
             phase[screen] = .willAppear
         } else if status.isString("didAppear") {
             phase[screen] = .didAppear
             if broken.contains(screen) {
-                problem("appears after being removed indefinitely, without being presented again", screen, r)
+                problem("appears after being removed indefinitely, without being presented again", screen, r, &out)
             } else if before != .willAppear {
-                problem("didAppear without willAppear", screen, r)
+                problem("didAppear without willAppear", screen, r, &out)
             } else {
-                appear(screen, via: "lifecycle", at: r)
+                appear(screen, via: "lifecycle", at: r, &out)
             }
         } else if status.isString("willDisappear") {
             if before != .didAppear && before != .willAppear {
-                problem("willDisappear of a screen that is not on show", screen, r)
+                problem("willDisappear of a screen that is not on show", screen, r, &out)
             }
             phase[screen] = .willDisappear
         } else if status.isString("didDisappear") {
-            if before != .willDisappear { problem("didDisappear without willDisappear", screen, r) }
+            if before != .willDisappear { problem("didDisappear without willDisappear", screen, r, &out) }
             phase[screen] = .didDisappear
             broken.remove(screen)
             if r.flag(.isBeingRemovedIndefinitely) { removed.insert(screen) }
-            disappear(screen, at: r)
+            disappear(screen, at: r, &out)
         }
     }
 
     /// `screen` is on show: a view, unless it is the view already open.
-    private mutating func appear(_ screen: String, via: StaticString, at r: PluginRecord) {
+    private mutating func appear(
+        _ screen: String, via: StaticString, at r: PluginRecord, _ out: inout [DerivedScreenRecord]
+    ) {
         if current == screen && currentOpen { return }
         let previous = current
-        if let current, currentOpen { close(current, at: r) }
+        if let current, currentOpen { close(current, at: r, &out) }
         out.append(.view(name: screen, previous: previous, via: via))
         current = screen
         currentOpen = true
         currentSince = r.seconds
     }
 
-    private mutating func disappear(_ screen: String, at r: PluginRecord) {
-        if current == screen && currentOpen { close(screen, at: r) }
+    private mutating func disappear(_ screen: String, at r: PluginRecord, _ out: inout [DerivedScreenRecord]) {
+        if current == screen && currentOpen { close(screen, at: r, &out) }
     }
 
-    private mutating func close(_ screen: String, at r: PluginRecord) {
+    private mutating func close(_ screen: String, at r: PluginRecord, _ out: inout [DerivedScreenRecord]) {
         var seconds: Double?
         if let since = currentSince, let now = r.seconds { seconds = max(0, now - since) }
         out.append(.time(name: screen, seconds: seconds))
         currentOpen = false
     }
 
-    private mutating func problem(_ text: StaticString, _ screen: String, _ r: PluginRecord) {
+    private mutating func problem(
+        _ text: StaticString, _ screen: String, _ r: PluginRecord, _ out: inout [DerivedScreenRecord]
+    ) {
         out.append(.diagnostic(problem: text, screen: screen, cause: r.seq))
     }
 }

@@ -15,6 +15,7 @@ final class SessionRecorder: PersistentStatePlugin {
     static let roles: PluginRoles = [.pipeline]
 
     private let host: PluginHost
+    private var sessionIDs = SessionIDCache()
     private let index: SessionIndexExport
 
     var state: SavedSessionIndex {
@@ -40,7 +41,7 @@ final class SessionRecorder: PersistentStatePlugin {
     func handle(_ record: PluginRecord, next: PluginNext) throws {
         if let app = record[.app], let session = record[.session], session.stringContents?.isEmpty == false,
             index.record(
-                seq: record.seq, session: SessionID(record), app: app, session: session,
+                seq: record.seq, session: sessionIDs.id(of: record), app: app, session: session,
                 type: record.string(.type) ?? "", time: record.time)
         {
             export()

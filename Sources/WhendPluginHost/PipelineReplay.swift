@@ -23,7 +23,7 @@ package final class PipelineReplay {
     ///   - output: receives each derived record, a complete journal-style JSON object.
     package init(
         stages: [(plugin: String, configuration: String)], pluginDirectories: [String], stateDirectory: String,
-        logger: Logger, output: @escaping @Sendable ([UInt8]) -> Void
+        logger: Logger, output: @escaping @Sendable (UnsafeBufferPointer<UInt8>) -> Void
     ) throws(PluginLoadError) {
         let sink = DerivedSink(output: output)
         derived = sink
@@ -95,13 +95,13 @@ package final class PipelineReplay {
 /// Where a replay's derived records go: the live daemon's `appendDerived`, without a journal.
 private final class DerivedSink: @unchecked Sendable {
     // Unchecked: a replay runs one record at a time on one thread.
-    package let output: @Sendable ([UInt8]) -> Void
+    package let output: @Sendable (UnsafeBufferPointer<UInt8>) -> Void
     package var cause: UInt64 = 0
     /// The record in hand, valid during `handle`: its `_rt` is found only if a plugin derives
     /// something from it.
     package var record = UnsafeBufferPointer<UInt8>(start: nil, count: 0)
 
-    package init(output: @escaping @Sendable ([UInt8]) -> Void) { self.output = output }
+    package init(output: @escaping @Sendable (UnsafeBufferPointer<UInt8>) -> Void) { self.output = output }
 
     package func begin(cause: UInt64, record: UnsafeBufferPointer<UInt8>) {
         self.cause = cause
@@ -112,16 +112,19 @@ private final class DerivedSink: @unchecked Sendable {
     private var builder = DerivedRecordBuilder(pipeline: nil)
     /// The `_rt` of the record in hand, once a plugin derived something from it.
     private var receivedAt: [UInt8]?
+    /// The record being built, kept between records: one allocation for the whole replay.
+    private var building: [UInt8] = []
 
     package func emit(_ json: UnsafeBufferPointer<UInt8>, origin: String) -> Bool {
         if receivedAt == nil { receivedAt = PipelineReplay.receivedAt(self.record) }
-        var record: [UInt8] = [UInt8(ascii: "{")]
+        building.removeAll(keepingCapacity: true)
+        building.append(UInt8(ascii: "{"))
         do {
-            try builder.appendBody(json, origin: origin, cause: cause, receivedAt: receivedAt ?? [], to: &record)
+            try builder.appendBody(json, origin: origin, cause: cause, receivedAt: receivedAt ?? [], to: &building)
         } catch {
             return false
         }
-        output(record)
+        building.withUnsafeBufferPointer { output($0) }
         return true
     }
 }

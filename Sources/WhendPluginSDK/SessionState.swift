@@ -8,6 +8,40 @@ extension SessionDigest {
     public init(_ record: PluginRecord) { self.init(app: record[.app], session: record[.session]) }
 }
 
+/// The last session's identity, kept: a session's records come in runs (about 18 in a row in
+/// `make bench`'s journal), and each identity costs a SipHash of both fields. Compared as
+/// stored, quotes and escapes included: two spellings of one session only miss the cache.
+public struct SessionIDCache {
+    private var app: [UInt8] = []
+    private var session: [UInt8] = []
+    private var last: SessionID?
+
+    public init() {}
+
+    /// `SessionID(record)`, without hashing when the record is of the last session asked for.
+    public mutating func id(of record: PluginRecord) -> SessionID {
+        let app = record[.app]
+        let session = record[.session]
+        if let last, Self.same(app, as: self.app), Self.same(session, as: self.session) { return last }
+        let id = SessionID(app: app, session: session)
+        Self.keep(app, in: &self.app)
+        Self.keep(session, in: &self.session)
+        last = id
+        return id
+    }
+
+    /// Empty for no field: a stored value is never empty (a string has its quotes).
+    private static func same(_ value: JSONValue?, as kept: [UInt8]) -> Bool {
+        guard let value else { return kept.isEmpty }
+        return kept.withUnsafeBufferPointer { bytesEqual($0, value.raw) }
+    }
+
+    private static func keep(_ value: JSONValue?, in kept: inout [UInt8]) {
+        kept.removeAll(keepingCapacity: true)
+        if let value { kept.append(contentsOf: value.raw) }
+    }
+}
+
 /// Per-session state with a bound: at most `limit` sessions are kept; past it, the least
 /// recently seen tenth is forgotten (a session that comes back starts afresh). A plugin's memory
 /// is then bounded by its configuration, whatever the number of sessions clients open.

@@ -63,6 +63,15 @@ package enum IngestRewrite {
         }
         let start = body.count
         var sawType = false
+        // Members kept and written without spaces are copied a run at a time (a plugin's
+        // encoder writes them so): `run` is the span not yet copied, commas included.
+        var run: Range<Int>?
+        func copyRun() {
+            guard let r = run else { return }
+            if body.count > start { body.append(UInt8(ascii: ",")) }
+            body.append(contentsOf: UnsafeBufferPointer(rebasing: output[r]))
+            run = nil
+        }
         var scanner = JSONScanner(output)
         try scanner.scanObject { m throws(WireError) in
             guard !isTrusted(m, in: output) else { return }
@@ -72,9 +81,20 @@ package enum IngestRewrite {
                 }
                 sawType = true
             }
-            if body.count > start { body.append(UInt8(ascii: ",")) }
-            append(m, of: output, to: &body)
+            let compact = m.value.lowerBound == m.quotedKey.upperBound + 1
+            if compact, let r = run, m.quotedKey.lowerBound == r.upperBound + 1 {
+                run = r.lowerBound..<m.value.upperBound
+                return
+            }
+            copyRun()
+            if compact {
+                run = m.quotedKey.lowerBound..<m.value.upperBound
+            } else {
+                if body.count > start { body.append(UInt8(ascii: ",")) }
+                append(m, of: output, to: &body)
+            }
         }
+        copyRun()
         scanner.skipWhitespace()
         guard scanner.atEnd else { throw scanner.syntaxError("unexpected data after the changed record") }
         guard sawType else { throw WireError(.missingField, "the changed record has no type") }

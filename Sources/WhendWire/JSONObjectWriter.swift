@@ -17,6 +17,14 @@ public struct JSONObjectWriter {
         bytes.append(UInt8(ascii: "}"))
     }
 
+    /// Back to `{}`, keeping the buffer: a plugin that derives many records writes each in one.
+    public mutating func removeAll() {
+        bytes.removeAll(keepingCapacity: true)
+        bytes.append(UInt8(ascii: "{"))
+        bytes.append(UInt8(ascii: "}"))
+        empty = true
+    }
+
     /// Opens a member: the closing brace is kept at the end, so `bytes` is always a whole object.
     private mutating func key(_ key: StaticString) {
         bytes.removeLast()

@@ -90,7 +90,7 @@ package struct DerivedRecordBuilder {
     /// brace: the journal writer puts `{"_seq":N,` before it) to `out`; on error `out` is as it
     /// was. `receivedAt` is the `_rt` to give it, without quotes.
     package mutating func appendBody(
-        _ json: UnsafeBufferPointer<UInt8>, origin: String, cause: UInt64, receivedAt: some Collection<UInt8>,
+        _ json: UnsafeBufferPointer<UInt8>, origin: String, cause: UInt64, receivedAt: [UInt8],
         to out: inout [UInt8]
     ) throws(WireError) {
         if origin != self.origin || trusted.isEmpty {

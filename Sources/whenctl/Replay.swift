@@ -237,9 +237,9 @@ final class SharedOutput: @unchecked Sendable {
     // Unchecked: a replay runs on one thread.
     private let out = Output()
     private(set) var lines = 0
-    func write(_ bytes: [UInt8]) {
+    func write(_ bytes: UnsafeBufferPointer<UInt8>) {
         lines += 1
-        bytes.withUnsafeBufferPointer { out.write($0) }
+        out.write(bytes)
     }
     func flush() { out.flush() }
 }

@@ -36,6 +36,20 @@ private func withRecord<R>(_ text: String, seq: UInt64 = 1, _ body: (PluginRecor
         }
     }
 
+    @Test func theSessionIDCacheAnswersAsTheDigestDoesWhateverTheOrder() {
+        // Runs of one session, then changes of app alone, of session alone, a field missing,
+        // an escaped spelling of the same session: each must be the record's own identity.
+        let records = [
+            #"{"app":"a","session":"s1"}"#, #"{"app":"a","session":"s1"}"#, #"{"app":"b","session":"s1"}"#,
+            #"{"app":"b","session":"s2"}"#, #"{"session":"s2"}"#, #"{"app":"b"}"#, #"{}"#,
+            #"{"app":"a","session":"s\u0031"}"#, #"{"app":"a","session":"s1"}"#, #"{"app":"ab","session":"1"}"#,
+        ]
+        var cache = SessionIDCache()
+        for text in records + records.reversed() {
+            withRecord(text) { r in #expect(cache.id(of: r) == SessionID(r), "\(text)") }
+        }
+    }
+
     @Test func aRecordCutAtEveryByteNeitherCrashesNorInventsAField() {
         let text = #"{"type":"navigation","action":"push","params":{"a":"b\"c","d":[1,2,{"e":null}]},"screen":"X"}"#
         let bytes = Array(text.utf8)

@@ -288,3 +288,44 @@ func object(_ json: String) throws -> [String: Any] {
         #expect("\(String(pinned.0, radix: 16)) \(String(pinned.1, radix: 16))" == "e5e2bbd1f1caaf5 a1778c7c67180e56")
     }
 }
+
+@Suite struct DerivedRecordBuilderTests {
+    private func stored(_ output: String, pipeline: String? = nil) throws -> String {
+        try stored(Array(output.utf8), pipeline: pipeline)
+    }
+
+    private func stored(_ output: [UInt8], pipeline: String? = nil) throws -> String {
+        var builder = DerivedRecordBuilder(pipeline: pipeline)
+        var out: [UInt8] = [UInt8(ascii: "{")]
+        try output.withUnsafeBufferPointer { (json) throws(WireError) in
+            try builder.appendBody(
+                json, origin: "p", cause: 7, receivedAt: Array("2026-01-01T00:00:00Z".utf8), to: &out)
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    @Test func aPluginsRecordIsStoredCompactWithoutItsUnderscoreMembersAndWithWhendsOwn() throws {
+        let trusted = #""_origin":"p","_cause":7,"_rt":"2026-01-01T00:00:00Z"}"#
+        // Compact runs, spaces around colons and commas, a trusted member first, between and
+        // last, nested values kept as written: the same bytes whichever way a plugin writes.
+        let cases = [
+            (#"{"type":"x","a":1,"b":[1, 2],"c":"d"}"#, #"{"type":"x","a":1,"b":[1, 2],"c":"d","#),
+            (
+                #"{ "type" : "x" , "a":1,"_seq":5,"b":{"k": 2},"c" :"d","_rt":"no" }"#,
+                #"{"type":"x","a":1,"b":{"k": 2},"c":"d","#
+            ),
+            (#"{"_origin":"me","type":"x","a":1}"#, #"{"type":"x","a":1,"#),
+            (#"{"a":1,"type":"x","_pid":1}"#, #"{"a":1,"type":"x","#),
+            ("{\"a\":1,\n\"type\":\"x\",\"z\":null}", #"{"a":1,"type":"x","z":null,"#),
+        ]
+        for (output, kept) in cases { #expect(try stored(output) == kept + trusted, "\(output)") }
+        #expect(try stored(#"{"type":"x"}"#, pipeline: "q").hasPrefix(#"{"type":"x","_origin":"p","_pipeline":"q","#))
+    }
+
+    @Test func aRecordWithoutATypeOrNotJSONIsRefused() {
+        for bad in [#"{"a":1}"#, #"{"type":1}"#, #"{"type":"x""#, #"{"type":"x"} x"#] {
+            #expect(throws: WireError.self, "\(bad)") { try stored(bad) }
+        }
+        #expect(throws: WireError.self) { try stored(Array(#"{"type":""#.utf8) + [0xFF, 0x22, 0x7D]) }
+    }
+}
