@@ -11,9 +11,10 @@ DEBIAN_PACKAGES := libzstd-dev libsystemd-dev libnats-dev zlib1g-dev zstd pkg-co
 TEST_PACKAGES := systemd e2fsprogs util-linux binutils nats-server python3-fusepy man-db socat jq prometheus \
 	python3-venv
 # Readers of whend's formats that nobody here wrote, from PyPI, in a virtual environment of the
-# tests' own: pyzstd's seekable-format reader, and Segment's own Python library.
+# tests' own: pyzstd's seekable-format reader, Segment's own Python library, and OpenTelemetry's
+# generated protobuf code (the OTLP decoder).
 TEST_VENV := .build/test-venv
-TEST_PYTHON_PACKAGES := pyzstd==0.20.0 segment-analytics-python==2.4.0
+TEST_PYTHON_PACKAGES := pyzstd==0.20.0 segment-analytics-python==2.4.0 opentelemetry-proto==1.45.2
 
 .PHONY: deps test-deps build release run test soak strict lint bench bench-client fuzz harnesses deb package-check system-test clean
 
@@ -35,7 +36,7 @@ deps:
 test-deps:
 	$(call install_missing,$(DEBIAN_PACKAGES) $(TEST_PACKAGES))
 	@test -x $(TEST_VENV)/bin/python || /usr/bin/python3 -m venv $(TEST_VENV)
-	@$(TEST_VENV)/bin/python -c "import pyzstd, segment.analytics" 2>/dev/null || \
+	@$(TEST_VENV)/bin/python -c "import pyzstd, segment.analytics, opentelemetry.proto" 2>/dev/null || \
 		$(TEST_VENV)/bin/pip install -q $(TEST_PYTHON_PACKAGES)
 
 build: deps

@@ -1,4 +1,4 @@
-// swift-tools-version:6.0
+// swift-tools-version:6.1
 import PackageDescription
 
 let package = Package(
@@ -25,6 +25,7 @@ let package = Package(
         .library(name: "analytics", type: .dynamic, targets: ["AnalyticsPlugin"]),
         .library(name: "nats", type: .dynamic, targets: ["NatsPlugin"]),
         .library(name: "session-recorder", type: .dynamic, targets: ["SessionRecorderPlugin"]),
+        .library(name: "otlp", type: .dynamic, targets: ["OTLPPlugin"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.3"),
@@ -32,6 +33,11 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-protobuf.git", from: "1.39.0"),
+        // Experimental names (session.id, app.screen.name, user.id) need the minor version pinned.
+        .package(
+            url: "https://github.com/swift-otel/swift-otel-semantic-conventions.git",
+            .upToNextMinor(from: "1.44.0"), traits: ["Experimental"]),
     ],
     targets: [
         // C libraries from Debian, through system-library targets.
@@ -64,9 +70,20 @@ let package = Package(
         .target(
             name: "NatsPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport", "CNats", "WhendWire"],
             path: "Plugins/Nats"),
+        .target(name: "PluginHTTP", dependencies: ["WhendPluginSDK", "CZlib"], path: "Plugins/HTTP"),
         .target(
-            name: "AnalyticsPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport", "WhendWire", "CZlib"],
+            name: "AnalyticsPlugin",
+            dependencies: ["WhendPluginSDK", "BuiltinPluginSupport", "WhendWire", "PluginHTTP"],
             path: "Plugins/Analytics"
+        ),
+        .target(
+            name: "OTLPPlugin",
+            dependencies: [
+                "WhendPluginSDK", "WhendWire", "PluginHTTP",
+                .product(name: "SwiftProtobuf", package: "swift-protobuf"),
+                .product(name: "OTelSemanticConventions", package: "swift-otel-semantic-conventions"),
+            ],
+            path: "Plugins/OTLP", exclude: ["generate.sh"]
         ),
         .target(
             name: "CrashReportsPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport"],

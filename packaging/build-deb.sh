@@ -10,7 +10,7 @@ version=$(sed -n 's/.*current = "\(.*\)".*/\1/p' Sources/WhendWire/Version.swift
 arch=$(dpkg --print-architecture)
 scratch=.build-deb-release
 runtime=/usr/lib/whend/swift
-plugins="screen-tracking analytics crash-reports session-recorder redact nats"
+plugins="screen-tracking analytics crash-reports session-recorder redact nats otlp"
 # The binaries look for the Swift runtime beside them and in $runtime only, never in the
 # toolchain that built them.
 flags=(-c release --scratch-path "$scratch" -Xswiftc -no-toolchain-stdlib-rpath -Xlinker -rpath="$runtime")

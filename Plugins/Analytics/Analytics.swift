@@ -1,12 +1,8 @@
 import BuiltinPluginSupport
-import CZlib
 import Foundation
+import PluginHTTP
 import WhendPluginSDK
 import WhendWire
-
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
 
 /// Turns `when` records into track events and screen views into screen events, in the Segment
 /// HTTP Tracking API's batch shape, and delivers the batches to an NDJSON file and/or an HTTP
@@ -30,26 +26,30 @@ final class Analytics: WhendPlugin {
         eventMaxBytes = c["event_max_bytes"] as? Int ?? 32_000
         let file: String? =
             c["file"] is NSNull ? nil : (c["file"] as? String ?? host.stateDirectory + "/events.ndjson")
-        var endpoint: URL?
-        if let text = c["endpoint"] as? String {
-            guard let url = URL(string: text), ["http", "https"].contains(url.scheme ?? "") else {
-                throw PluginError.fail("analytics: endpoint must be an http:// or https:// URL, not \(text)")
-            }
-            endpoint = url
+        let writeKey = c["write_key"] as? String
+        let timeout = c["timeout"] as? Double ?? 10
+        let delivery = try (c["endpoint"] as? String).map {
+            // Segment's libraries send the key as HTTP Basic auth too.
+            try HTTPDelivery(
+                plugin: "analytics", host: host, endpoint: $0, contentType: "application/json",
+                headers: writeKey.map { ["Authorization": "Basic " + Data(($0 + ":").utf8).base64EncodedString()] }
+                    ?? [:],
+                gzip: c["gzip"] as? Bool ?? false, timeout: timeout, maxBackoff: c["max_backoff"] as? Double ?? 60,
+                retryable: { $0 == 429 || $0 >= 500 })
         }
-        guard file != nil || endpoint != nil else {
+        guard file != nil || delivery != nil else {
             throw PluginError.fail(#"analytics: nowhere to send: set "file" or "endpoint""#)
         }
         spool = try AnalyticsSpool(
             path: host.stateDirectory + "/spool.ndjson", maxBytes: c["spool_max_bytes"] as? Int ?? 64 << 20)
         sender = AnalyticsSender(
-            spool: spool, host: host, file: file, endpoint: endpoint, writeKey: c["write_key"] as? String,
-            gzip: c["gzip"] as? Bool ?? false,
+            spool: spool, host: host, file: file, delivery: delivery, writeKey: writeKey,
             batchEvents: c["batch_events"] as? Int ?? 100, batchBytes: c["batch_max_bytes"] as? Int ?? 500_000,
-            flushInterval: c["flush_interval"] as? Double ?? 1, timeout: c["timeout"] as? Double ?? 10,
-            maxBackoff: c["max_backoff"] as? Double ?? 60)
+            flushInterval: c["flush_interval"] as? Double ?? 1, timeout: timeout)
         sender.start()
-        host.log(.info, "analytics to \([file, endpoint?.absoluteString].compactMap { $0 }.joined(separator: " and "))")
+        host.log(
+            .info,
+            "analytics to \([file, delivery?.endpoint.absoluteString].compactMap { $0 }.joined(separator: " and "))")
     }
 
     deinit { sender.stop() }
@@ -299,53 +299,39 @@ final class AnalyticsSender: @unchecked Sendable {
     let spool: AnalyticsSpool
     let host: PluginHost
     let file: String?
-    let endpoint: URL?
-    let authorization: String?
+    let delivery: HTTPDelivery?
     let writeKey: String?
-    /// Bodies gzip-compressed (`Content-Encoding: gzip`), as RudderStack's SDKs send them.
-    let gzip: Bool
     let batchEvents: Int
     let batchBytes: Int
     let flushInterval: Double
     let timeout: Double
-    let maxBackoff: Double
     private let lock = NSLock()
     private var stopped = false
-    private let done = DispatchSemaphore(value: 0)
+    private var thread: SenderThread?
 
     init(
-        spool: AnalyticsSpool, host: PluginHost, file: String?, endpoint: URL?, writeKey: String?, gzip: Bool,
-        batchEvents: Int,
-        batchBytes: Int, flushInterval: Double, timeout: Double, maxBackoff: Double
+        spool: AnalyticsSpool, host: PluginHost, file: String?, delivery: HTTPDelivery?, writeKey: String?,
+        batchEvents: Int, batchBytes: Int, flushInterval: Double, timeout: Double
     ) {
         self.spool = spool
         self.host = host
         self.file = file
-        self.endpoint = endpoint
-        authorization = writeKey.map { "Basic " + Data(($0 + ":").utf8).base64EncodedString() }
+        self.delivery = delivery
         self.writeKey = writeKey
-        self.gzip = gzip
         // Segment takes at most 2,500 events and 500 KB in a batch.
         self.batchEvents = max(1, min(batchEvents, 2_500))
         self.batchBytes = max(1024, min(batchBytes, 500_000))
         self.flushInterval = flushInterval
         self.timeout = timeout
-        self.maxBackoff = maxBackoff
     }
 
-    func start() {
-        let thread = Thread { [self] in
-            run()
-            done.signal()
-        }
-        thread.name = "analytics"
-        thread.start()
-    }
+    func start() { thread = SenderThread(name: "analytics") { [self] in run() } }
 
     func stop() {
         lock.withLock { stopped = true }
+        delivery?.stop()
         spool.wake()
-        _ = done.wait(timeout: .now() + timeout + 1)
+        thread?.join(waitingUpTo: timeout + 1)
     }
 
     private var isStopped: Bool { lock.withLock { stopped } }
@@ -370,8 +356,14 @@ final class AnalyticsSender: @unchecked Sendable {
                     continue
                 }
             }
-            if let endpoint {
-                guard deliver(batch, to: endpoint) else { continue }
+            if let delivery {
+                switch delivery.deliver(
+                    "a batch of \(batch.count) events", body: { Self.batchBody(batch, writeKey: writeKey) })
+                {
+                case .accepted: break
+                case .refused: host.count("events_dropped", by: Int64(batch.count))
+                case .stopped: continue
+                }
             }
             spool.remove(batch.count)
             fileDone = 0
@@ -414,104 +406,10 @@ final class AnalyticsSender: @unchecked Sendable {
         }
     }
 
-    /// POSTs one batch until it is accepted (true), dropped for a 4xx (true: nothing more to
-    /// do with it), or the plugin stops (false).
-    private func deliver(_ batch: [[UInt8]], to endpoint: URL) -> Bool {
-        let events = batch.count
-        var backoff = 0.5
-        var attempt = 0
-        while !isStopped {
-            attempt += 1
-            let (status, retryAfter, problem) = post(Self.batchBody(batch, writeKey: writeKey), to: endpoint)
-            switch status ?? 0 {
-            case 200..<300:
-                return true
-            case 0, 429, 500..<600:
-                let jitter = Double.random(in: 0.5...1.5)
-                let wait = retryAfter ?? min(maxBackoff, backoff * jitter)
-                host.log(
-                    .warning,
-                    "analytics: \(endpoint.absoluteString) answered \(status.map(String.init) ?? problem); attempt \(attempt), retrying in \(String(format: "%.1f", wait)) s"
-                )
-                host.count("retries")
-                sleepUnlessStopped(wait)
-                backoff = min(maxBackoff, backoff * 2)
-            default:
-                host.log(
-                    .error,
-                    "analytics: \(endpoint.absoluteString) refused a batch of \(events) events with HTTP \(status!); dropped"
-                )
-                host.count("events_dropped", by: Int64(events))
-                return true
-            }
-        }
-        return false
-    }
-
-    private func post(_ body: [UInt8], to endpoint: URL) -> (status: Int?, retryAfter: Double?, problem: String) {
-        var request = URLRequest(url: endpoint, timeoutInterval: timeout)
-        request.httpMethod = "POST"
-        if gzip, let compressed = Self.gzipped(body) {
-            request.httpBody = Data(compressed)
-            request.setValue("gzip", forHTTPHeaderField: "Content-Encoding")
-        } else {
-            request.httpBody = Data(body)
-        }
-        request.setValue("application/json", forHTTPHeaderField: "Content-Type")
-        if let authorization { request.setValue(authorization, forHTTPHeaderField: "Authorization") }
-        let result = PostResult()
-        let finished = DispatchSemaphore(value: 0)
-        URLSession.shared.dataTask(with: request) { _, response, error in
-            let http = response as? HTTPURLResponse
-            result.set(
-                status: http?.statusCode,
-                retryAfter: (http?.value(forHTTPHeaderField: "Retry-After")).flatMap(Double.init),
-                problem: error.map { "\($0.localizedDescription)" } ?? "no answer")
-            finished.signal()
-        }.resume()
-        finished.wait()
-        return result.value
-    }
-
-    /// `bytes` as one gzip member (zlib's deflate with the gzip wrapper); nil if zlib fails, and
-    /// the body then goes uncompressed.
-    static func gzipped(_ bytes: [UInt8]) -> [UInt8]? {
-        var stream = z_stream()
-        // 15 window bits, + 16 for the gzip wrapper; memory level 8: zlib's defaults.
-        guard
-            deflateInit2_(
-                &stream, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
-                Int32(MemoryLayout<z_stream>.size)) == Z_OK
-        else { return nil }
-        defer { deflateEnd(&stream) }
-        var out = [UInt8](repeating: 0, count: Int(deflateBound(&stream, uLong(bytes.count))))
-        let status: Int32 = bytes.withUnsafeBufferPointer { input in
-            out.withUnsafeMutableBufferPointer { output in
-                stream.next_in = UnsafeMutablePointer(mutating: input.baseAddress)
-                stream.avail_in = uInt(input.count)
-                stream.next_out = output.baseAddress
-                stream.avail_out = uInt(output.count)
-                return deflate(&stream, Z_FINISH)
-            }
-        }
-        guard status == Z_STREAM_END else { return nil }
-        return Array(out.prefix(Int(stream.total_out)))
-    }
-
     private func sleepUnlessStopped(_ seconds: Double) {
         let deadline = Date().addingTimeInterval(seconds)
         while !isStopped, Date() < deadline { usleep(UInt32(min(0.05, max(0, deadline.timeIntervalSinceNow)) * 1e6)) }
     }
-}
-
-final class PostResult: @unchecked Sendable {
-    // Unchecked: written once by the completion handler before the semaphore is signalled.
-    private let lock = NSLock()
-    private var stored: (Int?, Double?, String) = (nil, nil, "")
-    func set(status: Int?, retryAfter: Double?, problem: String) {
-        lock.withLock { stored = (status, retryAfter, problem) }
-    }
-    var value: (status: Int?, retryAfter: Double?, problem: String) { lock.withLock { stored } }
 }
 
 @_cdecl("whend_plugin_entry") public func whendPluginEntry() -> UnsafeRawPointer { exportPlugin(Analytics.self) }

@@ -199,6 +199,33 @@ package struct JSONScanner {
         }
     }
 
+    /// Scans the array that starts at the current position (after whitespace), calling `body`
+    /// with each element's kind and range in order, and leaves the position after its bracket.
+    package mutating func scanArray(
+        depth: Int = 0, _ body: (JSONKind, Range<Int>) throws(WireError) -> Void
+    ) throws(WireError) {
+        skipWhitespace()
+        guard peek() == UInt8(ascii: "[") else { throw syntaxError("expected an array") }
+        position += 1
+        skipWhitespace()
+        if peek() == UInt8(ascii: "]") {
+            position += 1
+            return
+        }
+        while true {
+            let (kind, value) = try scanValue(depth: depth + 1)
+            try body(kind, value)
+            skipWhitespace()
+            guard let b = peek() else { throw syntaxError("the line ends inside an array") }
+            position += 1
+            if b == UInt8(ascii: "]") { return }
+            guard b == UInt8(ascii: ",") else {
+                position -= 1
+                throw syntaxError("expected ',' or ']'")
+            }
+        }
+    }
+
     mutating func scanContainer(close: UInt8, isObject: Bool, depth: Int) throws(WireError) {
         guard depth <= JSONScanner.maxDepth else {
             throw WireError(.invalidJSON, "values nest deeper than \(JSONScanner.maxDepth) levels")
