@@ -187,12 +187,15 @@ struct Cat: ParsableCommand {
     func run() throws {
         let directory = try location.existingDirectory()
         let filter = try filters.filter()
+        // Read once: through the property wrapper, each record copied the options and looked up
+        // their generic metadata (a fifth of `cat`'s time).
+        let format = filters.output
         let out = Output()
         var problems = 0
         JournalReader(directory: directory).read(fromSeq: filter.fromSeq, sinceMicros: filter.sinceMicros) {
             record, _ in
             if filter.isPastEnd(record) { return false }
-            if filter.matches(record) { emit(record, format: filters.output, to: out) }
+            if filter.matches(record) { emit(record, format: format, to: out) }
             return true
         } onProblem: { problem in
             problems += 1
@@ -221,6 +224,7 @@ struct Tail: ParsableCommand {
     func run() throws {
         let directory = try location.existingDirectory()
         let filter = try filters.filter()
+        let format = filters.output  // once, not per record (see `Cat`)
         let out = Output()
         let reader = JournalReader(directory: directory)
         let warn: (JournalProblem) -> Void = { problem in
@@ -271,7 +275,7 @@ struct Tail: ParsableCommand {
             record, _ in
             if filter.isPastEnd(record) { return false }
             guard filter.matches(record) else { return true }
-            emit(record, format: filters.output, to: out)
+            emit(record, format: format, to: out)
             return true
         } onCaughtUp: {
             out.flush()
