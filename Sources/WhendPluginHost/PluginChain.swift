@@ -32,9 +32,9 @@ package final class PluginChain: Sendable {
 
     /// Runs `record` (a JSON object) through the chain; `seq` is its `_seq`, 0 before the journal.
     package func run(_ record: UnsafeBufferPointer<UInt8>, seq: UInt64 = 0) -> ChainOutcome {
-        let call = ChainCall(chain: self, original: record, seq: seq)
+        var call = ChainCall(chain: self, original: record, seq: seq)
         var r = whend_record(json: record.baseAddress, length: record.count, seq: seq)
-        let rc = withExtendedLifetime(call) { call.invoke(0, &r) }
+        let rc = withUnsafeMutablePointer(to: &call) { ChainCall.invoke($0, 0, &r) }
         if let rejection = call.rejection { return .rejected(rejection) }
         if rc != WHEND_OK { return .rejected("a plugin failed") }
         guard call.reachedEnd else { return .dropped }
@@ -42,42 +42,40 @@ package final class PluginChain: Sendable {
     }
 }
 
-/// One record's way through the chain. A class, so that the plugins' nested `next` calls reach
-/// the same state through a plain pointer without overlapping Swift accesses.
-private final class ChainCall {
-    package let chain: PluginChain
-    package let original: UnsafeBufferPointer<UInt8>
-    package let seq: UInt64
-    package var index = 0
-    package var reachedEnd = false
-    package var changed: [UInt8]?
+/// One record's way through the chain, on the stack of `run`: the plugins' nested `next` calls
+/// reach it through their context pointer. (It was an object: one allocation and a dozen
+/// reference counts per record, a fifth of a replay through a plugin that does nothing.)
+private struct ChainCall {
+    /// `run` holds the chain for the whole call.
+    unowned(unsafe) let chain: PluginChain
+    let original: UnsafeBufferPointer<UInt8>
+    let seq: UInt64
+    var index = 0
+    var reachedEnd = false
+    var changed: [UInt8]?
     /// The first refusal, from the plugin that refused: plugins before it only see that the
     /// rest of the chain refused.
-    package var rejection: String?
+    var rejection: String?
 
-    package init(chain: PluginChain, original: UnsafeBufferPointer<UInt8>, seq: UInt64) {
-        self.chain = chain
-        self.original = original
-        self.seq = seq
-    }
-
-    package func invoke(_ index: Int, _ record: UnsafePointer<whend_record>) -> Int32 {
-        let plugin = chain.plugins[index]
-        self.index = index
-        let context = Unmanaged.passUnretained(self).toOpaque()
+    static func invoke(_ call: UnsafeMutablePointer<ChainCall>, _ index: Int, _ record: UnsafePointer<whend_record>)
+        -> Int32
+    {
+        let plugin = call.pointee.chain.plugins[index]
+        call.pointee.index = index
         // On the stack: this runs for every record and every stage.
         let (rc, text) = withUnsafeTemporaryAllocation(of: CChar.self, capacity: 512) { buffer in
             buffer[0] = 0
             let rc = plugin.handle(
-                record, next: ingestNext, context: context, message: buffer.baseAddress!, capacity: buffer.count)
+                record, next: ingestNext, context: UnsafeMutableRawPointer(call), message: buffer.baseAddress!,
+                capacity: buffer.count)
             guard rc != WHEND_OK else { return (rc, "") }
             buffer[buffer.count - 1] = 0
             return (rc, String(cString: buffer.baseAddress!))
         }
-        self.index = index
-        if rc != WHEND_OK && rejection == nil {
+        call.pointee.index = index
+        if rc != WHEND_OK && call.pointee.rejection == nil {
             let verb = rc == WHEND_REJECT ? "rejected the event" : "failed"
-            rejection = "plugin \(plugin.name) \(verb)\(text.isEmpty ? "" : ": \(text)")"
+            call.pointee.rejection = "plugin \(plugin.name) \(verb)\(text.isEmpty ? "" : ": \(text)")"
         }
         return rc
     }
@@ -86,19 +84,19 @@ private final class ChainCall {
 /// `next` as the plugins see it: the following plugin, or the end of the chain.
 private let ingestNext: whend_next_fn = { context, json, length in
     guard let context else { return Int32(WHEND_FAIL) }
-    let call = Unmanaged<ChainCall>.fromOpaque(context).takeUnretainedValue()
-    let following = call.index + 1
-    if following < call.chain.plugins.count {
-        var record = whend_record(json: json, length: length, seq: call.seq)
-        return call.invoke(following, &record)
+    let call = context.assumingMemoryBound(to: ChainCall.self)
+    let following = call.pointee.index + 1
+    if following < call.pointee.chain.plugins.count {
+        var record = whend_record(json: json, length: length, seq: call.pointee.seq)
+        return ChainCall.invoke(call, following, &record)
     }
-    call.reachedEnd = true
-    if json == call.original.baseAddress && length == call.original.count {
-        call.changed = nil
+    call.pointee.reachedEnd = true
+    if json == call.pointee.original.baseAddress && length == call.pointee.original.count {
+        call.pointee.changed = nil
     } else if let json {
-        call.changed = Array(UnsafeBufferPointer(start: json, count: length))
+        call.pointee.changed = Array(UnsafeBufferPointer(start: json, count: length))
     } else {
-        call.changed = []
+        call.pointee.changed = []
     }
     return Int32(WHEND_OK)
 }
