@@ -189,6 +189,9 @@ final class AnalyticsSpool: @unchecked Sendable {
     private var unwritten: [UInt8] = []
     let maxBytes: Int
     private let path: String
+    /// The events the sender waits for to make a batch, while it waits.
+    private var batchWaiter: Int?
+    private var stopping = false
 
     init(path: String, maxBytes: Int) throws {
         self.path = path
@@ -217,13 +220,24 @@ final class AnalyticsSpool: @unchecked Sendable {
     func append(_ line: [UInt8]) throws -> Bool {
         condition.lock()
         defer { condition.unlock() }
-        guard bytes + line.count <= maxBytes else { return false }
+        // Full: the sender may only be behind (a replay reads faster than any destination
+        // takes); wait a little for it to make room before refusing the record.
+        let deadline = Date().addingTimeInterval(1)
+        while bytes + line.count > maxBytes && !stopping {
+            guard condition.wait(until: deadline) else { return bytes + line.count <= maxBytes }
+        }
         // Whole lines only: the spool is read back line by line after a restart.
         unwritten += line
         unwritten.append(0x0A)
         events.append(line)
         bytes += line.count
-        condition.signal()
+        // The sender waits for a first event, or for a batch (or half the spool's bytes).
+        if events.count - head == 1 {
+            condition.broadcast()
+        } else if let need = batchWaiter, events.count - head >= need || bytes * 2 >= maxBytes {
+            batchWaiter = nil
+            condition.broadcast()
+        }
         if unwritten.count >= 64 << 10 { try writeUnwritten() }
         return true
     }
@@ -246,12 +260,26 @@ final class AnalyticsSpool: @unchecked Sendable {
         unwritten.removeAll(keepingCapacity: true)
     }
 
+    /// Waits until `events` events wait (or half the spool's bytes), or `seconds` passed, or
+    /// `wake()`: a batch leaves when full, else at the flush interval. (The sender slept the
+    /// interval out: meanwhile a fast pipeline filled the spool, and records failed.)
+    func waitForBatch(of events: Int, seconds: TimeInterval) {
+        condition.lock()
+        defer { condition.unlock() }
+        let deadline = Date().addingTimeInterval(seconds)
+        while self.events.count - head < events && bytes * 2 < maxBytes && !stopping {
+            batchWaiter = events
+            guard condition.wait(until: deadline) else { break }
+        }
+        batchWaiter = nil
+    }
+
     /// Up to `maxEvents` events of at most `maxBytes` bytes in all, waiting at most `wait`
     /// seconds for the first one.
     func peek(maxEvents: Int, maxBytes: Int, wait: TimeInterval) -> [[UInt8]] {
         condition.lock()
         defer { condition.unlock() }
-        if head == events.count { _ = condition.wait(until: Date().addingTimeInterval(wait)) }
+        if head == events.count && !stopping { _ = condition.wait(until: Date().addingTimeInterval(wait)) }
         var batch: [[UInt8]] = []
         var size = 0
         for e in events[head...] {
@@ -286,9 +314,16 @@ final class AnalyticsSpool: @unchecked Sendable {
             events.removeFirst(head)
             head = 0
         }
+        condition.broadcast()  // room for an append waiting on a full spool
     }
 
-    func wake() { condition.withLock { condition.broadcast() } }
+    /// Ends every wait, for good: the plugin stops.
+    func wake() {
+        condition.withLock {
+            stopping = true
+            condition.broadcast()
+        }
+    }
 }
 
 /// The thread that forms batches and delivers them: the file first, then the endpoint, with
@@ -343,7 +378,7 @@ final class AnalyticsSender: @unchecked Sendable {
             var batch = spool.peek(maxEvents: batchEvents, maxBytes: batchBytes, wait: flushInterval)
             if batch.isEmpty { continue }
             if batch.count < batchEvents {
-                sleepUnlessStopped(flushInterval)
+                spool.waitForBatch(of: batchEvents, seconds: flushInterval)
                 batch = spool.peek(maxEvents: batchEvents, maxBytes: batchBytes, wait: 0)
             }
             if let file, fileDone < batch.count {

@@ -229,6 +229,28 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
         #expect((batch as? [[String: Any]])?.first?["event"] as? String == "zipped")
     }
 
+    /// A pipeline faster than a batch's flush interval: the sender sends a batch as soon as it
+    /// is full (or half the spool is), and an append waits a moment for room, so no record fails
+    /// for a full spool. (The sender slept the interval out after a first event while the spool
+    /// filled: a replay lost events, a live pipeline failed and retried them.)
+    @Test func analyticsKeepsUpWithAPipelineFasterThanItsFlushInterval() throws {
+        let daemon = try daemonWithBuiltins(
+            "builtin-spool",
+            settings: #"plugin.analytics = {"spool_max_bytes": 40000, "flush_interval": 3, "batch_events": 50}"#)
+        defer { daemon.stop() }
+        let events = (1...1000).map { #"{"type":"when","name":"tap","id":"t-\#($0)"}"# }
+        try sendSession(daemon, app: "com.example.fast", session: "f", events)
+        let file = daemon.stateDirectory + "/plugins/analytics/events.ndjson"
+        func sent() -> Int {
+            let text = (try? String(contentsOfFile: file, encoding: .utf8)) ?? ""
+            return text.components(separatedBy: #""messageId""#).count - 1
+        }
+        #expect(eventually(30) { sent() == 1000 })
+        let pipelines = try daemon.status()["pipelines"] as? [[String: Any]]
+        let analytics = pipelines?.first { $0["name"] as? String == "analytics" }
+        #expect(analytics?["failures"] as? Int == 0, "no record refused for a full spool")
+    }
+
     /// analytics writes its spool in batches; its worker flushes them before its cursor passes
     /// the records. Killed once the cursor is past every record, while the destination refuses
     /// everything, the worker must have every event in the spool: the next one delivers them.
