@@ -584,4 +584,24 @@ private func nanosText(_ time: String) -> String? {
         #expect(crash.log["event_name"] as? String == "whend.error")
         #expect(Set(accepted.compactMap(\.service)) == ["com.example.mail", "com.example.other"])
     }
+
+    /// A collector that takes a request but rejects some of its records says so in its answer
+    /// (an ExportLogsServiceResponse with partial_success): otlp logs it with the collector's
+    /// message, and goes on.
+    @Test func otlpReportsWhatTheCollectorRejectedInAnAcceptedRequest() throws {
+        // partial_success (1) { rejected_log_records (1) = 2, error_message (2) = "too old" }
+        let partialSuccess: [UInt8] = [0x0A, 0x0B, 0x08, 0x02, 0x12, 0x07] + Array("too old".utf8)
+        let server = try HTTPTestServer(answers: [.init(status: 200, body: partialSuccess)])
+        defer { server.stop() }
+        let daemon = try daemonWithBuiltins(
+            "builtin-otlp-partial",
+            settings: """
+                pipeline.otel = otlp
+                plugin.otlp = {"endpoint": "http://127.0.0.1:\(server.port)/v1/logs", "flush_interval": 0.2, "types": ["when"]}
+                """)
+        defer { daemon.stop() }
+        try sendSession(daemon, app: "com.example.mail", session: "p", [#"{"type":"when","name":"tapped"}"#])
+        #expect(daemon.waitForLog("otlp: the collector rejected 2 log records: too old", seconds: 20))
+        #expect(server.requests.count == 1, "accepted: not sent again")
+    }
 }

@@ -6,6 +6,7 @@ final class HTTPTestServer: @unchecked Sendable {
     struct Answer {
         var status: Int
         var headers: [String: String] = [:]
+        var body: [UInt8] = Array("{}".utf8)
     }
 
     let port: UInt16
@@ -93,10 +94,12 @@ final class HTTPTestServer: @unchecked Sendable {
                     heads.append(String(decoding: received[..<end], as: UTF8.self))
                     return script.count > 1 ? script.removeFirst() : script[0]
                 }
-                var text = "HTTP/1.1 \(answer.status) X\r\nContent-Length: 2\r\nConnection: close\r\n"
+                var text =
+                    "HTTP/1.1 \(answer.status) X\r\nContent-Length: \(answer.body.count)\r\nConnection: close\r\n"
                 for (k, v) in answer.headers { text += "\(k): \(v)\r\n" }
-                text += "\r\n{}"
-                _ = Array(text.utf8).withUnsafeBytes { send(client, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                text += "\r\n"
+                let reply = Array(text.utf8) + answer.body
+                _ = reply.withUnsafeBytes { send(client, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
                 return
             }
         }
