@@ -222,9 +222,11 @@ final class AnalyticsSpool: @unchecked Sendable {
         defer { condition.unlock() }
         // Full: the sender may only be behind (a replay reads faster than any destination
         // takes); wait a little for it to make room before refusing the record.
-        let deadline = Date().addingTimeInterval(1)
-        while bytes + line.count > maxBytes && !stopping {
-            guard condition.wait(until: deadline) else { return bytes + line.count <= maxBytes }
+        if bytes + line.count > maxBytes {
+            let deadline = Date().addingTimeInterval(1)
+            while bytes + line.count > maxBytes && !stopping {
+                guard condition.wait(until: deadline) else { return bytes + line.count <= maxBytes }
+            }
         }
         // Whole lines only: the spool is read back line by line after a restart.
         unwritten += line
@@ -261,7 +263,7 @@ final class AnalyticsSpool: @unchecked Sendable {
     }
 
     /// Waits until `events` events wait (or half the spool's bytes), or `seconds` passed, or
-    /// `wake()`: a batch leaves when full, else at the flush interval. (The sender slept the
+    /// `stop()`: a batch leaves when full, else at the flush interval. (The sender slept the
     /// interval out: meanwhile a fast pipeline filled the spool, and records failed.)
     func waitForBatch(of events: Int, seconds: TimeInterval) {
         condition.lock()
@@ -318,7 +320,7 @@ final class AnalyticsSpool: @unchecked Sendable {
     }
 
     /// Ends every wait, for good: the plugin stops.
-    func wake() {
+    func stop() {
         condition.withLock {
             stopping = true
             condition.broadcast()
@@ -330,7 +332,7 @@ final class AnalyticsSpool: @unchecked Sendable {
 /// exponential backoff and jitter on 5xx, 429 and timeouts, `Retry-After` honoured; other 4xx
 /// answers drop the batch and report it.
 final class AnalyticsSender: @unchecked Sendable {
-    // Unchecked: configuration is immutable; `stopped` is guarded by `lock`.
+    // Unchecked: configuration is immutable; `stopping` guards itself.
     let spool: AnalyticsSpool
     let host: PluginHost
     let file: String?
@@ -340,8 +342,7 @@ final class AnalyticsSender: @unchecked Sendable {
     let batchBytes: Int
     let flushInterval: Double
     let timeout: Double
-    private let lock = NSLock()
-    private var stopped = false
+    private let stopping = StopSignal()
     private var thread: SenderThread?
 
     init(
@@ -363,17 +364,15 @@ final class AnalyticsSender: @unchecked Sendable {
     func start() { thread = SenderThread(name: "analytics") { [self] in run() } }
 
     func stop() {
-        lock.withLock { stopped = true }
+        stopping.stop()
         delivery?.stop()
-        spool.wake()
+        spool.stop()
         thread?.join(waitingUpTo: timeout + 1)
     }
 
-    private var isStopped: Bool { lock.withLock { stopped } }
-
     private func run() {
         var fileDone = 0  // events of the current batch already written to the file
-        while !isStopped {
+        while !stopping.isStopped {
             // Wait for a full batch, or for the flush interval with anything at all.
             var batch = spool.peek(maxEvents: batchEvents, maxBytes: batchBytes, wait: flushInterval)
             if batch.isEmpty { continue }
@@ -387,7 +386,7 @@ final class AnalyticsSender: @unchecked Sendable {
                     fileDone = batch.count
                 } catch {
                     host.log(.error, "analytics: cannot write \(file): \(error); retrying")
-                    sleepUnlessStopped(1)
+                    stopping.sleep(1)
                     continue
                 }
             }
@@ -439,11 +438,6 @@ final class AnalyticsSender: @unchecked Sendable {
             try DurableFile.createDirectory((path as NSString).deletingLastPathComponent)
             try DurableFile.append(bytes, to: path, mode: 0o644)
         }
-    }
-
-    private func sleepUnlessStopped(_ seconds: Double) {
-        let deadline = Date().addingTimeInterval(seconds)
-        while !isStopped, Date() < deadline { usleep(UInt32(min(0.05, max(0, deadline.timeIntervalSinceNow)) * 1e6)) }
     }
 }
 

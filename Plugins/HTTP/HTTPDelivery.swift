@@ -12,7 +12,7 @@ import WhendPluginSDK
 /// `maxBackoff`, until it is accepted, refused for good, or the plugin stops. Used by analytics
 /// and otlp; blocking, from the plugin's own sender thread.
 package final class HTTPDelivery: @unchecked Sendable {
-    // Unchecked: configuration is immutable; `stopped` is guarded by `lock`.
+    // Unchecked: configuration is immutable; `stopping` guards itself.
     package let endpoint: URL
     private let plugin: String
     private let host: PluginHost
@@ -22,8 +22,7 @@ package final class HTTPDelivery: @unchecked Sendable {
     private let timeout: Double
     private let maxBackoff: Double
     private let retryable: @Sendable (Int) -> Bool
-    private let lock = NSLock()
-    private var stopped = false
+    private let stopping = StopSignal()
 
     /// What became of a batch.
     package enum Outcome {
@@ -56,16 +55,14 @@ package final class HTTPDelivery: @unchecked Sendable {
     }
 
     /// Ends every wait: a `deliver` under way returns `.stopped` at its next attempt.
-    package func stop() { lock.withLock { stopped = true } }
-
-    package var isStopped: Bool { lock.withLock { stopped } }
+    package func stop() { stopping.stop() }
 
     /// POSTs a batch until it is accepted or refused for good; `body` is asked again for each
     /// attempt (a body may stamp the moment it is sent). `what` names the batch in the log.
     package func deliver(_ what: String, body: () -> [UInt8]) -> Outcome {
         var backoff = 0.5
         var attempt = 0
-        while !isStopped {
+        while !stopping.isStopped {
             attempt += 1
             let answer = post(body())
             if let status = answer.status, (200..<300).contains(status) { return .accepted(answer.body) }
@@ -79,16 +76,10 @@ package final class HTTPDelivery: @unchecked Sendable {
                 "\(plugin): \(endpoint.absoluteString) answered \(answer.status.map(String.init) ?? answer.problem); attempt \(attempt), retrying in \(String(format: "%.1f", wait)) s"
             )
             host.count("retries")
-            sleepUnlessStopped(wait)
+            stopping.sleep(wait)
             backoff = min(maxBackoff, backoff * 2)
         }
         return .stopped
-    }
-
-    /// Sleeps `seconds`, or less if the plugin stops.
-    package func sleepUnlessStopped(_ seconds: Double) {
-        let deadline = Date().addingTimeInterval(seconds)
-        while !isStopped, Date() < deadline { usleep(UInt32(min(0.05, max(0, deadline.timeIntervalSinceNow)) * 1e6)) }
     }
 
     private func post(_ body: [UInt8]) -> Answer {
@@ -173,4 +164,23 @@ package final class SenderThread: Sendable {
     }
 
     package func join(waitingUpTo seconds: Double) { _ = done.wait(timeout: .now() + seconds) }
+}
+
+/// A sender's "stop": set once, read from its loop, and a sleep it cuts short.
+package final class StopSignal: @unchecked Sendable {
+    // Unchecked: `stopped` is guarded by `lock`.
+    private let lock = NSLock()
+    private var stopped = false
+
+    package init() {}
+
+    package func stop() { lock.withLock { stopped = true } }
+
+    package var isStopped: Bool { lock.withLock { stopped } }
+
+    /// Sleeps `seconds`, or less if `stop()` comes first.
+    package func sleep(_ seconds: Double) {
+        let deadline = Date().addingTimeInterval(seconds)
+        while !isStopped, Date() < deadline { usleep(UInt32(min(0.05, max(0, deadline.timeIntervalSinceNow)) * 1e6)) }
+    }
 }

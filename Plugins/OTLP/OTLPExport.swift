@@ -37,10 +37,10 @@ final class OTLPExport: WhendPlugin {
             plugin: "otlp", host: host, endpoint: endpoint, contentType: "application/x-protobuf", headers: headers,
             gzip: c["gzip"] as? Bool ?? false, timeout: timeout, maxBackoff: c["max_backoff"] as? Double ?? 60,
             retryable: { [429, 502, 503, 504].contains($0) })
-        queue = ExportQueue(capacity: max(1, c["max_queue"] as? Int ?? 4096))
-        sender = OTLPSender(
-            queue: queue, delivery: delivery, host: host, batchRecords: max(1, c["batch_records"] as? Int ?? 512),
-            flushInterval: c["flush_interval"] as? Double ?? 1, timeout: timeout)
+        queue = ExportQueue(
+            capacity: max(1, c["max_queue"] as? Int ?? 4096), batchLogs: max(1, c["batch_records"] as? Int ?? 512),
+            flushInterval: c["flush_interval"] as? Double ?? 1)
+        sender = OTLPSender(queue: queue, delivery: delivery, host: host, timeout: timeout)
         sender.start()
         host.log(.info, "otlp: log records to \(endpoint)")
     }
@@ -78,51 +78,68 @@ final class ExportQueue: @unchecked Sendable {
     }
 
     let capacity: Int
+    /// Log records in a batch, at most.
+    let batchLogs: Int
+    let flushInterval: Double
     private let condition = NSCondition()
     private var entries: [Entry] = []
     private var head = 0
     private var logs = 0
-    /// When the oldest waiting log record came: a batch leaves at `flushInterval` after it.
-    private var oldestLog: Date?
+    /// Since when entries wait (the first's arrival, or the last batch's departure for those
+    /// behind it): a batch that is not full leaves `flushInterval` after it.
+    private var waitingSince: Date?
     private var stopped = false
 
-    init(capacity: Int) { self.capacity = capacity }
+    init(capacity: Int, batchLogs: Int, flushInterval: Double) {
+        self.capacity = capacity
+        self.batchLogs = batchLogs
+        self.flushInterval = flushInterval
+    }
 
     private var count: Int { entries.count - head }
+
+    /// A batch should leave now: a full one waits, or half the queue.
+    private var batchReady: Bool { logs >= batchLogs || count * 2 >= capacity }
 
     /// False if the queue stayed full for `seconds`.
     func append(_ entry: Entry, waitingUpTo seconds: Double) -> Bool {
         condition.lock()
         defer { condition.unlock() }
-        let deadline = Date().addingTimeInterval(seconds)
-        while count >= capacity && !stopped {
-            guard condition.wait(until: deadline) else { return count < capacity }
+        if count >= capacity {
+            let deadline = Date().addingTimeInterval(seconds)
+            while count >= capacity && !stopped {
+                guard condition.wait(until: deadline) else { return count < capacity }
+            }
         }
-        if entry.log != nil {
-            if logs == 0 { oldestLog = Date() }
-            logs += 1
-        }
+        if entry.log != nil { logs += 1 }
         entries.append(entry)
-        condition.broadcast()
+        // The sender is woken only when its wait changes: its deadline starts, or a batch is
+        // ready (woken for every record, it switched threads once a record).
+        if count == 1 {
+            waitingSince = Date()
+            condition.broadcast()
+        } else if batchReady {
+            condition.broadcast()
+        }
         return true
     }
 
-    /// The next batch, left in the queue until `remove`: once `maxLogs` log records wait, or the
-    /// oldest has waited `flushInterval`, or only records that are not exported wait; empty when
-    /// stopped. Up to `maxLogs` log records, with the records not exported among and after them.
-    func next(maxLogs: Int, flushInterval: Double) -> ArraySlice<Entry> {
+    /// The next batch, left in the queue until `remove`: once it is ready or the first entry has
+    /// waited `flushInterval`; empty when stopped. Up to `batchLogs` log records, with the
+    /// records not exported among and after them.
+    func next() -> ArraySlice<Entry> {
         condition.lock()
         defer { condition.unlock() }
-        while !stopped {
-            if logs >= maxLogs || (count > 0 && logs == 0) { break }
-            if let oldestLog, Date().timeIntervalSince(oldestLog) >= flushInterval { break }
+        while !stopped && !batchReady {
+            if let waitingSince, Date().timeIntervalSince(waitingSince) >= flushInterval { break }
             // (Not `.distantFuture`: that overflows the wait's timespec.)
-            _ = condition.wait(until: oldestLog?.addingTimeInterval(flushInterval) ?? Date().addingTimeInterval(60))
+            _ = condition.wait(
+                until: waitingSince?.addingTimeInterval(flushInterval) ?? Date().addingTimeInterval(60))
         }
         guard !stopped else { return [] }
         var end = head
         var taken = 0
-        while end < entries.count, taken < maxLogs || entries[end].log == nil {
+        while end < entries.count, taken < batchLogs || entries[end].log == nil {
             if entries[end].log != nil { taken += 1 }
             end += 1
         }
@@ -141,8 +158,8 @@ final class ExportQueue: @unchecked Sendable {
                 entries.removeFirst(head)
                 head = 0
             }
-            oldestLog = logs > 0 ? Date() : nil
-            condition.broadcast()
+            waitingSince = count > 0 ? Date() : nil
+            condition.broadcast()  // room for an append waiting on a full queue
         }
     }
 
@@ -160,20 +177,13 @@ final class OTLPSender: @unchecked Sendable {
     private let queue: ExportQueue
     private let delivery: HTTPDelivery
     private let host: PluginHost
-    private let batchRecords: Int
-    private let flushInterval: Double
     private let timeout: Double
     private var thread: SenderThread?
 
-    init(
-        queue: ExportQueue, delivery: HTTPDelivery, host: PluginHost, batchRecords: Int, flushInterval: Double,
-        timeout: Double
-    ) {
+    init(queue: ExportQueue, delivery: HTTPDelivery, host: PluginHost, timeout: Double) {
         self.queue = queue
         self.delivery = delivery
         self.host = host
-        self.batchRecords = batchRecords
-        self.flushInterval = flushInterval
         self.timeout = timeout
     }
 
@@ -188,7 +198,7 @@ final class OTLPSender: @unchecked Sendable {
 
     private func run() {
         while true {
-            let batch = queue.next(maxLogs: batchRecords, flushInterval: flushInterval)
+            let batch = queue.next()
             guard let last = batch.last else { return }
             let logs = batch.reduce(0) { $0 + ($1.log == nil ? 0 : 1) }
             if logs > 0 {

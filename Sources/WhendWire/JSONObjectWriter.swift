@@ -13,8 +13,7 @@ public struct JSONObjectWriter {
     public init(capacity: Int = 256) {
         bytes = []
         bytes.reserveCapacity(capacity)
-        bytes.append(UInt8(ascii: "{"))
-        bytes.append(UInt8(ascii: "}"))
+        removeAll()
     }
 
     /// Back to `{}`, keeping the buffer: a plugin that derives many records writes each in one.
