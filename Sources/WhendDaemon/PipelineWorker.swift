@@ -569,8 +569,8 @@ final class WorkerOutput: @unchecked Sendable {
     var cause: UInt64 = 0
     /// Derived records emitted for the current record.
     var emitted = 0
-    private var pending: [DerivedRecord] = []
-    private(set) var pendingBytes = 0
+    private var pending = DerivedBatchFrame()
+    var pendingBytes: Int { pending.isEmpty ? 0 : pending.byteCount }
     private let lock = NSLock()
     private var unacknowledged: [UInt64: [UInt64]] = [:]
     private var nextBatch: UInt64 = 1
@@ -588,8 +588,7 @@ final class WorkerOutput: @unchecked Sendable {
     /// A derived record, for the daemon to append with `_origin` and `_cause` as the plugin
     /// wrote it (the daemon checks it).
     func emit(_ json: UnsafeBufferPointer<UInt8>, origin: String) -> Bool {
-        pending.append(DerivedRecord(cause: cause, origin: origin, bytes: Array(json)))
-        pendingBytes += json.count + origin.utf8.count + 16
+        pending.append(cause: cause, origin: origin, json: json)
         emitted += 1
         return true
     }
@@ -599,12 +598,13 @@ final class WorkerOutput: @unchecked Sendable {
         guard !pending.isEmpty else { return }
         let batch: UInt64 = lock.withLock {
             defer { nextBatch += 1 }
-            unacknowledged[nextBatch] = pending.map(\.cause)
+            unacknowledged[nextBatch] = pending.causes
             return nextBatch
         }
-        send(WorkerFrame.encode(WorkerMessage.derived(batch: batch, records: pending)))
-        pending.removeAll(keepingCapacity: true)
-        pendingBytes = 0
+        let frame = pending.finish(batch: batch)
+        // The daemon is gone: nothing to report to.
+        if frame.withUnsafeBytes({ writeFully(1, $0) }) != nil { exit(4) }
+        pending.reset()
     }
 
     /// The daemon stored `batch`: the records it came from may be passed.

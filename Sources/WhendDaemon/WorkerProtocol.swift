@@ -9,9 +9,11 @@ package struct DerivedRecord: Equatable, Sendable {
     package var cause: UInt64
     /// The plugin that derived it (`_origin`).
     package var origin: String
-    package var bytes: [UInt8]
+    /// Read from a frame, a view of the frame's bytes: a batch is decoded without a copy of
+    /// each record.
+    package var bytes: ArraySlice<UInt8>
 
-    package init(cause: UInt64, origin: String, bytes: [UInt8]) {
+    package init(cause: UInt64, origin: String, bytes: ArraySlice<UInt8>) {
         self.cause = cause
         self.origin = origin
         self.bytes = bytes
@@ -65,14 +67,11 @@ package enum WorkerFrame {
             w.integer(deadLetters)
             w.integer(skipped)
         case .derived(let batch, let records):
-            w.tag(.derived)
-            w.integer(batch)
-            w.integer(UInt64(records.count))
+            var frame = DerivedBatchFrame()
             for r in records {
-                w.integer(r.cause)
-                w.run(Array(r.origin.utf8))
-                w.run(r.bytes)
+                r.bytes.withUnsafeBufferPointer { frame.append(cause: r.cause, origin: r.origin, json: $0) }
             }
+            return Array(frame.finish(batch: batch))
         }
         return w.frame()
     }
@@ -108,7 +107,7 @@ package enum WorkerFrame {
             for _ in 0..<count {
                 let cause = try r.integer()
                 let origin = String(decoding: try r.run(), as: UTF8.self)
-                records.append(DerivedRecord(cause: cause, origin: origin, bytes: Array(try r.run())))
+                records.append(DerivedRecord(cause: cause, origin: origin, bytes: try r.run()))
             }
             return .derived(batch: batch, records: records)
         default:
@@ -134,7 +133,9 @@ package enum WorkerFrame {
             withUnsafeBytes(of: value.littleEndian) { bytes.append(contentsOf: $0) }
         }
 
-        mutating func run(_ run: [UInt8]) {
+        mutating func run(_ run: [UInt8]) { run.withUnsafeBufferPointer { self.run($0) } }
+
+        mutating func run(_ run: UnsafeBufferPointer<UInt8>) {
             withUnsafeBytes(of: UInt32(run.count).littleEndian) { bytes.append(contentsOf: $0) }
             bytes.append(contentsOf: run)
         }
@@ -180,6 +181,57 @@ package enum WorkerFrame {
             return try take(Int(length))
         }
     }
+}
+
+/// A `derived` message built as the plugins emit: each record is copied once, into the frame
+/// that goes to the daemon (no record of its own, no second copy to encode the batch). The
+/// batch number and the count are filled in when it is finished.
+package struct DerivedBatchFrame {
+    private var writer = WorkerFrame.Writer()
+    /// Each record's cause, in order: what an acknowledgement of the batch lets pass.
+    private(set) var causes: [UInt64] = []
+    /// The last origin and its bytes: a worker's records come from a few plugins.
+    private var origin = ""
+    private var originBytes: [UInt8] = []
+    /// Where the batch number and the count go.
+    private static let headerLength = 4 + 1 + 8 + 8
+
+    package init() { start() }
+
+    package var isEmpty: Bool { causes.isEmpty }
+    package var byteCount: Int { writer.bytes.count }
+
+    private mutating func start() {
+        writer.bytes.removeAll(keepingCapacity: true)
+        writer.bytes.append(contentsOf: repeatElement(0, count: 4))
+        writer.tag(.derived)
+        writer.integer(0)
+        writer.integer(0)
+        causes.removeAll(keepingCapacity: true)
+    }
+
+    package mutating func append(cause: UInt64, origin: String, json: UnsafeBufferPointer<UInt8>) {
+        if origin != self.origin {
+            self.origin = origin
+            originBytes = Array(origin.utf8)
+        }
+        writer.integer(cause)
+        originBytes.withUnsafeBufferPointer { writer.run($0) }
+        writer.run(json)
+        causes.append(cause)
+    }
+
+    /// The frame, numbered `batch`, valid until the next change; then `reset()` for the next.
+    package mutating func finish(batch: UInt64) -> ArraySlice<UInt8> {
+        writer.bytes.withUnsafeMutableBytes { b in
+            b.storeBytes(of: UInt32(b.count - 4).littleEndian, toByteOffset: 0, as: UInt32.self)
+            b.storeBytes(of: batch.littleEndian, toByteOffset: 5, as: UInt64.self)
+            b.storeBytes(of: UInt64(causes.count).littleEndian, toByteOffset: 13, as: UInt64.self)
+        }
+        return writer.bytes[...]
+    }
+
+    package mutating func reset() { start() }
 }
 
 /// Splits a byte stream into frames' payloads.
