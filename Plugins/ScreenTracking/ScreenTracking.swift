@@ -10,13 +10,15 @@ final class ScreenTracking: PersistentStatePlugin {
     static let roles: PluginRoles = [.pipeline]
 
     private let host: PluginHost
-    private var sessionIDs = SessionIDCache()
+    // Unchecked exclusivity on the properties every record touches: an instance is called on
+    // one thread at a time, and the runtime's checks cost a twentieth of its time.
+    @exclusivity(unchecked) private var sessionIDs = SessionIDCache()
     private let maxSessions: Int
-    private var sessions: BoundedSessions<SessionScreens>
+    @exclusivity(unchecked) private var sessions: BoundedSessions<SessionScreens>
     /// Kept between records, with their capacity: most records derive nothing, and those that
     /// do should not allocate for it.
-    private var derived: [DerivedScreenRecord] = []
-    private var writer = JSONObjectWriter()
+    @exclusivity(unchecked) private var derived: [DerivedScreenRecord] = []
+    @exclusivity(unchecked) private var writer = JSONObjectWriter()
 
     /// Saved with the pipeline's cursor: every session's stack, phases and open view.
     var state: BoundedSessions<SessionScreens> {

@@ -15,7 +15,9 @@ final class SessionRecorder: PersistentStatePlugin {
     static let roles: PluginRoles = [.pipeline]
 
     private let host: PluginHost
-    private var sessionIDs = SessionIDCache()
+    // Unchecked exclusivity on the properties every record touches: an instance is called on
+    // one thread at a time, and the runtime's checks cost a twentieth of its time.
+    @exclusivity(unchecked) private var sessionIDs = SessionIDCache()
     private let index: SessionIndexExport
 
     var state: SavedSessionIndex {

@@ -229,8 +229,10 @@ package struct SessionIndex {
 /// indexed (at least eight per session kept, so that an export's cost per record stays the same
 /// however many sessions there are) and when closed.
 package final class SessionIndexExport {
-    package var index: SessionIndex
-    private var sinceExport = 0
+    /// Unchecked exclusivity: its plugin instance calls it on one thread at a time, for every
+    /// record.
+    @exclusivity(unchecked) package var index: SessionIndex
+    @exclusivity(unchecked) private var sinceExport = 0
     private let exportEvery: Int
     private let maxSessions: Int
 
