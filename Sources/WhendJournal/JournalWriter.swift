@@ -33,7 +33,7 @@ package struct JournalConfiguration: Sendable {
     package var retentionMinFreeBytes: Int64 = 0
     /// How many of the latest records the de-duplication of resent events covers.
     package var dedupWindow: Int = 100_000
-    package var compressionLevel: Int32 = 3
+    package var compressionLevel: Int32 = ZstdCompressor.journalLevel
 
     package init(directory: JournalDirectory) {
         self.directory = directory

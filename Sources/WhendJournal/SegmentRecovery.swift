@@ -102,7 +102,7 @@ package enum SegmentRecovery {
                 plain.append(contentsOf: line)
                 plain.append(0x0A)
             }
-            let compressor = ZstdCompressor(level: 3)
+            let compressor = ZstdCompressor(level: ZstdCompressor.journalLevel)
             plain.withUnsafeBytes { compressor.compress($0, directive: ZSTD_e_end, into: &rebuilt) }
             frameSizes.append(UInt32(plain.count))
         }
