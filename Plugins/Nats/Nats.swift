@@ -19,22 +19,44 @@ final class Nats: WhendPlugin {
     private let host: PluginHost
     private let template: [TemplatePart]
     private let hostName: String
+    /// The subject of the record in hand, built in place: no String per record.
+    @exclusivity(unchecked) private var subject: [UInt8] = []
     private let journalID: String
     private let ackTimeout: Int64
     private var connection: OpaquePointer?
     private var jetStream: OpaquePointer?
     private let resender: Resender
 
-    enum TemplatePart {
+    enum TemplatePart: Equatable {
         case literal(String)
         case field(String)
+
+        /// A field's value read from the record's field index when it is a well-known one.
+        var recordField: RecordField? {
+            guard case .field(let key) = self else { return nil }
+            return RecordField.allCases.first { "\($0.key)" == key }
+        }
     }
+    /// The template as bytes and fields, resolved once.
+    private enum SubjectPart {
+        case bytes([UInt8])
+        case known(RecordField)
+        case other(String)
+    }
+    private let subjectParts: [SubjectPart]
 
     init(host: PluginHost, configuration c: [String: Any]) throws {
         self.host = host
         let servers = (c["servers"] as? [String]) ?? [c["url"] as? String ?? "nats://127.0.0.1:4222"]
         template = try Self.parseTemplate(c["subject"] as? String ?? "whend.{host}.{app}.{type}")
         hostName = Self.token(c["host"] as? String ?? ProcessInfo.processInfo.hostName)
+        subjectParts = template.map { [hostName] part in
+            switch part {
+            case .literal(let text): return .bytes(Array(text.utf8))
+            case .field("host"): return .bytes(Array(hostName.utf8))
+            case .field(let key): return part.recordField.map { .known($0) } ?? .other(key)
+            }
+        }
         ackTimeout = Int64((c["ack_timeout"] as? Double ?? 5) * 1000)
         journalID = try c["journal_id"] as? String ?? Self.journalIdentity(host.stateDirectory)
         resender = Resender(host: host, maxBackoff: c["max_backoff"] as? Double ?? 5)
@@ -104,18 +126,24 @@ final class Nats: WhendPlugin {
     }
 
     func handle(_ record: PluginRecord, next: PluginNext) throws {
-        // Fields come from the record's field index (no JSON tree).
-        var subject = ""
-        for part in template {
+        // Fields come from the record's field index (no JSON tree), and the subject is built as
+        // bytes: as Strings, a character at a time, it was a quarter of the worker's time.
+        subject.removeAll(keepingCapacity: true)
+        for part in subjectParts {
             switch part {
-            case .literal(let text): subject += text
-            case .field("host"): subject += hostName
-            case .field(let key): subject += Self.token(record.field(key)?.string ?? "none")
+            case .bytes(let bytes): subject += bytes
+            case .known(let field): Self.appendToken(record[field], to: &subject)
+            case .other(let key): Self.appendToken(record.field(key), to: &subject)
             }
         }
+        subject.append(0)
         var message: OpaquePointer?
-        let created = record.bytes.withMemoryRebound(to: CChar.self) { data in
-            natsMsg_Create(&message, subject, nil, data.baseAddress, Int32(data.count))
+        let created = subject.withUnsafeBufferPointer { subject in
+            record.bytes.withMemoryRebound(to: CChar.self) { data in
+                subject.withMemoryRebound(to: CChar.self) {
+                    natsMsg_Create(&message, $0.baseAddress, nil, data.baseAddress, Int32(data.count))
+                }
+            }
         }
         try Self.check(created, "message")
         natsMsgHeader_Set(message, "Nats-Msg-Id", "\(journalID)-\(record.seq)")
@@ -210,8 +238,33 @@ final class Nats: WhendPlugin {
 
     /// A subject token: no dots, spaces or wildcards.
     static func token(_ text: String) -> String {
-        let cleaned = String(text.map { ".* >\t\r\n".contains($0) ? "_" : $0 })
-        return cleaned.isEmpty ? "none" : cleaned
+        var bytes: [UInt8] = []
+        appendToken(Array(text.utf8), to: &bytes)
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    /// A string field's value as a subject token (`none` for no string, or an empty one).
+    static func appendToken(_ value: JSONValue?, to subject: inout [UInt8]) {
+        guard let contents = value?.stringContents else { return subject += "none".utf8 }
+        if contents.contains(UInt8(ascii: "\\")) {
+            appendToken(decodeJSONString(contents), to: &subject)
+        } else {
+            appendToken(contents, to: &subject)
+        }
+    }
+
+    /// Each byte that would end a token or be a wildcard (`.`, `*`, `>`, a space, a tab, CR or
+    /// LF) becomes `_`, byte by byte: a subject is bytes to NATS, so a dot followed by a
+    /// combining mark must go too. A NUL ends a C string, so it goes as well.
+    static func appendToken<Bytes: Collection<UInt8>>(_ text: Bytes, to subject: inout [UInt8]) {
+        guard !text.isEmpty else { return subject += "none".utf8 }
+        for byte in text {
+            switch byte {
+            case UInt8(ascii: "."), UInt8(ascii: "*"), UInt8(ascii: ">"), UInt8(ascii: " "), 0x09, 0x0D, 0x0A, 0:
+                subject.append(UInt8(ascii: "_"))
+            default: subject.append(byte)
+            }
+        }
     }
 
     static func check(_ status: natsStatus, _ what: String) throws {
@@ -304,10 +357,14 @@ final class Resender: @unchecked Sendable {
         }
     }
 
+    /// The `_seq` at the end of the message's `Nats-Msg-Id` (`<journal>-<seq>`), read in place.
     static func seq(of message: OpaquePointer) -> UInt64? {
         var value: UnsafePointer<CChar>?
         guard natsMsgHeader_Get(message, "Nats-Msg-Id", &value) == NATS_OK, let value else { return nil }
-        return String(cString: value).split(separator: "-").last.flatMap { UInt64($0) }
+        let id = UnsafeBufferPointer(
+            start: UnsafeRawPointer(value).assumingMemoryBound(to: UInt8.self), count: strlen(value))
+        guard let dash = id.lastIndex(of: UInt8(ascii: "-")) else { return nil }
+        return parseUInt(UnsafeBufferPointer(rebasing: id[(dash + 1)...]))
     }
 }
 

@@ -84,6 +84,42 @@ struct NatsTests {
     @Test func aSingleNode() throws { try forward(nodes: 1) }
     @Test func aThreeNodeCluster() throws { try forward(nodes: 3) }
 
+    /// Each field of the subject template is one token whatever its value: every dot, space,
+    /// wildcard or control byte becomes `_`, byte by byte (a dot followed by a combining mark
+    /// too), and a missing field is `none`. The stream takes only the exact subjects expected,
+    /// so a record published on any other is never stored.
+    @Test func subjectTokensAreMadeSafeByteByByte() throws {
+        let directory = scratchDirectory("nats-subjects")
+        let port = Int.random(in: 41_000...45_000)
+        let node = try NatsNode(name: "s1", directory: directory, port: port, clusterPort: nil, routes: [])
+        try node.start()
+        defer { node.kill() }
+        let expected = [
+            "whend.h.com_example_my_app_v_.when.none", "whend.h.a_\u{301}b.when.none", "whend.h.rig.screen.Home_Detail",
+        ]
+        let config = directory + "/whend.conf"
+        try """
+        pipeline.forward = nats
+        plugin.nats = {"url": "nats://127.0.0.1:\(port)", "host": "h", "subject": "whend.{host}.{app}.{type}.{screen}", "stream": "SUBJECTS", "create_stream": true, "subjects": [\(expected.map { "\"\($0)\"" }.joined(separator: ", "))], "ack_timeout": 1, "max_backoff": 0.2}
+        """.write(toFile: config, atomically: true, encoding: .utf8)
+        let daemon = DaemonProcess("nats-subjects", arguments: ["--config", config, "--durability", "write"])
+        try daemon.start()
+        defer { daemon.stop() }
+        for (app, body) in [
+            ("com.example my*app>v\t", #"{"type":"when","name":"a"}"#), ("a.\u{301}b", #"{"type":"when","name":"b"}"#),
+            ("rig", #"{"type":"screen","name":"c","screen":"Home.Detail"}"#),
+        ] {
+            var configuration = WhenClient.Configuration(app: app, session: "s", socketPath: daemon.socketPath)
+            configuration.maxBackoff = 0.2
+            let client = WhenClient(configuration)
+            _ = client.emit(try JSONSerialization.jsonObject(with: Data(body.utf8)) as! [String: Any])
+            #expect(client.flush(timeout: 10))
+        }
+        let deadline = Date().addingTimeInterval(30)
+        while (node.stream("SUBJECTS")?.messages ?? 0) < expected.count && Date() < deadline { usleep(100_000) }
+        #expect(node.stream("SUBJECTS")?.messages == expected.count)
+    }
+
     /// 100,000 records through whend into JetStream; whend and one NATS node SIGKILLed midway
     /// and restarted; the stream must hold exactly 100,000 messages, none twice.
     private func forward(nodes count: Int) throws {
