@@ -17,7 +17,6 @@ final class Nats: WhendPlugin {
     static let roles: PluginRoles = [.pipeline, .deferred]
 
     private let host: PluginHost
-    private let template: [TemplatePart]
     private let hostName: String
     /// The subject of the record in hand, built in place: no String per record.
     @exclusivity(unchecked) private var subject: [UInt8] = []
@@ -27,34 +26,27 @@ final class Nats: WhendPlugin {
     private var jetStream: OpaquePointer?
     private let resender: Resender
 
-    enum TemplatePart: Equatable {
+    enum TemplatePart {
         case literal(String)
         case field(String)
-
-        /// A field's value read from the record's field index when it is a well-known one.
-        var recordField: RecordField? {
-            guard case .field(let key) = self else { return nil }
-            return RecordField.allCases.first { "\($0.key)" == key }
-        }
     }
-    /// The template as bytes and fields, resolved once.
+    /// The template with its literals and `{host}` as bytes, resolved once.
     private enum SubjectPart {
         case bytes([UInt8])
-        case known(RecordField)
-        case other(String)
+        case field(String)
     }
     private let subjectParts: [SubjectPart]
 
     init(host: PluginHost, configuration c: [String: Any]) throws {
         self.host = host
         let servers = (c["servers"] as? [String]) ?? [c["url"] as? String ?? "nats://127.0.0.1:4222"]
-        template = try Self.parseTemplate(c["subject"] as? String ?? "whend.{host}.{app}.{type}")
+        let template = try Self.parseTemplate(c["subject"] as? String ?? "whend.{host}.{app}.{type}")
         hostName = Self.token(c["host"] as? String ?? ProcessInfo.processInfo.hostName)
         subjectParts = template.map { [hostName] part in
             switch part {
             case .literal(let text): return .bytes(Array(text.utf8))
             case .field("host"): return .bytes(Array(hostName.utf8))
-            case .field(let key): return part.recordField.map { .known($0) } ?? .other(key)
+            case .field(let key): return .field(key)
             }
         }
         ackTimeout = Int64((c["ack_timeout"] as? Double ?? 5) * 1000)
@@ -132,8 +124,7 @@ final class Nats: WhendPlugin {
         for part in subjectParts {
             switch part {
             case .bytes(let bytes): subject += bytes
-            case .known(let field): Self.appendToken(record[field], to: &subject)
-            case .other(let key): Self.appendToken(record.field(key), to: &subject)
+            case .field(let key): Self.appendToken(record.field(key), to: &subject)
             }
         }
         subject.append(0)

@@ -193,8 +193,9 @@ package struct DerivedBatchFrame {
     /// The last origin and its bytes: a worker's records come from a few plugins.
     private var origin = ""
     private var originBytes: [UInt8] = []
-    /// Where the batch number and the count go.
-    private static let headerLength = 4 + 1 + 8 + 8
+    /// Where the batch number and the count go: after the length (4 bytes) and the tag (1).
+    private static let batchOffset = 5
+    private static let countOffset = 13
 
     package init() { start() }
 
@@ -225,8 +226,8 @@ package struct DerivedBatchFrame {
     package mutating func finish(batch: UInt64) -> ArraySlice<UInt8> {
         writer.bytes.withUnsafeMutableBytes { b in
             b.storeBytes(of: UInt32(b.count - 4).littleEndian, toByteOffset: 0, as: UInt32.self)
-            b.storeBytes(of: batch.littleEndian, toByteOffset: 5, as: UInt64.self)
-            b.storeBytes(of: UInt64(causes.count).littleEndian, toByteOffset: 13, as: UInt64.self)
+            b.storeBytes(of: batch.littleEndian, toByteOffset: Self.batchOffset, as: UInt64.self)
+            b.storeBytes(of: UInt64(causes.count).littleEndian, toByteOffset: Self.countOffset, as: UInt64.self)
         }
         return writer.bytes[...]
     }

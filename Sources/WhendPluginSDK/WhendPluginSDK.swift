@@ -56,11 +56,12 @@ public struct PluginRecord {
         return span.map { JSONValue(raw: UnsafeBufferPointer(rebasing: bytes[$0])) }
     }
 
-    /// Any top-level field, by key (found by a pass over the record).
+    /// Any top-level field, by key (a well-known one from the field index, any other found by a
+    /// pass over the record).
     public func field(_ key: String) -> JSONValue? {
-        if let known = RecordField.allCases.first(where: { "\($0.key)" == key }) { return self[known] }
-        var found: Range<Int>?
         var wanted = key
+        if let known = wanted.withUTF8({ RecordField.named($0) }) { return self[known] }
+        var found: Range<Int>?
         wanted.withUTF8 { want in
             _ = forEachMember(of: bytes) { name, escaped, value in
                 let same =
