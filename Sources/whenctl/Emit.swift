@@ -56,11 +56,13 @@ struct Emit: ParsableCommand {
                     sent += 1
                 }
             } else {
-                for event in events {
-                    // One argument is one event, even if it was typed over several lines.
-                    try connection.send(event.replacingOccurrences(of: "\n", with: " ") + "\n")
-                    sent += 1
-                }
+                // One argument is one event, even if it was typed over several lines; all of
+                // them in one write, so that whend reads them together and stores them as one
+                // batch, with consecutive `_seq`s (one write each let a pipeline's derived
+                // record land between them).
+                let lines = events.map { $0.replacingOccurrences(of: "\n", with: " ") + "\n" }.joined()
+                try connection.send(lines)
+                sent = UInt64(events.count)
             }
         } catch {
             printError("whenctl emit: \(error)")
