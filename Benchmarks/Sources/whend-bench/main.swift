@@ -34,6 +34,9 @@ let rounds = max(1, Int(options["rounds"] ?? "") ?? 3)
 let onlyShipped = options["only"] == "shipped"
 // `--only latency`: the fdatasync floor and whend's ack latency at a steady rate, nothing else.
 let onlyLatency = options["only"] == "latency"
+// `--only ingest`: the ingest rows (rsyslog, whend with and without acks, 1 and 4 connections),
+// nothing else, for working on the ingest path.
+let onlyIngest = options["only"] == "ingest"
 let work = options["work"] ?? "/tmp/whend-bench-\(getpid())"
 try? FileManager.default.removeItem(atPath: work)
 try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
@@ -66,8 +69,10 @@ for s in sessions {
     }
 }
 
-/// The corpus split over `k` connections, each session on one connection, in order.
-func parts(_ k: Int) -> [[UInt8]] {
+/// The corpus split over `k` connections, each session on one connection, in order. Made once,
+/// before any clock starts: splitting a million events takes a third of a second, which would
+/// count against every system measured alike and pull their ratios towards 1.
+func split(_ k: Int) -> [[UInt8]] {
     var result = Array(repeating: [UInt8](), count: k)
     for (i, s) in sessions.enumerated() {
         for l in s.lines {
@@ -77,6 +82,8 @@ func parts(_ k: Int) -> [[UInt8]] {
     }
     return result
 }
+let splits = [1: split(1), 4: split(4)]
+func parts(_ k: Int) -> [[UInt8]] { splits[k]! }
 
 say("zstd -3 over the whole corpus (the compression reference)…")
 try shell("zstd -q -3 -f -o \(work)/corpus.zst \(corpusPath)")
@@ -310,12 +317,14 @@ func median(_ values: [Run]) -> Run {
 var allRounds: [String: [Run]] = [:]
 var shippedRounds: [ShippedRun] = []
 for round in 1...rounds {
-    say("round \(round)/\(rounds): rsyslog, 4 connections, beside whend as shipped…")
-    allRounds["rsyslog-shipped", default: []].append(try runRsyslog(connections: 4))
-    say(
-        "round \(round)/\(rounds): whend as shipped (built-in pipelines on), acks and fsync, 4 connections, to the end of every pipeline…"
-    )
-    shippedRounds.append(try runWhendShipped(connections: 4))
+    if !onlyIngest {
+        say("round \(round)/\(rounds): rsyslog, 4 connections, beside whend as shipped…")
+        allRounds["rsyslog-shipped", default: []].append(try runRsyslog(connections: 4))
+        say(
+            "round \(round)/\(rounds): whend as shipped (built-in pipelines on), acks and fsync, 4 connections, to the end of every pipeline…"
+        )
+        shippedRounds.append(try runWhendShipped(connections: 4))
+    }
     for connections in [1, 4] where !onlyShipped {
         say("round \(round)/\(rounds): rsyslog, \(connections) connection(s)…")
         allRounds["rsyslog-\(connections)", default: []].append(try runRsyslog(connections: connections))
@@ -329,6 +338,30 @@ for round in 1...rounds {
 }
 for connections in [1, 4] where !onlyShipped {
     for kind in ["rsyslog", "noacks", "acks"] { runs.append(median(allRounds["\(kind)-\(connections)"]!)) }
+}
+
+func fmt(_ v: Double, _ digits: Int = 0) -> String { String(format: "%.\(digits)f", v) }
+func pad(_ s: String, _ n: Int) -> String { s.count >= n ? s : s + String(repeating: " ", count: n - s.count) }
+func lpad(_ s: String, _ n: Int) -> String { s.count >= n ? s : String(repeating: " ", count: n - s.count) + s }
+
+@MainActor func printIngestTable() {
+    print(
+        pad("run", 26) + lpad("conns", 6) + lpad("events/s", 12) + lpad("× rsyslog", 11) + lpad("CPU µs/ev", 11)
+            + lpad("peak RSS MiB", 14) + lpad("disk B/ev", 11) + lpad("stored", 10))
+    for run in runs {
+        let peer = runs.first { $0.name == "rsyslog" && $0.connections == run.connections }!
+        print(
+            pad(run.name, 26) + lpad("\(run.connections)", 6) + lpad(fmt(run.eventsPerSecond), 12)
+                + lpad(fmt(run.eventsPerSecond / peer.eventsPerSecond, 2), 11) + lpad(fmt(run.cpuMicrosPerEvent, 2), 11)
+                + lpad(fmt(run.peakRSSMiB, 1), 14) + lpad(fmt(run.bytesOnDiskPerEvent, 1), 11)
+                + lpad("\(run.stored)", 10))
+    }
+}
+
+if onlyIngest {
+    print("whend ingest beside rsyslog — \(corpusEvents) events, medians of \(rounds) rounds")
+    printIngestTable()
+    exit(0)
 }
 let shippedPeer = median(allRounds["rsyslog-shipped"]!)
 let shipped = shippedRounds.sorted { $0.endToEndEventsPerSecond < $1.endToEndEventsPerSecond }[shippedRounds.count / 2]
@@ -513,10 +546,6 @@ _ = idleDaemon.stop()
 
 // MARK: Report
 
-func fmt(_ v: Double, _ digits: Int = 0) -> String { String(format: "%.\(digits)f", v) }
-func pad(_ s: String, _ n: Int) -> String { s.count >= n ? s : s + String(repeating: " ", count: n - s.count) }
-func lpad(_ s: String, _ n: Int) -> String { s.count >= n ? s : String(repeating: " ", count: n - s.count) + s }
-
 let averageBytes = Double(corpusBytes.count) / Double(corpusEvents)
 print(
     "whend ingest benchmark — \(corpusEvents) events, \(fmt(averageBytes)) bytes each on average, \(sessions.count) sessions"
@@ -527,16 +556,7 @@ print("each row: the median of \(rounds) interleaved rounds (peak RSS: the highe
 print("")
 printShipped()
 print("")
-print(
-    pad("run", 26) + lpad("conns", 6) + lpad("events/s", 12) + lpad("× rsyslog", 11) + lpad("CPU µs/ev", 11)
-        + lpad("peak RSS MiB", 14) + lpad("disk B/ev", 11) + lpad("stored", 10))
-for run in runs {
-    let peer = runs.first { $0.name == "rsyslog" && $0.connections == run.connections }!
-    print(
-        pad(run.name, 26) + lpad("\(run.connections)", 6) + lpad(fmt(run.eventsPerSecond), 12)
-            + lpad(fmt(run.eventsPerSecond / peer.eventsPerSecond, 2), 11) + lpad(fmt(run.cpuMicrosPerEvent, 2), 11)
-            + lpad(fmt(run.peakRSSMiB, 1), 14) + lpad(fmt(run.bytesOnDiskPerEvent, 1), 11) + lpad("\(run.stored)", 10))
-}
+printIngestTable()
 print("")
 print("zstd -3 over the whole corpus: \(fmt(zstdBytesPerEvent, 1)) bytes/event")
 printLatencies(latencyFigures)
