@@ -41,11 +41,13 @@ struct DedupWindow {
 
     func contains(_ key: DedupKey) -> Bool { table.seq(of: key) != nil }
 
-    /// Forgets the `n` keys stored last: their commit failed, and their `_seq`s will be reused.
-    mutating func dropNewest(_ n: Int) {
-        for _ in 0..<min(n, count) {
+    /// Forgets the keys stored at `seq` and later: their records were not acknowledged, and
+    /// their `_seq`s will be reused.
+    mutating func dropFrom(seq: UInt64) {
+        while count > 0 {
             let tail = (head + count - 1) % ring.count
-            if let (seq, key) = ring[tail] { table.remove(key, ifSeq: seq) }
+            guard let (stored, key) = ring[tail], stored >= seq else { return }
+            table.remove(key, ifSeq: stored)
             ring[tail] = nil
             count -= 1
         }

@@ -80,8 +80,10 @@ package struct JournalStatistics: Sendable {
 /// The one place that orders records: it gives each its `_seq`, commits everything that arrived
 /// while the previous commit was in flight as one group, and only then reports the batches done.
 ///
-/// It runs on a thread of its own so that `fdatasync` never blocks an event loop. Submitters
-/// never wait on it; they hear back through each batch's completion, called on the writer thread.
+/// It runs on a thread of its own so that nothing blocks an event loop, and hands each group it
+/// wrote to a second thread (`CommitSyncer`) that syncs and acknowledges: the writer sequences,
+/// compresses and writes the next groups while the last ones sync. Submitters never wait on
+/// it; they hear back through each batch's completion, called on the sync thread, in order.
 ///
 /// Thread safety: `queue`, `pendingBytesStorage`, `stopping`, `stats` and the accepted configuration are guarded by
 /// `condition`; every other
@@ -112,6 +114,10 @@ package final class JournalWriter: @unchecked Sendable {
     private var active: SegmentWriter?
     /// A segment whose last write failed: it must be recovered before anything else is written.
     private var broken: SegmentFile?
+    /// A sealed segment whose sync failed after it was sealed: its records are rewritten into a
+    /// file that is synced whole before anything else is written (the pages the failed sync
+    /// did not write may be kept only in memory, and a later sync can report success for them).
+    private var unsyncedSealed: SegmentFile?
     private let compressor: ZstdCompressor
     private var scratch: [UInt8] = []
     private var lastRetention = Date.distantPast
@@ -133,6 +139,11 @@ package final class JournalWriter: @unchecked Sendable {
     /// stops the pings.
     private var heartbeat: (@Sendable () -> Void)?
     private var heartbeatInterval: TimeInterval = 1
+    /// Syncs and acknowledges what this thread wrote; started with the writer thread.
+    private var syncer: CommitSyncer?
+    /// A failed sync the writer has not taken up yet: the segment, and the first `_seq` in it
+    /// that was not acknowledged. Guarded by `condition`.
+    private var syncFailure: (segment: SegmentWriter, fromSeq: UInt64)?
 
     /// Opens the journal: recovers the unsealed tail, if any, and rebuilds the de-duplication
     /// window from the latest records. Its cost is bounded by one segment and the window, not by
@@ -199,6 +210,15 @@ package final class JournalWriter: @unchecked Sendable {
     }
 
     private func startThread() {
+        syncer = CommitSyncer { [self] group, outcome in
+            acknowledge(group, outcome)
+        } onSyncFailure: { [self] segment, fromSeq, message in
+            log("syncing \(segment.file.path) failed: \(message); records from _seq \(fromSeq) on are not acknowledged")
+            condition.lock()
+            syncFailure = (segment, fromSeq)
+            stats.failing = message
+            condition.unlock()
+        }
         let thread = Thread { [self] in run() }
         thread.name = "whend-journal"
         thread.start()
@@ -286,7 +306,8 @@ package final class JournalWriter: @unchecked Sendable {
             // Retention may now be tighter: apply it at once rather than within the minute.
             if takeUp { lastRetention = .distantPast }
 
-            heartbeat?()
+            // A sync that hangs stops the pings as a write that hangs does.
+            if syncer?.isStuck(longerThan: heartbeatInterval) != true { heartbeat?() }
             if !batches.isEmpty {
                 commit(batches)
                 if configurationInUse.durability == .none, queueIsEmpty() { flushQuietly() }
@@ -298,13 +319,14 @@ package final class JournalWriter: @unchecked Sendable {
         }
         if let active {
             do {
-                try active.seal()
+                try seal(active)
                 log("sealed \(active.file.path) at _seq \(active.lastSeq)")
             } catch {
                 log("could not seal \(active.file.path): \(error); it will be recovered at the next start")
             }
         }
         active = nil
+        syncer?.shutdown()
         finished.signal()
     }
 
@@ -315,14 +337,14 @@ package final class JournalWriter: @unchecked Sendable {
     }
 
     private func commit(_ batches: [(JournalBatch, Completion)]) {
+        takeUpSyncFailure()
         if let failure = repairIfBroken() {
-            finish(batches, .failed(failure))
+            hand(batches, .failed(failure), firstSeq: nextSeq)
             return
         }
         scratch.removeAll(keepingCapacity: true)
         let first = nextSeq
         var seq = first
-        var inserted: [DedupKey] = []
         var duplicates: UInt64 = 0
         var minReceived = Int64.max
         var maxReceived = Int64.min
@@ -342,7 +364,6 @@ package final class JournalWriter: @unchecked Sendable {
                             duplicates += 1
                             continue
                         }
-                        inserted.append(key)
                     }
                     appendRecordPrefix(seq)
                     scratch.append(contentsOf: UnsafeBufferPointer(rebasing: bodies[start..<end]))
@@ -362,12 +383,11 @@ package final class JournalWriter: @unchecked Sendable {
                         maxReceived: maxReceived,
                         flush: configurationInUse.durability != .none)
                 }
-                if configurationInUse.durability == .fsync { try segment.sync() }
                 nextSeq = seq
                 dedup.evict(lastSeq: last)
             }
         } catch {
-            dedup.dropNewest(inserted.count)
+            dedup.dropFrom(seq: first)
             broken = active?.file
             active = nil
             let message = "the journal cannot store right now (\(error)); nothing of this was stored; retry later"
@@ -375,31 +395,68 @@ package final class JournalWriter: @unchecked Sendable {
             condition.lock()
             stats.failing = "\(error)"
             condition.unlock()
-            finish(batches, .failed(message))
+            hand(batches, .failed(message), firstSeq: first)
             return
         }
-        condition.lock()
-        stats.lastSeq = nextSeq - 1
-        stats.recordsStored += seq - first
-        stats.duplicatesSkipped += duplicates
-        stats.commits += 1
-        stats.bytesWritten += UInt64(scratch.count)
-        stats.failing = nil
-        condition.unlock()
-        if seq > first, let commitObserver {
-            let seconds = Double(DispatchTime.now().uptimeNanoseconds - started) / 1e9
-            commitObserver(Int(seq - first), scratch.count, seconds)
-        }
-        finish(batches, .stored(lastSeq: nextSeq - 1))
+        var group = WrittenGroup(
+            completions: batches.map(\.1), submittedBytes: batches.reduce(0) { $0 + $1.0.bodies.count },
+            segment: nil, outcome: .stored(lastSeq: nextSeq - 1), firstSeq: first, records: seq - first,
+            duplicates: duplicates, writtenBytes: scratch.count, startedNanos: started)
+        if seq > first && configurationInUse.durability == .fsync { group.segment = active }
+        syncer!.hand(group)
         if let segment = active, segment.size >= configurationInUse.segmentMaxBytes { rotate() }
     }
 
-    private func finish(_ batches: [(JournalBatch, Completion)], _ result: JournalCommit) {
-        let bytes = batches.reduce(0) { $0 + $1.0.bodies.count }
+    /// Hands a group that failed before it was written on to be acknowledged as failed, in order.
+    private func hand(_ batches: [(JournalBatch, Completion)], _ failure: JournalCommit, firstSeq: UInt64) {
+        syncer!.hand(
+            WrittenGroup(
+                completions: batches.map(\.1), submittedBytes: batches.reduce(0) { $0 + $1.0.bodies.count },
+                segment: nil, outcome: failure, firstSeq: firstSeq, records: 0, duplicates: 0, writtenBytes: 0,
+                startedNanos: 0))
+    }
+
+    /// On the sync thread: a group's fate is known; count it and tell its submitters.
+    private func acknowledge(_ group: WrittenGroup, _ outcome: JournalCommit) {
         condition.lock()
-        pendingBytesStorage -= bytes
+        pendingBytesStorage -= group.submittedBytes
+        // A sealing (no batches) counts for nothing but its sync.
+        if case .stored(let lastSeq) = outcome, !group.completions.isEmpty {
+            stats.lastSeq = max(stats.lastSeq, lastSeq)
+            stats.recordsStored += group.records
+            stats.duplicatesSkipped += group.duplicates
+            stats.commits += 1
+            stats.bytesWritten += UInt64(group.writtenBytes)
+            stats.failing = nil
+        }
         condition.unlock()
-        for (_, completion) in batches { completion(result) }
+        if case .stored = outcome, group.records > 0, let commitObserver {
+            let seconds = Double(DispatchTime.now().uptimeNanoseconds - group.startedNanos) / 1e9
+            commitObserver(Int(group.records), group.writtenBytes, seconds)
+        }
+        for completion in group.completions { completion(outcome) }
+    }
+
+    /// A sync failed: unless the segment was sealed since (its seal synced what it holds), it
+    /// is recovered before the next write, and `_seq` rewinds to the first record that was not
+    /// acknowledged (recovery gives back the de-duplication keys of what it finds on disk).
+    private func takeUpSyncFailure() {
+        condition.lock()
+        let report = syncFailure
+        syncFailure = nil
+        condition.unlock()
+        guard let (segment, fromSeq) = report else { return }
+        if active === segment {
+            active = nil
+            broken = segment.file
+        } else if broken?.path != segment.file.path {
+            // Sealed since: every record it holds stays (and so do their keys), made durable by
+            // a rewrite before the next write.
+            unsyncedSealed = segment.file
+            return
+        }
+        dedup.dropFrom(seq: fromSeq)
+        nextSeq = min(nextSeq, fromSeq)
     }
 
     private func appendRecordPrefix(_ seq: UInt64) {
@@ -436,6 +493,15 @@ package final class JournalWriter: @unchecked Sendable {
     /// After a failed write, seals what the torn segment holds and carries `_seq` on from it.
     /// Returns why the journal still cannot store, or nil when it can.
     private func repairIfBroken() -> String? {
+        if let sealed = unsyncedSealed {
+            do {
+                let result = try SegmentRecovery.recover(sealed, evenIfSealed: true)
+                unsyncedSealed = nil
+                log("rewrote \(sealed.path) after its sync failed: records up to _seq \(result.lastSeq) are durable")
+            } catch {
+                return "the journal cannot store right now (\(error)); nothing of this was stored; retry later"
+            }
+        }
         guard let segment = broken else { return nil }
         do {
             let result = try SegmentRecovery.recover(segment) { record in
@@ -463,12 +529,25 @@ package final class JournalWriter: @unchecked Sendable {
         guard let segment = active else { return }
         active = nil
         do {
-            try segment.seal()
+            try seal(segment)
         } catch {
             broken = segment.file
             log("sealing \(segment.file.path) failed: \(error); it will be recovered before the next write")
         }
         applyRetention()
+    }
+
+    /// Seals a segment. Under `durability = fsync` its sync goes through the sync thread, after
+    /// the groups written before it: one thread alone syncs the active segment's file, so that
+    /// a failed sync is seen by the thread that acknowledges (a second `fdatasync` of the same
+    /// file would report success for the pages the first failed to write).
+    private func seal(_ segment: SegmentWriter) throws {
+        guard configurationInUse.durability == .fsync, let syncer else { return try segment.seal() }
+        try segment.seal(sync: false)
+        syncer.hand(
+            WrittenGroup(
+                completions: [], submittedBytes: 0, segment: segment, outcome: .stored(lastSeq: segment.lastSeq),
+                firstSeq: segment.lastSeq + 1, records: 0, duplicates: 0, writtenBytes: 0, startedNanos: 0))
     }
 
     private func maintain() {

@@ -28,12 +28,14 @@ package enum SegmentRecovery {
     }
 
     /// Recovers `segment` in place.
-    /// - Parameter onRecord: called for every record kept, in order (for the de-duplication
-    ///   window).
+    /// - Parameters:
+    ///   - evenIfSealed: rewrite a sealed segment too (its records into a new file, synced
+    ///     whole): after a failed sync, what the file shows may be held only in memory.
+    ///   - onRecord: called for every record kept, in order (for the de-duplication window).
     package static func recover(
-        _ segment: SegmentFile, onRecord: (StoredRecord) -> Void = { _ in }
+        _ segment: SegmentFile, evenIfSealed: Bool = false, onRecord: (StoredRecord) -> Void = { _ in }
     ) throws -> Result {
-        if let index = SegmentIndex.read(fromFileAt: segment.path), index.firstSeq == segment.firstSeq {
+        if !evenIfSealed, let index = SegmentIndex.read(fromFileAt: segment.path), index.firstSeq == segment.firstSeq {
             return Result(outcome: .alreadySealed, lastSeq: index.lastSeq, index: index)
         }
         let data = try FileIO.readAll(segment.path)

@@ -87,9 +87,10 @@ final class SegmentWriter {
         try FileIO.sync(fd, path: file.path)
     }
 
-    /// Ends the open frame, appends the index and the seek table, and syncs: the segment is
-    /// then sealed, and no byte of it changes again.
-    func seal() throws {
+    /// Ends the open frame, appends the index and the seek table, and syncs (unless `sync` is
+    /// false: the caller syncs, as the journal's sync thread does under `durability = fsync`):
+    /// the segment is then sealed, and no byte of it changes again.
+    func seal(sync: Bool = true) throws {
         output.removeAll(keepingCapacity: true)
         if frameUncompressed > 0 {
             compressor.compress(UnsafeRawBufferPointer(start: nil, count: 0), directive: ZSTD_e_end, into: &output)
@@ -99,7 +100,7 @@ final class SegmentWriter {
         output.append(
             contentsOf: index.sealingFrames(decompressedSizes: frameSizes, dataEnd: size + Int64(output.count)))
         try writeOutput()
-        try sync()
+        if sync { try self.sync() }
     }
 
     private func writeOutput() throws {

@@ -9,6 +9,10 @@ memory, and so do creates, renames, unlinks and mkdirs until their directory is 
 power cut is: SIGKILL this process, then lazily unmount MOUNTPOINT (`umount -l`). Everything not
 synced is gone; mounting BACKING again shows exactly what was durable.
 
+While the file BACKING/fail-syncs exists, every file sync fails with EIO as a failed writeback
+does on Linux: what it covered is dropped from the durable state, yet stays readable, and a
+later sync reports success without writing it.
+
 BACKING holds `tree.json` (the durable directory tree: each directory's entries, by inode) and
 `data/INODE` (each file's durable content). Stricter than ext4 (whose metadata journal usually
 keeps a create) on purpose: a program that keeps its promises only by luck fails here.
@@ -243,7 +247,14 @@ class PowerCutFS(Operations):
         node.mtime = time.time()
 
     def fsync(self, path, datasync, fh):
-        self.sync_file(self.node_for(path, fh))
+        node = self.node_for(path, fh)
+        if os.path.exists(os.path.join(self.backing, "fail-syncs")):
+            # A failed writeback as Linux has it: the error is reported once, the pages stay
+            # readable but are marked clean, so a later sync "succeeds" without writing them.
+            # They are gone at the next power cut.
+            node.dirty_from = None
+            raise FuseOSError(errno.EIO)
+        self.sync_file(node)
 
     def fsyncdir(self, path, datasync, fh):
         self.sync_dir(self.node_for(path, fh))

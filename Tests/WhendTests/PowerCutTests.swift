@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import WhendJournal
+import WhendWire
 
 /// A file system that keeps only what was synced (Tests/Fixtures/powercut_fs.py, over FUSE):
 /// written data lives in the harness's memory until `fsync`/`fdatasync`, and creates, renames
@@ -42,6 +43,13 @@ final class PowerCutFileSystem {
         return mounts.split(separator: "\n").contains {
             $0.split(separator: " ").dropFirst().first == Substring(mountPoint)
         }
+    }
+
+    /// From now on, until called with false, every file sync fails with EIO as a failed
+    /// writeback does on Linux (see the harness).
+    func failSyncs(_ failing: Bool) {
+        let flag = backing + "/fail-syncs"
+        if failing { _ = FileManager.default.createFile(atPath: flag, contents: nil) } else { unlink(flag) }
     }
 
     /// The power goes: what was not synced is lost. Every process using the mount must be dead.
@@ -208,6 +216,88 @@ extension DaemonProcess {
         let wrong = expected.filter { seen[$0] != 1 }
         #expect(wrong.count == 0, "\(wrong.count) events not stored exactly once, e.g. \(wrong.prefix(5))")
         try expectReplayDerivesWhatWasLive(daemon, atLeast: 50)
+        fs.cut()
+    }
+
+    /// A sync that fails (EIO, as Linux reports a failed writeback: the pages it could not write
+    /// stay readable, and a later sync reports success without writing them) acknowledges
+    /// nothing it covered, and whend says so; once syncs work again, what the clients send
+    /// again is stored, and a power cut after that loses no acked event, stores none twice,
+    /// and leaves `_seq` without a gap. Small segments, so that seals are among the syncs.
+    @Test func aFailedSyncAcksNothingItCoveredAndLosesNothingAcked() throws {
+        let fs = PowerCutFileSystem("pc-syncfail")
+        try fs.mount()
+        let configuration = fs.directory + "/whend.conf"
+        try "durability = fsync\nsegment_max_bytes = 4096\n".write(
+            toFile: configuration, atomically: true, encoding: .utf8)
+        let daemon = DaemonProcess(
+            "pc-syncfail", arguments: ["--builtin-pipelines", "false", "--config", configuration],
+            stateDirectory: fs.mountPoint + "/state")
+        try daemon.start()
+        func event(_ n: Int) -> String {
+            #"{"type":"when","name":"step","id":"e-\#(n)","params":{"n":\#(n),"pad":"\#(String(repeating: "p", count: n % 90))"}}"#
+        }
+        /// Sends events `range` in chunks of 20 on one connection, each answered before the
+        /// next (so that the groups are many and small); returns how many were stored by the
+        /// final ack (an ack covers refused lines too: those are the errors) and the errors' codes.
+        func send(_ range: Range<Int>) throws -> (acked: Int, errors: [String]) {
+            let connection = try BlockingSocket(path: daemon.socketPath)
+            try connection.send(helloWithAcks + "\n")
+            var lastAck = 0
+            var errors: [String] = []
+            var pending: [UInt8] = []
+            var sent = 0
+            for start in stride(from: range.lowerBound, to: range.upperBound, by: 20) {
+                let chunk = (start..<min(start + 20, range.upperBound)).map { event($0) + "\n" }.joined()
+                try connection.send(chunk)
+                sent += min(20, range.upperBound - start)
+                while lastAck < sent {
+                    let bytes = try connection.receive()
+                    if bytes.isEmpty { return (lastAck - errors.count, errors) }
+                    pending += bytes
+                    while let nl = pending.firstIndex(of: 0x0A) {
+                        let line = Array(pending[..<nl])
+                        pending.removeSubrange(...nl)
+                        let o = try? JSONSerialization.jsonObject(with: Data(line)) as? [String: Any]
+                        if let a = o?["ack"] as? Int { lastAck = max(lastAck, a) }
+                        if let e = o?["error"] as? [String: Any] { errors.append(e["code"] as? String ?? "?") }
+                    }
+                }
+            }
+            return (lastAck - errors.count, errors)
+        }
+
+        #expect(try send(0..<200).acked == 200)
+        fs.failSyncs(true)
+        let during = try send(200..<260)
+        #expect(during.acked == 0, "\(during.acked) events acked while every sync failed")
+        #expect(during.errors.count == 60 && during.errors.allSatisfy { $0 == "unavailable" }, "\(during.errors)")
+        fs.failSyncs(false)
+        // The events that were refused, sent again, then new ones: all acked.
+        #expect(try send(200..<400).acked == 200)
+        #expect(daemon.log.contains("fdatasync") && daemon.log.contains("not acknowledged"), "\(daemon.log)")
+
+        daemon.crashWithWorkers()
+        fs.cut()
+        try fs.mount()
+        var seen: [String: Int] = [:]
+        var seqs: [UInt64] = []
+        JournalReader(directory: daemon.journal).read { record, _ in
+            seqs.append(record.seq ?? 0)
+            if let o = try? JSONSerialization.jsonObject(with: Data(buffer: record.line)) as? [String: Any],
+                let id = o["id"] as? String
+            {
+                seen[id, default: 0] += 1
+            }
+            return true
+        } onProblem: {
+            Issue.record("journal problem: \($0)")
+        }
+        let wrong = (0..<400).map { "e-\($0)" }.filter { seen[$0] != 1 }
+        #expect(wrong.isEmpty, "\(wrong.count) acked events not stored exactly once, e.g. \(wrong.prefix(5))")
+        #expect(seqs == Array(1...UInt64(seqs.count)), "_seq has a gap or repeats")
+        let verify = try runCommand(executable("whenctl"), ["verify", "--json", "--state-dir", daemon.stateDirectory])
+        #expect(verify.status == 0, "\(verify.output) \(verify.error)")
         fs.cut()
     }
 

@@ -1,0 +1,148 @@
+import Foundation
+
+/// A group of records the writer thread has sequenced, compressed and written, on its way to
+/// its acknowledgement.
+struct WrittenGroup {
+    /// The batches' completions, in the order the batches were submitted.
+    var completions: [JournalWriter.Completion]
+    /// The submitted body bytes of those batches (what `pendingBytes` counted for them).
+    var submittedBytes: Int
+    /// The segment to sync before the group is acknowledged; nil when the durability setting
+    /// asks for no sync, or nothing was written.
+    var segment: SegmentWriter?
+    /// What the writer made of the group: stored (yet to be synced, if `segment` is set) or
+    /// failed already.
+    var outcome: JournalCommit
+    /// The first `_seq` the group took, and how many records and duplicates it had.
+    var firstSeq: UInt64
+    var records: UInt64
+    var duplicates: UInt64
+    /// Uncompressed bytes written, and when the write began (for the commit observer).
+    var writtenBytes: Int
+    var startedNanos: UInt64
+}
+
+/// The second half of a commit, on a thread of its own: syncs what the writer thread wrote,
+/// then acknowledges the groups in the order they were written.
+///
+/// The writer never waits for `fdatasync`: while one sync runs, it goes on sequencing,
+/// compressing and writing the next groups, and the next sync covers all of them at once. Every
+/// group passes through here, synced or not, so that acknowledgements keep the order of the
+/// writes whatever the durability setting does meanwhile.
+///
+/// When a sync fails, nothing written to that segment since its last good sync is
+/// acknowledged — a later sync of the same file can report success for pages the failed one
+/// lost — and the writer is told (`onSyncFailure`) so that it recovers the segment and rewinds
+/// `_seq` to the first record that was not acknowledged.
+final class CommitSyncer: @unchecked Sendable {
+    // Unchecked: `queue`, `stopping` and `syncStartedNanos` are guarded by `condition`; the
+    // thread's own state (`failed`) is touched by the sync thread only.
+    private let condition = NSCondition()
+    private var queue: [WrittenGroup] = []
+    private var stopping = false
+    private var syncStartedNanos: UInt64?
+    private let finished = DispatchSemaphore(value: 0)
+    /// Segments whose sync failed, by identity: their later groups fail without a sync. Held
+    /// strongly, so that no new segment can take the identity of a failed one.
+    private var failed: [SegmentWriter] = []
+
+    private let onDone: (WrittenGroup, JournalCommit) -> Void
+    private let onSyncFailure: (_ segment: SegmentWriter, _ fromSeq: UInt64, _ message: String) -> Void
+
+    /// - Parameters:
+    ///   - onDone: called on the sync thread for each group, in order, with its fate.
+    ///   - onSyncFailure: called on the sync thread when syncing `segment` failed: every record
+    ///     from `fromSeq` on in that segment is unacknowledged.
+    init(
+        onDone: @escaping (WrittenGroup, JournalCommit) -> Void,
+        onSyncFailure: @escaping (_ segment: SegmentWriter, _ fromSeq: UInt64, _ message: String) -> Void
+    ) {
+        self.onDone = onDone
+        self.onSyncFailure = onSyncFailure
+        let thread = Thread { [self] in run() }
+        thread.name = "whend-journal-sync"
+        thread.start()
+    }
+
+    /// Queues a written group; it is acknowledged after every group queued before it.
+    func hand(_ group: WrittenGroup) {
+        condition.lock()
+        queue.append(group)
+        condition.signal()
+        condition.unlock()
+    }
+
+    /// Whether a sync has been running for longer than `seconds`: the writer stops feeding the
+    /// watchdog then, as it would if it were stuck in the sync itself.
+    func isStuck(longerThan seconds: Double) -> Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        guard let started = syncStartedNanos else { return false }
+        return Double(DispatchTime.now().uptimeNanoseconds - started) / 1e9 > seconds
+    }
+
+    /// Acknowledges everything queued, then stops the thread.
+    func shutdown() {
+        condition.lock()
+        stopping = true
+        condition.signal()
+        condition.unlock()
+        finished.wait()
+    }
+
+    private func run() {
+        while true {
+            condition.lock()
+            while queue.isEmpty && !stopping { condition.wait() }
+            let groups = queue
+            queue.removeAll(keepingCapacity: true)
+            let stop = stopping && groups.isEmpty
+            condition.unlock()
+            if stop { break }
+            settle(groups)
+        }
+        finished.signal()
+    }
+
+    /// Syncs each segment the groups were written to, once, then acknowledges them in order.
+    private func settle(_ groups: [WrittenGroup]) {
+        var synced: [(segment: SegmentWriter, failure: String?)] = []
+        for group in groups {
+            guard let segment = group.segment, case .stored = group.outcome,
+                !synced.contains(where: { $0.segment === segment })
+            else { continue }
+            if failed.contains(where: { $0 === segment }) {
+                synced.append((segment, "an earlier sync of \(segment.file.path) failed"))
+                continue
+            }
+            setSyncStarted(DispatchTime.now().uptimeNanoseconds)
+            do {
+                try segment.sync()
+                synced.append((segment, nil))
+            } catch {
+                synced.append((segment, "\(error)"))
+                failed.append(segment)
+                if failed.count > 16 { failed.removeFirst() }
+                let fromSeq = groups.first { $0.segment === segment }!.firstSeq
+                onSyncFailure(segment, fromSeq, "\(error)")
+            }
+            setSyncStarted(nil)
+        }
+        for group in groups {
+            var outcome = group.outcome
+            if let segment = group.segment, case .stored = outcome,
+                let failure = synced.first(where: { $0.segment === segment })?.failure
+            {
+                outcome = .failed(
+                    "the journal cannot store right now (\(failure)); nothing of this was stored; retry later")
+            }
+            onDone(group, outcome)
+        }
+    }
+
+    private func setSyncStarted(_ nanos: UInt64?) {
+        condition.lock()
+        syncStartedNanos = nanos
+        condition.unlock()
+    }
+}
