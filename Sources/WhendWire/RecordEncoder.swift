@@ -19,10 +19,11 @@ package struct PeerCredentials: Sendable, Equatable {
 /// The identity of an event for de-duplication: (`app`, `session`, `id`), kept as a 128-bit
 /// digest rather than the strings themselves.
 ///
-/// The digest is two SipHash-1-3 hashes (Swift's `Hasher`, seeded at random per process) over
-/// the length-prefixed parts under different domain prefixes. For distinct keys an accidental
-/// collision within a window of 100,000 has a probability near 1e-29, and the random seed keeps
-/// clients from aiming for one. Sixteen bytes a key keep the window small (PROTOCOL.md §4), and
+/// The digest is SipHash-1-3 with a 128-bit output, under a key drawn at random per process,
+/// over the length-prefixed parts: one pass (two 64-bit `Hasher`s cost twice the rounds, and
+/// were a tenth of an event loop's samples). For distinct keys an accidental collision within a
+/// window of 100,000 has a probability near 1e-29, and the random key keeps clients from
+/// aiming for one. Sixteen bytes a key keep the window small (PROTOCOL.md §4), and
 /// hashing straight from the line allocates nothing per event.
 public struct DedupKey: Hashable, Sendable {
     public let low: UInt64
@@ -45,29 +46,29 @@ public struct DedupKey: Hashable, Sendable {
         hasher.combine(low)
     }
 
-    /// Feeds the parts in order; the same parts give the same key however they are stored.
-    struct Builder {
-        var first = Hasher()
-        var second = Hasher()
+    /// The SipHash key of this process's digests, drawn at random once: clients cannot aim for
+    /// a collision, and digests are never kept across processes (the journal's window is
+    /// rebuilt from the records at start-up).
+    static let processKey: (UInt64, UInt64) = {
+        var random = SystemRandomNumberGenerator()
+        return (random.next(), random.next())
+    }()
 
-        init() {
-            first.combine(UInt8(1))
-            second.combine(UInt8(2))
-        }
+    /// Feeds the parts in order, each after its length; the same parts give the same key
+    /// however they are stored.
+    struct Builder {
+        var hash = SipHash128(key: DedupKey.processKey)
 
         mutating func add(_ part: UnsafeBufferPointer<UInt8>) {
-            first.combine(UInt32(part.count))
-            second.combine(UInt32(part.count))
-            first.combine(bytes: UnsafeRawBufferPointer(part))
-            second.combine(bytes: UnsafeRawBufferPointer(part))
+            withUnsafeBytes(of: UInt32(part.count).littleEndian) { hash.write($0) }
+            hash.write(UnsafeRawBufferPointer(part))
         }
 
         func finish(hasSession: Bool) -> DedupKey {
-            var a = first
-            var b = second
-            a.combine(hasSession)
-            b.combine(hasSession)
-            return DedupKey(low: UInt64(bitPattern: Int64(a.finalize())), high: UInt64(bitPattern: Int64(b.finalize())))
+            var last = hash
+            withUnsafeBytes(of: hasSession ? UInt8(1) : UInt8(0)) { last.write($0) }
+            let (low, high) = last.finalize()
+            return DedupKey(low: low, high: high)
         }
     }
 }
