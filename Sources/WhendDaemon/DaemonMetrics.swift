@@ -68,7 +68,8 @@ final class DaemonMetrics: Sendable {
             case .repliesDropped:
                 return "Error lines dropped for clients that asked for no acks and did not read them."
             case .commitDuration:
-                return "One group commit of the journal, from its write to its ack: with durability fsync, the fdatasync included."
+                return
+                    "One group commit of the journal, from its write to its ack: with durability fsync, the fdatasync included."
             case .connections: return "Open event connections."
             case .pendingBytes: return "Record bytes read from clients and waiting for the journal."
             case .journalLastSeq: return "The last _seq stored."
