@@ -41,6 +41,13 @@ struct DedupWindow {
 
     func contains(_ key: DedupKey) -> Bool { table.seq(of: key) != nil }
 
+    /// How many records ahead the writer asks for a key's slot: enough for the loads to
+    /// overlap, few enough that the lines are still cached when they are used.
+    static let lookAhead = 16
+
+    /// Starts loading `key`'s slot, to be inserted soon (see `DedupTable.prefetch`).
+    @inline(__always) func prefetch(_ key: DedupKey) { table.prefetch(key) }
+
     /// Forgets the keys stored at `seq` and later: their records were not acknowledged, and
     /// their `_seq`s will be reused.
     mutating func dropFrom(seq: UInt64) {
@@ -54,7 +61,12 @@ struct DedupWindow {
     }
 
     private mutating func append(_ key: DedupKey, _ seq: UInt64) {
-        if count == ring.count { dropOldest() }
+        if count == ring.count {
+            // A full window: each key stored pushes out the oldest, whose slot is loaded a few
+            // keys before it goes.
+            if let ahead = ring[(head + Self.lookAhead) % ring.count] { table.prefetch(ahead.key) }
+            dropOldest()
+        }
         ring[(head + count) % ring.count] = (seq, key)
         count += 1
     }
@@ -70,6 +82,12 @@ struct DedupWindow {
     mutating func evict(lastSeq: UInt64) {
         guard lastSeq > window else { return }
         let oldest = lastSeq - window + 1
-        while count > 0, let entry = ring[head], entry.seq < oldest { dropOldest() }
+        while count > 0, let entry = ring[head], entry.seq < oldest {
+            // The slots of the keys about to leave, loaded while these leave.
+            if count > Self.lookAhead, let ahead = ring[(head + Self.lookAhead) % ring.count], ahead.seq < oldest {
+                table.prefetch(ahead.key)
+            }
+            dropOldest()
+        }
     }
 }

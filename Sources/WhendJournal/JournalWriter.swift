@@ -352,6 +352,9 @@ package final class JournalWriter: @unchecked Sendable {
             minReceived = min(minReceived, batch.minReceivedMicros)
             maxReceived = max(maxReceived, batch.maxReceivedMicros)
             var nextKey = 0
+            // Each key's slot is asked for a few records before it is looked up: the lookups
+            // are random places in megabytes, and waiting on each in turn was most of this loop.
+            for k in batch.keys.prefix(DedupWindow.lookAhead) { dedup.prefetch(k.key) }
             batch.bodies.withUnsafeBufferPointer { bodies in
                 var start = 0
                 for i in 0..<batch.ends.count {
@@ -359,6 +362,9 @@ package final class JournalWriter: @unchecked Sendable {
                     defer { start = end }
                     if nextKey < batch.keys.count, batch.keys[nextKey].index == i {
                         let key = batch.keys[nextKey].key
+                        if nextKey + DedupWindow.lookAhead < batch.keys.count {
+                            dedup.prefetch(batch.keys[nextKey + DedupWindow.lookAhead].key)
+                        }
                         nextKey += 1
                         guard dedup.insertIfAbsent(key, seq: seq) else {
                             duplicates += 1
