@@ -109,6 +109,8 @@ package struct EventMember: Sendable {
     package var kind: JSONKind
     /// The value's raw bytes as they came (a valid JSON value).
     package var valueRange: Range<Int>
+    /// For a string value: whether it holds escapes, as the scan found.
+    var valueEscaped = false
 }
 
 /// A validated event line, as positions into the line it was scanned from.
@@ -210,7 +212,10 @@ package enum EventScanner {
                 if seen & bit != 0, duplicate == nil { duplicate = text(bytes, m.quotedKey) }
                 seen |= bit
             }
-            members.append(EventMember(keyRange: m.quotedKey, key: known, kind: m.kind, valueRange: m.value))
+            members.append(
+                EventMember(
+                    keyRange: m.quotedKey, key: known, kind: m.kind, valueRange: m.value,
+                    valueEscaped: m.valueHasEscapes))
         }
         s.skipWhitespace()
         guard s.atEnd else { throw s.syntaxError("unexpected data after the object") }
@@ -279,22 +284,23 @@ package enum EventScanner {
     /// Decodes a string field and checks its length in bytes.
     static func stringValue(
         _ bytes: UnsafeBufferPointer<UInt8>, _ kind: JSONKind, _ range: Range<Int>, field: String, min: Int = 1,
-        max: Int
+        max: Int, escaped known: Bool? = nil
     ) throws(WireError) -> [UInt8] {
-        let raw = try checkString(bytes, kind, range, field: field, min: min, max: max)
+        let raw = try checkString(bytes, kind, range, field: field, min: min, max: max, escaped: known)
         return raw.escaped ? decodeJSONString(raw.contents) : Array(raw.contents)
     }
 
     /// Checks a string field's type and length in bytes without copying it.
+    /// - Parameter known: whether the value holds escapes, when the scan said so already.
     /// - Returns: its raw contents (between the quotes) and whether they hold escapes.
     @inline(__always)
     static func checkString(
         _ bytes: UnsafeBufferPointer<UInt8>, _ kind: JSONKind, _ range: Range<Int>, field: String, min: Int = 1,
-        max: Int
+        max: Int, escaped known: Bool? = nil
     ) throws(WireError) -> (contents: UnsafeBufferPointer<UInt8>, escaped: Bool) {
         guard kind == .string else { throw WireError(.invalidField, "\"\(field)\" must be a string") }
         let raw = UnsafeBufferPointer(rebasing: bytes[(range.lowerBound + 1)..<(range.upperBound - 1)])
-        let escaped = raw.count > 0 && memchr(raw.baseAddress!, 0x5C, raw.count) != nil
+        let escaped = known ?? (raw.count > 0 && memchr(raw.baseAddress!, 0x5C, raw.count) != nil)
         let length = escaped ? decodeJSONString(raw).count : raw.count
         guard length >= min && length <= max else {
             throw WireError(.invalidField, "\"\(field)\" must be \(min)–\(max) bytes long; it is \(length)")
@@ -314,12 +320,12 @@ package enum EventScanner {
         }
         func string(_ k: KnownKey, max: Int = 255) throws(WireError) -> [UInt8]? {
             guard let m = member(k) else { return nil }
-            return try stringValue(bytes, m.kind, m.valueRange, field: k.name, max: max)
+            return try stringValue(bytes, m.kind, m.valueRange, field: k.name, max: max, escaped: m.valueEscaped)
         }
         /// Checks a string field without copying it; true if present.
         func check(_ k: KnownKey, max: Int = 255) throws(WireError) -> Bool {
             guard let m = member(k) else { return false }
-            _ = try checkString(bytes, m.kind, m.valueRange, field: k.name, max: max)
+            _ = try checkString(bytes, m.kind, m.valueRange, field: k.name, max: max, escaped: m.valueEscaped)
             return true
         }
         /// A required string field, checked without copying it.
@@ -330,7 +336,7 @@ package enum EventScanner {
             guard let m = member(k) else {
                 throw WireError(.missingField, "\(type) event needs \"\(k.name)\"")
             }
-            let raw = try checkString(bytes, m.kind, m.valueRange, field: k.name, max: max)
+            let raw = try checkString(bytes, m.kind, m.valueRange, field: k.name, max: max, escaped: m.valueEscaped)
             return raw.escaped
                 ? String(decoding: decodeJSONString(raw.contents), as: UTF8.self)
                 : String(decoding: raw.contents, as: UTF8.self)
@@ -349,7 +355,8 @@ package enum EventScanner {
             throw WireError(
                 .missingField, "every event needs \"type\": one of lifecycle, when, navigation, screen, error")
         }
-        let typeRaw = try checkString(bytes, typeMember.kind, typeMember.valueRange, field: "type", max: 64)
+        let typeRaw = try checkString(
+            bytes, typeMember.kind, typeMember.valueRange, field: "type", max: 64, escaped: typeMember.valueEscaped)
         guard
             let type = typeRaw.escaped
                 ? EventType(rawValue: String(decoding: decodeJSONString(typeRaw.contents), as: UTF8.self))
@@ -364,7 +371,7 @@ package enum EventScanner {
         // Fields every event may carry. Their values are copied only for de-duplication.
         func located(_ k: KnownKey, max: Int) throws(WireError) -> StringValue? {
             guard let m = member(k) else { return nil }
-            let raw = try checkString(bytes, m.kind, m.valueRange, field: k.name, max: max)
+            let raw = try checkString(bytes, m.kind, m.valueRange, field: k.name, max: max, escaped: m.valueEscaped)
             return StringValue(
                 contents: (m.valueRange.lowerBound + 1)..<(m.valueRange.upperBound - 1), escaped: raw.escaped)
         }
@@ -375,7 +382,7 @@ package enum EventScanner {
         let hasSession = session != nil
         _ = try check(.user)
         if let m = member(.ts) {
-            let raw = try checkString(bytes, m.kind, m.valueRange, field: "ts", max: 64)
+            let raw = try checkString(bytes, m.kind, m.valueRange, field: "ts", max: 64, escaped: m.valueEscaped)
             let valid = raw.escaped ? isRFC3339(decodeJSONString(raw.contents)) : isRFC3339(raw.contents)
             guard valid else {
                 let value = raw.escaped ? decodeJSONString(raw.contents) : Array(raw.contents)

@@ -14,6 +14,9 @@ package struct JSONScanner {
 
     package let bytes: UnsafeBufferPointer<UInt8>
     package var position: Int
+    /// Whether the last string value `scanValue` crossed held escapes (so that its reader need
+    /// not look again).
+    package private(set) var lastValueHadEscapes = false
 
     package init(_ bytes: UnsafeBufferPointer<UInt8>) {
         self.bytes = bytes
@@ -132,7 +135,7 @@ package struct JSONScanner {
         let kind: JSONKind
         switch b {
         case UInt8(ascii: "\""):
-            _ = try scanString()
+            lastValueHadEscapes = try scanString().hasEscapes
             kind = .string
         case UInt8(ascii: "{"):
             try scanContainer(close: UInt8(ascii: "}"), isObject: true, depth: depth + 1)
@@ -167,6 +170,8 @@ package struct JSONScanner {
         package var keyHasEscapes: Bool
         package var kind: JSONKind
         package var value: Range<Int>
+        /// For a string value: whether it holds escapes.
+        package var valueHasEscapes: Bool
     }
 
     /// Scans the object that starts at the current position (after whitespace), calling `body`
@@ -187,7 +192,10 @@ package struct JSONScanner {
             let keyEnd = position
             try expect(UInt8(ascii: ":"), "':' after a key")
             let (kind, value) = try scanValue(depth: depth + 1)
-            try body(Member(key: key, quotedKey: keyStart..<keyEnd, keyHasEscapes: escaped, kind: kind, value: value))
+            try body(
+                Member(
+                    key: key, quotedKey: keyStart..<keyEnd, keyHasEscapes: escaped, kind: kind, value: value,
+                    valueHasEscapes: kind == .string && lastValueHadEscapes))
             skipWhitespace()
             guard let b = peek() else { throw syntaxError("the line ends inside an object") }
             position += 1
