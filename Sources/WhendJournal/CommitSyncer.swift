@@ -32,8 +32,8 @@ struct WrittenGroup {
 ///
 /// When a sync fails, nothing written to that segment since its last good sync is
 /// acknowledged — a later sync of the same file can report success for pages the failed one
-/// lost — and the writer is told (`onSyncFailure`) so that it recovers the segment and rewinds
-/// `_seq` to the first record that was not acknowledged.
+/// lost — and the writer is told (`onSyncFailure`) so that, before it writes on, it rewrites
+/// what the segment shows into a file synced whole and carries `_seq` on from there.
 final class CommitSyncer: @unchecked Sendable {
     // Unchecked: `queue`, `stopping` and `syncStartedNanos` are guarded by `condition`; the
     // thread's own state (`failed`) is touched by the sync thread only.
@@ -43,7 +43,8 @@ final class CommitSyncer: @unchecked Sendable {
     private var syncStartedNanos: UInt64?
     private let finished = DispatchSemaphore(value: 0)
     /// Segments whose sync failed, by identity: their later groups fail without a sync. Held
-    /// strongly, so that no new segment can take the identity of a failed one.
+    /// strongly, so that no new segment can take the identity of a failed one; the last 16 are
+    /// enough, since the writer moves to a new segment before it writes after a failure.
     private var failed: [SegmentWriter] = []
 
     private let onDone: (WrittenGroup, JournalCommit) -> Void

@@ -443,9 +443,10 @@ package final class JournalWriter: @unchecked Sendable {
         for completion in group.completions { completion(outcome) }
     }
 
-    /// A sync failed: unless the segment was sealed since (its seal synced what it holds), it
-    /// is recovered before the next write, and `_seq` rewinds to the first record that was not
-    /// acknowledged (recovery gives back the de-duplication keys of what it finds on disk).
+    /// A sync failed. The active (or already broken) segment is recovered before the next write,
+    /// and `_seq` rewinds to the first record that was not acknowledged (recovery gives back the
+    /// de-duplication keys of what it finds); a segment sealed since keeps its records, and is
+    /// rewritten whole before the next write.
     private func takeUpSyncFailure() {
         condition.lock()
         let report = syncFailure

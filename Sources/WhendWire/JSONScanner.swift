@@ -1,3 +1,5 @@
+import CScan
+
 /// The kind of a JSON value, as the scanner saw it.
 public enum JSONKind: Sendable, Equatable {
     case string, number, bool, null, object, array
@@ -58,12 +60,8 @@ package struct JSONScanner {
         let count = bytes.count
         let base = bytes.baseAddress!
         while position < count {
-            // Eight bytes at a time while none is a quote, a backslash or a control character.
-            while position + 8 <= count {
-                let w = UnsafeRawPointer(base + position).loadUnaligned(as: UInt64.self)
-                if hasSpecialByte(w) { break }
-                position += 8
-            }
+            // Straight to the next quote, backslash or control character (SIMD, in CScan).
+            position += whend_find_string_special(base + position, count - position)
             guard position < count else { break }
             let b = bytes[position]
             if b == UInt8(ascii: "\"") {
@@ -261,18 +259,6 @@ package struct JSONScanner {
             }
         }
     }
-}
-
-/// True if any byte of `w` is `"`, `\\` or below 0x20 (SWAR: no branch per byte).
-@inline(__always) func hasSpecialByte(_ w: UInt64) -> Bool {
-    let ones: UInt64 = 0x0101_0101_0101_0101
-    let highs: UInt64 = 0x8080_8080_8080_8080
-    func zeroByte(_ x: UInt64) -> UInt64 { (x &- ones) & ~x & highs }
-    let quote = zeroByte(w ^ (ones &* 0x22))
-    let backslash = zeroByte(w ^ (ones &* 0x5C))
-    // Bytes below 0x20: subtracting 0x20 borrows into the high bit (only for bytes < 0x80).
-    let control = (w &- (ones &* 0x20)) & ~w & highs
-    return (quote | backslash | control) != 0
 }
 
 @inline(__always) func hexValue(_ b: UInt8) -> UInt32? {

@@ -1,0 +1,49 @@
+import CScan
+import Testing
+
+/// The SIMD search the event scanner crosses strings with, against the plain definition: the
+/// first byte that is `"`, `\` or below 0x20.
+@Suite struct StringScanTests {
+    func reference(_ bytes: [UInt8]) -> Int {
+        bytes.firstIndex { $0 == 0x22 || $0 == 0x5C || $0 < 0x20 } ?? bytes.count
+    }
+
+    func found(_ bytes: [UInt8]) -> Int {
+        bytes.withUnsafeBufferPointer { whend_find_string_special($0.baseAddress, $0.count) }
+    }
+
+    /// Every byte value at every position of a 40-byte run of plain bytes (ASCII and above
+    /// 0x7F, where a signed comparison would go wrong), so that each lane of the 16-byte
+    /// blocks, the eight-byte words and the tail meet each value.
+    @Test func eachByteValueAtEachPositionAgreesWithTheDefinition() {
+        for plain: UInt8 in [0x61, 0x20, 0x7F, 0x80, 0xC3, 0xFF] {
+            for position in 0..<40 {
+                for value in 0...255 {
+                    var bytes = [UInt8](repeating: plain, count: 40)
+                    bytes[position] = UInt8(value)
+                    #expect(found(bytes) == reference(bytes), "byte \(value) at \(position) among \(plain)")
+                }
+            }
+        }
+    }
+
+    /// Random lengths and contents weighted towards the special bytes, and searches that start
+    /// and end anywhere.
+    @Test func randomBuffersAgreeWithTheDefinition() {
+        var generator = SystemRandomNumberGenerator()
+        let alphabet: [UInt8] = [0x22, 0x5C, 0x00, 0x1F, 0x20, 0x61, 0x7F, 0x80, 0xFF, 0x0A, 0x09]
+        for _ in 0..<200_000 {
+            let length = Int.random(in: 0...70, using: &generator)
+            let density = Int.random(in: 1...60, using: &generator)
+            let bytes = (0..<length).map { _ in
+                Int.random(in: 0..<density, using: &generator) == 0
+                    ? alphabet.randomElement(using: &generator)! : UInt8.random(in: 0x20...0x7E, using: &generator)
+            }
+            let answer = found(bytes)
+            guard answer == reference(bytes) else {
+                Issue.record("\(bytes): \(answer), expected \(reference(bytes))")
+                return
+            }
+        }
+    }
+}
