@@ -93,7 +93,7 @@ let package = Package(
             path: "Plugins/SessionRecorder"),
 
         // The wire format (PROTOCOL.md): framing, the validating scanner, normalisation. No NIO.
-        .target(name: "WhendWire", dependencies: ["CScan"]),
+        .target(name: "WhendWire"),
         // The append-only zstd journal: writer, recovery, reader, index, verify. No NIO.
         .target(name: "WhendJournal", dependencies: ["WhendWire", "CZstd", "CScan"]),
         // whend's settings: one table for the file, the environment and the flags, and how a
@@ -139,7 +139,7 @@ let package = Package(
             ]
         ),
 
-        .testTarget(name: "WhendWireTests", dependencies: ["WhendWire", "CScan"]),
+        .testTarget(name: "WhendWireTests", dependencies: ["WhendWire"]),
         .testTarget(name: "WhendJournalTests", dependencies: ["WhendJournal", "WhendWire"]),
         .testTarget(name: "WhendPluginSDKTests", dependencies: ["WhendPluginSDK"]),
         // End to end: real whend and whenctl processes on real sockets. Depends on the

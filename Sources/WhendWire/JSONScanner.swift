@@ -1,5 +1,3 @@
-import CScan
-
 /// The kind of a JSON value, as the scanner saw it.
 public enum JSONKind: Sendable, Equatable {
     case string, number, bool, null, object, array
@@ -60,8 +58,8 @@ package struct JSONScanner {
         let count = bytes.count
         let base = bytes.baseAddress!
         while position < count {
-            // Straight to the next quote, backslash or control character (SIMD, in CScan).
-            position += whend_find_string_special(base + position, count - position)
+            // Straight to the next quote, backslash or control character.
+            position += firstStringSpecial(base + position, count - position)
             guard position < count else { break }
             let b = bytes[position]
             if b == UInt8(ascii: "\"") {
@@ -259,6 +257,30 @@ package struct JSONScanner {
             }
         }
     }
+}
+
+/// Where the first byte of `p[0..<n]` that ends a string's plain run is — a `"`, a `\\` or a
+/// control character (below 0x20) — or `n` if there is none: sixteen bytes at a time (Swift's
+/// SIMD types: SSE2 on x86-64, NEON on arm64), then one at a time within the block that has
+/// one, and for the tail. Every key and string value of an event is crossed with it. Plain
+/// Swift rather than C, so that importing WhendWire needs no C module (apps compile against
+/// it with `swiftc -I`).
+@inline(__always) package func firstStringSpecial(_ p: UnsafePointer<UInt8>, _ n: Int) -> Int {
+    var i = 0
+    let quote = SIMD16<UInt8>(repeating: 0x22)
+    let backslash = SIMD16<UInt8>(repeating: 0x5C)
+    let space = SIMD16<UInt8>(repeating: 0x20)
+    while i + 16 <= n {
+        let v = UnsafeRawPointer(p + i).loadUnaligned(as: SIMD16<UInt8>.self)
+        if any((v .== quote) .| (v .== backslash) .| (v .< space)) { break }
+        i += 16
+    }
+    while i < n {
+        let b = p[i]
+        if b == 0x22 || b == 0x5C || b < 0x20 { return i }
+        i += 1
+    }
+    return n
 }
 
 @inline(__always) func hexValue(_ b: UInt8) -> UInt32? {

@@ -1,7 +1,8 @@
-import CScan
 import Testing
 
-/// The SIMD search the event scanner crosses strings with, against the plain definition: the
+@testable import WhendWire
+
+/// The SIMD search the event scanner crosses strings with (`firstStringSpecial`), against the plain definition: the
 /// first byte that is `"`, `\` or below 0x20.
 @Suite struct StringScanTests {
     func reference(_ bytes: [UInt8]) -> Int {
@@ -9,7 +10,7 @@ import Testing
     }
 
     func found(_ bytes: [UInt8]) -> Int {
-        bytes.withUnsafeBufferPointer { whend_find_string_special($0.baseAddress, $0.count) }
+        bytes.withUnsafeBufferPointer { $0.isEmpty ? 0 : firstStringSpecial($0.baseAddress!, $0.count) }
     }
 
     /// Every byte value at every position of a 40-byte run of plain bytes (ASCII and above

@@ -37,39 +37,6 @@ static inline size_t whend_find_quote_or_backslash(const uint8_t *p, size_t n) {
     return n;
 }
 
-/// Where the next byte in p[0..<n] that ends a JSON string's plain run is — a `"`, a `\` or a
-/// control character (below 0x20) — or n if there is none. Sixteen bytes at a time with SSE2,
-/// eight elsewhere; the event scanner crosses every key and string value with it.
-static inline size_t whend_find_string_special(const uint8_t *p, size_t n) {
-    size_t i = 0;
-#if defined(__SSE2__)
-    const __m128i quote = _mm_set1_epi8('"');
-    const __m128i backslash = _mm_set1_epi8('\\');
-    const __m128i below_space = _mm_set1_epi8(0x1F);
-    for (; i + 16 <= n; i += 16) {
-        __m128i v = _mm_loadu_si128((const __m128i *)(p + i));
-        // v <= 0x1F unsigned: the unsigned maximum of v and 0x1F is 0x1F.
-        __m128i control = _mm_cmpeq_epi8(_mm_max_epu8(v, below_space), below_space);
-        __m128i special = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)), control);
-        int mask = _mm_movemask_epi8(special);
-        if (mask != 0) return i + (size_t)__builtin_ctz((unsigned)mask);
-    }
-#endif
-    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8);
-        uint64_t q = w ^ (ones * '"'), b = w ^ (ones * '\\');
-        // A byte below 0x20 borrows into its high bit when 0x20 is taken from it.
-        uint64_t found = ((q - ones) & ~q) | ((b - ones) & ~b) | ((w - ones * 0x20) & ~w);
-        if ((found & highs) != 0) break;
-    }
-    for (; i < n; i++) {
-        if (p[i] == '"' || p[i] == '\\' || p[i] < 0x20) return i;
-    }
-    return n;
-}
-
 /// Asks the CPU to start loading the cache line at `p`, without waiting for it: the journal's
 /// de-duplication table looks up a key a few records ahead of the one it stores, so that the
 /// line (a random place in megabytes) is there when it is needed.
