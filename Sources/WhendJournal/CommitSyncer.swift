@@ -9,17 +9,17 @@ struct WrittenGroup {
     var submittedBytes: Int
     /// The segment to sync before the group is acknowledged; nil when the durability setting
     /// asks for no sync, or nothing was written.
-    var segment: SegmentWriter?
+    var segment: SegmentWriter? = nil
     /// What the writer made of the group: stored (yet to be synced, if `segment` is set) or
     /// failed already.
     var outcome: JournalCommit
     /// The first `_seq` the group took, and how many records and duplicates it had.
     var firstSeq: UInt64
-    var records: UInt64
-    var duplicates: UInt64
+    var records: UInt64 = 0
+    var duplicates: UInt64 = 0
     /// Uncompressed bytes written, and when the write began (for the commit observer).
-    var writtenBytes: Int
-    var startedNanos: UInt64
+    var writtenBytes = 0
+    var startedNanos: UInt64 = 0
 }
 
 /// The second half of a commit, on a thread of its own: syncs what the writer thread wrote,

@@ -8,9 +8,10 @@ import WhendWire
 /// about 95 bytes a record, 9.5 MB at 100,000) and
 /// rebuilding it at start-up reads at most `window` records, whatever the journal's size.
 ///
-/// Both tables are sized for the whole window up front and never grow or compact afterwards:
+/// A class, as the table it owns is (a copy that shared the table but not the ring would
+/// corrupt both). Both tables are sized for the whole window up front and never grow or compact afterwards:
 /// a rehash or a large copy on the journal writer's thread would stall every ack behind it.
-struct DedupWindow {
+final class DedupWindow {
     let window: UInt64
     private var table: DedupTable
     /// The keys in the order they were stored: a ring of `window` slots, `count` of them live
@@ -25,14 +26,14 @@ struct DedupWindow {
         ring = Array(repeating: nil, count: max(0, window))
     }
 
-    mutating func insert(_ key: DedupKey, seq: UInt64) {
+    func insert(_ key: DedupKey, seq: UInt64) {
         guard window > 0 else { return }
         if table.insertIfAbsent(key, seq: seq) == nil { append(key, seq) }
     }
 
     /// Records `key` as stored at `seq` unless it is already there.
     /// - Returns: false when the key is in the window already (a resend).
-    mutating func insertIfAbsent(_ key: DedupKey, seq: UInt64) -> Bool {
+    func insertIfAbsent(_ key: DedupKey, seq: UInt64) -> Bool {
         guard window > 0 else { return true }
         if table.insertIfAbsent(key, seq: seq) != nil { return false }
         append(key, seq)
@@ -50,7 +51,7 @@ struct DedupWindow {
 
     /// Forgets the keys stored at `seq` and later: their records were not acknowledged, and
     /// their `_seq`s will be reused.
-    mutating func dropFrom(seq: UInt64) {
+    func dropFrom(seq: UInt64) {
         while count > 0 {
             let tail = (head + count - 1) % ring.count
             guard let (stored, key) = ring[tail], stored >= seq else { return }
@@ -60,7 +61,7 @@ struct DedupWindow {
         }
     }
 
-    private mutating func append(_ key: DedupKey, _ seq: UInt64) {
+    private func append(_ key: DedupKey, _ seq: UInt64) {
         if count == ring.count {
             // A full window: each key stored pushes out the oldest, whose slot is loaded a few
             // keys before it goes.
@@ -71,7 +72,7 @@ struct DedupWindow {
         count += 1
     }
 
-    private mutating func dropOldest() {
+    private func dropOldest() {
         if let (seq, key) = ring[head] { table.remove(key, ifSeq: seq) }
         ring[head] = nil
         head = (head + 1) % ring.count
@@ -79,7 +80,7 @@ struct DedupWindow {
     }
 
     /// Forgets the keys of records that fell out of the window once `lastSeq` is stored.
-    mutating func evict(lastSeq: UInt64) {
+    func evict(lastSeq: UInt64) {
         guard lastSeq > window else { return }
         let oldest = lastSeq - window + 1
         while count > 0, let entry = ring[head], entry.seq < oldest {

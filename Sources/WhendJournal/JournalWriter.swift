@@ -110,7 +110,7 @@ package final class JournalWriter: @unchecked Sendable {
     private let finished = DispatchSemaphore(value: 0)
 
     private var nextSeq: UInt64
-    private var dedup: DedupWindow
+    private let dedup: DedupWindow
     private var active: SegmentWriter?
     /// A segment whose last write failed: it must be recovered before anything else is written.
     private var broken: SegmentFile?
@@ -160,7 +160,7 @@ package final class JournalWriter: @unchecked Sendable {
         if let leftovers = try? FileManager.default.contentsOfDirectory(atPath: directory.path) {
             for name in leftovers where name.hasSuffix(".recovering") { unlink(directory.path + "/" + name) }
         }
-        var dedup = DedupWindow(window: configuration.dedupWindow)
+        let dedup = DedupWindow(window: configuration.dedupWindow)
         var lastSeq: UInt64 = 0
         if let tail = directory.segments().last {
             let result = try SegmentRecovery.recover(tail)
@@ -339,7 +339,7 @@ package final class JournalWriter: @unchecked Sendable {
     private func commit(_ batches: [(JournalBatch, Completion)]) {
         takeUpSyncFailure()
         if let failure = repairIfBroken() {
-            hand(batches, .failed(failure), firstSeq: nextSeq)
+            syncer!.hand(group(of: batches, .failed(failure), firstSeq: nextSeq))
             return
         }
         scratch.removeAll(keepingCapacity: true)
@@ -401,25 +401,26 @@ package final class JournalWriter: @unchecked Sendable {
             condition.lock()
             stats.failing = "\(error)"
             condition.unlock()
-            hand(batches, .failed(message), firstSeq: first)
+            syncer!.hand(group(of: batches, .failed(message), firstSeq: first))
             return
         }
-        var group = WrittenGroup(
-            completions: batches.map(\.1), submittedBytes: batches.reduce(0) { $0 + $1.0.bodies.count },
-            segment: nil, outcome: .stored(lastSeq: nextSeq - 1), firstSeq: first, records: seq - first,
-            duplicates: duplicates, writtenBytes: scratch.count, startedNanos: started)
-        if seq > first && configurationInUse.durability == .fsync { group.segment = active }
-        syncer!.hand(group)
+        var written = group(of: batches, .stored(lastSeq: nextSeq - 1), firstSeq: first)
+        written.records = seq - first
+        written.duplicates = duplicates
+        written.writtenBytes = scratch.count
+        written.startedNanos = started
+        if seq > first && configurationInUse.durability == .fsync { written.segment = active }
+        syncer!.hand(written)
         if let segment = active, segment.size >= configurationInUse.segmentMaxBytes { rotate() }
     }
 
-    /// Hands a group that failed before it was written on to be acknowledged as failed, in order.
-    private func hand(_ batches: [(JournalBatch, Completion)], _ failure: JournalCommit, firstSeq: UInt64) {
-        syncer!.hand(
-            WrittenGroup(
-                completions: batches.map(\.1), submittedBytes: batches.reduce(0) { $0 + $1.0.bodies.count },
-                segment: nil, outcome: failure, firstSeq: firstSeq, records: 0, duplicates: 0, writtenBytes: 0,
-                startedNanos: 0))
+    /// `batches` as one group for the sync thread: their completions and the bytes they held.
+    private func group(
+        of batches: [(JournalBatch, Completion)], _ outcome: JournalCommit, firstSeq: UInt64
+    ) -> WrittenGroup {
+        WrittenGroup(
+            completions: batches.map(\.1), submittedBytes: batches.reduce(0) { $0 + $1.0.bodies.count },
+            outcome: outcome, firstSeq: firstSeq)
     }
 
     /// On the sync thread: a group's fate is known; count it and tell its submitters.
@@ -554,7 +555,7 @@ package final class JournalWriter: @unchecked Sendable {
         syncer.hand(
             WrittenGroup(
                 completions: [], submittedBytes: 0, segment: segment, outcome: .stored(lastSeq: segment.lastSeq),
-                firstSeq: segment.lastSeq + 1, records: 0, duplicates: 0, writtenBytes: 0, startedNanos: 0))
+                firstSeq: segment.lastSeq + 1))
     }
 
     private func maintain() {

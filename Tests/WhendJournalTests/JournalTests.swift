@@ -250,7 +250,7 @@ func zstdTestPasses(_ path: String) -> Bool {
     func key(_ i: Int) -> DedupKey { DedupKey(app: Array("a".utf8), session: nil, id: Array("\(i)".utf8)) }
 
     @Test func remembersExactlyTheLastWindowOfRecords() {
-        var window = DedupWindow(window: 100)
+        let window = DedupWindow(window: 100)
         for seq in 1...1000 {
             let stored = window.insertIfAbsent(key(seq), seq: UInt64(seq))
             #expect(stored)
@@ -265,7 +265,7 @@ func zstdTestPasses(_ path: String) -> Bool {
     }
 
     @Test func aFailedCommitIsRolledBackWithoutShrinkingTheWindow() {
-        var window = DedupWindow(window: 10)
+        let window = DedupWindow(window: 10)
         for seq in 1...10 { _ = window.insertIfAbsent(key(seq), seq: UInt64(seq)) }
         // Seqs 11…13 fail and are reused by other keys.
         for seq in 11...13 { _ = window.insertIfAbsent(key(seq), seq: UInt64(seq)) }
