@@ -16,7 +16,7 @@ TEST_PACKAGES := systemd e2fsprogs util-linux binutils nats-server python3-fusep
 TEST_VENV := .build/test-venv
 TEST_PYTHON_PACKAGES := pyzstd==0.20.0 segment-analytics-python==2.4.0 opentelemetry-proto==1.45.2
 
-.PHONY: deps test-deps build release run test soak strict lint bench bench-client fuzz harnesses deb package-check system-test clean
+.PHONY: deps test-deps build release run test soak strict lint bench bench-client fuzz fuzz-differential harnesses deb package-check system-test clean
 
 # Installs what is missing, and nothing when all is there (so `make run` needs no root twice);
 # waits up to ten minutes for another apt or dpkg to let go of their lock instead of failing.
@@ -107,11 +107,28 @@ fuzz: deps
 	done; \
 	if ls Fuzz/findings/* >/dev/null 2>&1; then echo "findings in Fuzz/findings/: make each a regression test"; exit 1; fi
 
+# Today's event-line scanner and encoder side by side with FUZZ_REFERENCE's (a commit), for
+# FUZZ_SECONDS on the event-line corpus: a line on which they disagree is a finding (written to
+# Fuzz/findings/FuzzEventLineDifferential-*). For changes to the scanner that must not change
+# what it accepts, refuses or stores.
+FUZZ_REFERENCE ?= d1739a8
+fuzz-differential: deps
+	rm -rf Fuzz/.reference && mkdir -p Fuzz/.reference/WhendWireReference Fuzz/findings Fuzz/.corpus/event-line
+	git archive $(FUZZ_REFERENCE) Sources/WhendWire | tar -x -C Fuzz/.reference/WhendWireReference --strip-components=2
+	sed -i 's/\bWhendWire\./WhendWireReference./g' Fuzz/.reference/WhendWireReference/*.swift
+	sed '/^import WhendWire$$/d' Sources/WhendFuzzing/EventLineOutcomes.swift \
+		> Fuzz/.reference/WhendWireReference/EventLineOutcomes.swift
+	$(SWIFT) build --package-path Fuzz --sanitize=fuzzer -c release --product FuzzEventLineDifferential
+	SWIFT_BACKTRACE=enable=no Fuzz/.build/release/FuzzEventLineDifferential Fuzz/.corpus/event-line \
+		Fuzz/corpus/event-line -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -rss_limit_mb=2048 -timeout=10 \
+		-artifact_prefix=Fuzz/findings/FuzzEventLineDifferential- -print_final_stats=1
+
 # The benchmarks and the fuzz targets are packages of their own: CI builds them, and runs each
-# fuzz target briefly on its seeds, so that a change to whend's modules cannot leave them broken.
+# fuzz target (the differential one too) briefly on its seeds, so that a change to whend's modules cannot leave them broken.
 harnesses: deps
 	$(SWIFT) build --package-path Benchmarks
 	$(MAKE) fuzz FUZZ_SECONDS=10
+	$(MAKE) fuzz-differential FUZZ_SECONDS=10
 
 # An installable package: static release binaries, units, default configuration, docs.
 deb: test-deps
@@ -140,7 +157,7 @@ strict: deps
 
 lint:
 	$(SWIFT) format lint --strict --recursive Sources Tests Plugins Package.swift Benchmarks/Sources Benchmarks/Package.swift \
-		Fuzz/Sources Fuzz/Package.swift
+		Fuzz/Sources Fuzz/Differential Fuzz/Package.swift
 
 clean:
 	rm -rf .build .build-static .build-deb .build-strict

@@ -9,6 +9,22 @@ let fuzzTarget: [SwiftSetting] = [.unsafeFlags(["-parse-as-library"])]
 // A path dependency is named after its folder, whatever the clone is called.
 let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().lastPathComponent
 
+// `make fuzz-differential` puts an earlier version's WhendWire in .reference/ (not in git);
+// then the differential target runs it side by side with today's.
+let reference = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent(
+    ".reference/WhendWireReference")
+let differential: [Target] =
+    FileManager.default.fileExists(atPath: reference.path)
+    ? [
+        .target(name: "WhendWireReference", path: ".reference/WhendWireReference"),
+        .executableTarget(
+            name: "FuzzEventLineDifferential",
+            dependencies: [.product(name: "WhendFuzzing", package: root), "WhendWireReference"],
+            path: "Differential/FuzzEventLineDifferential",
+            swiftSettings: fuzzTarget
+        ),
+    ] : []
+
 let package = Package(
     name: "whend-fuzz",
     dependencies: [.package(path: "..")],
@@ -28,6 +44,6 @@ let package = Package(
             dependencies: [.product(name: "WhendFuzzing", package: root)],
             swiftSettings: fuzzTarget
         ),
-    ],
+    ] + differential,
     swiftLanguageModes: [.v6]
 )

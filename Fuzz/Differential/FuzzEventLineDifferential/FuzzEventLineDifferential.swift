@@ -1,0 +1,22 @@
+import Foundation
+import WhendFuzzing
+import WhendWireReference
+
+/// Differential fuzzing of the event protocol: every input goes through today's scanner and
+/// encoder and through an earlier version's (`make fuzz-differential FUZZ_REFERENCE=<commit>`),
+/// and any line on which they disagree — accepted by one and refused by the other, another
+/// error, another stored record — is a finding.
+@_cdecl("LLVMFuzzerTestOneInput")
+public func fuzzOneInput(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
+    let input = UnsafeBufferPointer(start: data, count: size)
+    let now = WhendFuzzing.eventLineOutcomes(input)
+    let before = WhendWireReference.eventLineOutcomes(input)
+    guard now != before else { return 0 }
+    let line =
+        zip(now, before).enumerated().first { $0.element.0 != $0.element.1 }?.offset ?? min(now.count, before.count)
+    let today = line < now.count ? now[line] : "(no line)"
+    let reference = line < before.count ? before[line] : "(no line)"
+    FileHandle.standardError.write(
+        Data("line \(line + 1) differs\n  today:     \(today)\n  reference: \(reference)\n".utf8))
+    abort()
+}
