@@ -41,6 +41,8 @@ final class CommitSyncer: @unchecked Sendable {
     private var queue: [WrittenGroup] = []
     private var stopping = false
     private var syncStartedNanos: UInt64?
+    /// Whether some thread is settling groups now (the sync thread, or the writer in place).
+    private var settling = false
     private let finished = DispatchSemaphore(value: 0)
     /// Segments whose sync failed, by identity: their later groups fail without a sync. Held
     /// strongly, so that no new segment can take the identity of a failed one; the last 16 are
@@ -73,6 +75,26 @@ final class CommitSyncer: @unchecked Sendable {
         condition.unlock()
     }
 
+    /// Settles `group` on the calling thread if nothing is queued or being settled, so that
+    /// under light load an acknowledgement does not wait for another thread to wake up; false
+    /// (and nothing done) otherwise, and the group is to be handed over instead.
+    func settleInPlaceIfIdle(_ group: WrittenGroup) -> Bool {
+        condition.lock()
+        guard queue.isEmpty && !settling && !stopping else {
+            condition.unlock()
+            return false
+        }
+        settling = true
+        condition.unlock()
+        settle([group])
+        condition.lock()
+        settling = false
+        // The sync thread may have been handed groups meanwhile (it waits while we settle).
+        condition.signal()
+        condition.unlock()
+        return true
+    }
+
     /// Whether a sync has been running for longer than `seconds`: the writer stops feeding the
     /// watchdog then, as it would if it were stuck in the sync itself.
     func isStuck(longerThan seconds: Double) -> Bool {
@@ -94,13 +116,17 @@ final class CommitSyncer: @unchecked Sendable {
     private func run() {
         while true {
             condition.lock()
-            while queue.isEmpty && !stopping { condition.wait() }
+            while (queue.isEmpty || settling) && !(stopping && !settling) { condition.wait() }
             let groups = queue
             queue.removeAll(keepingCapacity: true)
             let stop = stopping && groups.isEmpty
+            settling = !groups.isEmpty
             condition.unlock()
             if stop { break }
             settle(groups)
+            condition.lock()
+            settling = false
+            condition.unlock()
         }
         finished.signal()
     }

@@ -410,7 +410,10 @@ package final class JournalWriter: @unchecked Sendable {
         written.writtenBytes = scratch.count
         written.startedNanos = started
         if seq > first && configurationInUse.durability == .fsync { written.segment = active }
-        syncer!.hand(written)
+        // With nothing else to write, the sync is made here: under light load an ack then waits
+        // for no other thread's wake-up. Under load the sync thread takes it, and the writer
+        // goes on with the next group.
+        if !(queueIsEmpty() && syncer!.settleInPlaceIfIdle(written)) { syncer!.hand(written) }
         if let segment = active, segment.size >= configurationInUse.segmentMaxBytes { rotate() }
     }
 
