@@ -51,9 +51,7 @@ final class Nats: WhendPlugin {
         }
         ackTimeout = Int64((c["ack_timeout"] as? Double ?? 5) * 1000)
         journalID = try c["journal_id"] as? String ?? Self.journalIdentity(host.stateDirectory)
-        resender = Resender(
-            host: host, maxBackoff: c["max_backoff"] as? Double ?? 5, window: max(1, c["max_in_flight"] as? Int ?? 1000)
-        )
+        resender = Resender(host: host, maxBackoff: c["max_backoff"] as? Double ?? 5)
 
         var options: OpaquePointer?
         try Self.check(natsOptions_Create(&options), "natsOptions_Create")
@@ -92,9 +90,8 @@ final class Nats: WhendPlugin {
 
         var jsOptions = jsOptions()
         jsOptions_Init(&jsOptions)
-        // The window is the resender's, not libnats': libnats wakes a stalled publisher at every
-        // acknowledgement, so a full window turned into one wake-up of each thread per record.
-        jsOptions.PublishAsync.MaxPending = 0
+        jsOptions.PublishAsync.MaxPending = Int64(c["max_in_flight"] as? Int ?? 1000)
+        jsOptions.PublishAsync.StallWait = 1000
         jsOptions.PublishAsync.AckHandler = natsAckHandler
         jsOptions.PublishAsync.AckHandlerClosure = Unmanaged.passUnretained(resender).toOpaque()
         jsOptions.Wait = ackTimeout
@@ -141,16 +138,9 @@ final class Nats: WhendPlugin {
         }
         try Self.check(created, "message")
         natsMsgHeader_Set(message, "Nats-Msg-Id", "\(journalID)-\(record.seq)")
-        guard resender.waitForRoom() else {
-            natsMsg_Destroy(message)
-            // The pipeline retries this record.
-            throw PluginError.fail(
-                "nats: \(resender.window) records unacknowledged for over a second; waiting for JetStream")
-        }
         guard resender.publish(&message) else {
             natsMsg_Destroy(message)
-            resender.leave()
-            // Not connected: the pipeline retries this record.
+            // Not connected, or too much in flight for too long: the pipeline retries this record.
             let why = nats_GetLastError(nil).map { String(cString: $0) } ?? "not connected"
             throw PluginError.fail("nats: cannot publish now (\(why))")
         }
@@ -276,61 +266,22 @@ final class Nats: WhendPlugin {
 }
 
 /// Publishes, hears JetStream's acknowledgements (on libnats' thread), completes records, and
-/// sends again what failed or timed out, after a backoff, from its own thread. Keeps at most
-/// `window` records between `waitForRoom` and their acknowledgement.
+/// sends again what failed or timed out, after a backoff, from its own thread.
 final class Resender: @unchecked Sendable {
-    // Unchecked: `retries` and `stopped` are guarded by `condition`; `inFlight` and
-    // `publisherWaits` by `flow`; `jetStream` and `ackTimeout` are set once before `start`.
+    // Unchecked: `retries` and `stopped` are guarded by `condition`; `jetStream` and
+    // `ackTimeout` are set once before `start`.
     let host: PluginHost
     var jetStream: OpaquePointer?
     var ackTimeout: Int64 = 5000
-    let window: Int
     private let maxBackoff: Double
     private let condition = NSCondition()
     private var retries: [(message: OpaquePointer, due: Date, attempt: Int)] = []
     private var stopped = false
     private let done = DispatchSemaphore(value: 0)
-    private let flow = NSCondition()
-    private var inFlight = 0
-    private var publisherWaits = false
 
-    init(host: PluginHost, maxBackoff: Double, window: Int) {
+    init(host: PluginHost, maxBackoff: Double) {
         self.host = host
         self.maxBackoff = maxBackoff
-        self.window = window
-    }
-
-    /// Takes a place in the window for one record, waiting up to a second for one; false if
-    /// none came free.
-    ///
-    /// A full window waits until a quarter of it is free, not one place: waking the publisher
-    /// at every acknowledgement cost both threads a wake-up per record.
-    func waitForRoom() -> Bool {
-        flow.lock()
-        defer { flow.unlock() }
-        if inFlight >= window {
-            let deadline = Date().addingTimeInterval(1)
-            while inFlight >= window {
-                publisherWaits = true
-                guard flow.wait(until: deadline) || inFlight < window else {
-                    publisherWaits = false
-                    return false
-                }
-            }
-        }
-        inFlight += 1
-        return true
-    }
-
-    /// Gives back a place taken by `waitForRoom` (a record acknowledged, or not sent after all).
-    func leave() {
-        flow.lock()
-        inFlight -= 1
-        if publisherWaits && inFlight <= window - max(1, window / 4) {
-            publisherWaits = false
-            flow.signal()
-        }
-        flow.unlock()
     }
 
     /// Hands `message` to libnats (which then owns it); false if it could not take it.
@@ -346,7 +297,6 @@ final class Resender: @unchecked Sendable {
         if success {
             if let seq = Self.seq(of: message) { host.complete(seq) }
             natsMsg_Destroy(message)
-            leave()
             return
         }
         condition.withLock {
