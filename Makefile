@@ -77,9 +77,10 @@ bench: deps
 	Benchmarks/fetch-peer.sh
 	$(SWIFT) build -c release --package-path Benchmarks
 	cc -shared -fPIC -O2 -I Sources/CWhendPlugin/include Benchmarks/noop.c -o Benchmarks/.build/libnoop.so
+	cc -O2 -Wall -Wextra -Werror Benchmarks/nats-peer.c -o Benchmarks/.build/nats-peer -lnats
 	Benchmarks/.build/release/whend-bench --whend .build/release/whend --whenctl .build/release/whenctl \
 		--rsyslog-root Benchmarks/.peer/root --events $(BENCH_EVENTS) --rounds $(BENCH_ROUNDS) \
-		--noop-plugin Benchmarks/.build/libnoop.so $(if $(wildcard /usr/sbin/nats-server),--nats-server /usr/sbin/nats-server) \
+		--noop-plugin Benchmarks/.build/libnoop.so $(if $(wildcard /usr/sbin/nats-server),--nats-server /usr/sbin/nats-server --nats-peer Benchmarks/.build/nats-peer) \
 		$(if $(BENCH_ONLY),--only $(BENCH_ONLY))
 
 # What WhenClient.emit costs the app's thread with the daemon up, down and stopped, against one
@@ -127,6 +128,7 @@ fuzz-differential: deps
 # fuzz target (the differential one too) briefly on its seeds, so that a change to whend's modules cannot leave them broken.
 harnesses: deps
 	$(SWIFT) build --package-path Benchmarks
+	cc -O2 -Wall -Wextra -Werror Benchmarks/nats-peer.c -o Benchmarks/.build/nats-peer -lnats
 	$(MAKE) fuzz FUZZ_SECONDS=10
 	$(MAKE) fuzz-differential FUZZ_SECONDS=10
 

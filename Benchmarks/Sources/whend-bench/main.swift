@@ -486,18 +486,24 @@ for plugin in ["screen-tracking", "analytics", "crash-reports", "session-recorde
 
 // The same journal forwarded by a live whend through its nats pipeline to a local JetStream
 // (one node, file storage): from the daemon's start to the pipeline's cursor at the last record,
-// and the stream checked to hold every record once.
+// and the stream checked to hold every record once. Its peer, round by round: libnats alone
+// (`--nats-peer`, Benchmarks/nats-peer.c) publishing the same records the same way to a fresh
+// server, with nothing else to do.
 var natsSeconds: Double?
-if let natsServer = options["nats-server"] {
-    say("forwarding the journal to NATS JetStream…")
-    let natsDir = work + "/nats"
+var natsPeerSeconds: Double?
+/// A JetStream node of its own for one run, in `dir`.
+func startNatsServer(_ path: String, _ dir: String) throws -> SpawnedProcess {
+    try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+    let server = try SpawnedProcess(
+        path, ["-js", "-sd", dir + "/js", "-a", "127.0.0.1", "-p", "24222", "-m", "25222"], log: dir + "/nats.log")
+    usleep(500_000)
+    return server
+}
+@MainActor func forwardThroughWhend(_ natsServer: String, _ natsDir: String) throws -> Double {
     try FileManager.default.createDirectory(atPath: natsDir + "/state", withIntermediateDirectories: true)
     try shell("cp -r \(catJournal) \(natsDir)/state/journal")
-    let nats = try SpawnedProcess(
-        natsServer, ["-js", "-sd", natsDir + "/js", "-a", "127.0.0.1", "-p", "24222", "-m", "25222"],
-        log: natsDir + "/nats.log")
+    let nats = try startNatsServer(natsServer, natsDir)
     defer { _ = nats.stop() }
-    usleep(500_000)
     try """
     pipeline.forward = nats
     plugin.nats = {"url": "nats://127.0.0.1:24222", "stream": "WHEND", "create_stream": true, "max_in_flight": 4000}
@@ -513,7 +519,7 @@ if let natsServer = options["nats-server"] {
     {
         usleep(20_000)
     }
-    natsSeconds = monotonicSeconds() - start
+    let seconds = monotonicSeconds() - start
     _ = forwarder.stop()
     let streamState = httpGet("http://127.0.0.1:25222/jsz?streams=true")
     let json = try? JSONSerialization.jsonObject(with: Data(streamState.utf8)) as? [String: Any]
@@ -525,6 +531,36 @@ if let natsServer = options["nats-server"] {
         throw BenchError(
             "the JetStream stream does not hold exactly \(corpusEvents) messages: \(String(describing: state))")
     }
+    try? FileManager.default.removeItem(atPath: natsDir)
+    return seconds
+}
+@MainActor func publishThroughPeer(_ natsServer: String, _ peer: String, _ records: String, _ dir: String) throws
+    -> Double
+{
+    let nats = try startNatsServer(natsServer, dir)
+    defer { _ = nats.stop() }
+    let out = try shell("\(peer) nats://127.0.0.1:24222 PEER whend.peer.app.event \(records) 4000")
+    let fields = out.split(separator: " ")
+    guard fields.count == 3, let seconds = Double(fields[0]), Int(fields[1]) == corpusEvents, fields[2].hasPrefix("0")
+    else { throw BenchError("the NATS peer did not publish every record once: \(out)") }
+    try? FileManager.default.removeItem(atPath: dir)
+    return seconds
+}
+if let natsServer = options["nats-server"] {
+    say("forwarding the journal to NATS JetStream…")
+    let peer = absolute(options["nats-peer"])
+    let records = work + "/records.ndjson"
+    if peer != nil { try shell("\(whenctl) cat --journal \(catJournal) > \(records)") }
+    var whendTimes: [Double] = []
+    var peerTimes: [Double] = []
+    for round in 1...rounds {
+        whendTimes.append(try forwardThroughWhend(natsServer, work + "/nats-\(round)"))
+        if let peer {
+            peerTimes.append(try publishThroughPeer(natsServer, peer, records, work + "/nats-peer-\(round)"))
+        }
+    }
+    natsSeconds = whendTimes.sorted()[whendTimes.count / 2]
+    natsPeerSeconds = peerTimes.isEmpty ? nil : peerTimes.sorted()[peerTimes.count / 2]
 }
 
 // MARK: Idle connections
@@ -564,6 +600,11 @@ print("whenctl cat to /dev/null: \(fmt(Double(corpusEvents) / catSeconds)) recor
 if let natsSeconds {
     print(
         "forwarding to NATS JetStream (whend's nats pipeline, 1 local node): \(fmt(Double(corpusEvents) / natsSeconds)) records/s (\(fmt(catSeconds / natsSeconds, 2)) × whenctl cat); the stream holds each record once"
+    )
+}
+if let natsSeconds, let natsPeerSeconds {
+    print(
+        "libnats alone publishing the same records the same way: \(fmt(Double(corpusEvents) / natsPeerSeconds)) records/s; whend's forwarding × libnats alone: \(fmt(natsPeerSeconds / natsSeconds, 2))"
     )
 }
 if let replaySeconds {
