@@ -9,12 +9,10 @@ let fuzzTarget: [SwiftSetting] = [.unsafeFlags(["-parse-as-library"])]
 // A path dependency is named after its folder, whatever the clone is called.
 let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().lastPathComponent
 
-// `make fuzz-differential` puts an earlier version's WhendWire in .reference/ (not in git);
-// then the differential target runs it side by side with today's.
-let reference = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent(
-    ".reference/WhendWireReference")
+// `make fuzz-differential` puts an earlier version's WhendWire in .reference/ (not in git) and
+// sets WHEND_FUZZ_REFERENCE; then the differential target runs it side by side with today's.
 let differential: [Target] =
-    FileManager.default.fileExists(atPath: reference.path)
+    ProcessInfo.processInfo.environment["WHEND_FUZZ_REFERENCE"] != nil
     ? [
         .target(name: "WhendWireReference", path: ".reference/WhendWireReference"),
         .executableTarget(
