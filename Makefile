@@ -72,12 +72,14 @@ soak: test-deps
 # runs whend as it ships beside rsyslog and nothing else; BENCH_ONLY=latency, the ack latency.
 BENCH_EVENTS ?= 1000000
 BENCH_ROUNDS ?= 3
+# The NATS forwarding's peer: libnats alone, publishing what whend's nats pipeline publishes.
+NATS_PEER = cc -O2 -Wall -Wextra -Werror Benchmarks/nats-peer.c -o Benchmarks/.build/nats-peer -lnats
 bench: deps
 	$(SWIFT) build -c release
 	Benchmarks/fetch-peer.sh
 	$(SWIFT) build -c release --package-path Benchmarks
 	cc -shared -fPIC -O2 -I Sources/CWhendPlugin/include Benchmarks/noop.c -o Benchmarks/.build/libnoop.so
-	cc -O2 -Wall -Wextra -Werror Benchmarks/nats-peer.c -o Benchmarks/.build/nats-peer -lnats
+	$(NATS_PEER)
 	Benchmarks/.build/release/whend-bench --whend .build/release/whend --whenctl .build/release/whenctl \
 		--rsyslog-root Benchmarks/.peer/root --events $(BENCH_EVENTS) --rounds $(BENCH_ROUNDS) \
 		--noop-plugin Benchmarks/.build/libnoop.so $(if $(wildcard /usr/sbin/nats-server),--nats-server /usr/sbin/nats-server --nats-peer Benchmarks/.build/nats-peer) \
@@ -115,9 +117,10 @@ fuzz: deps
 # when WHEND_FUZZ_REFERENCE is set, and it is built in a scratch directory of its own, its
 # manifest never taken from a cache, so that neither build's plan is the other's.
 FUZZ_REFERENCE ?= d1739a8
+HAVE_FUZZ_REFERENCE = git cat-file -e "$(FUZZ_REFERENCE)^{commit}" 2>/dev/null
 fuzz-differential: deps
-	@git cat-file -e "$(FUZZ_REFERENCE)^{commit}" 2>/dev/null || { echo "fuzz-differential: commit \
-	$(FUZZ_REFERENCE) is not in this clone: fetch the history (git fetch --unshallow) or set FUZZ_REFERENCE"; exit 1; }
+	@$(HAVE_FUZZ_REFERENCE) || { echo "fuzz-differential: commit $(FUZZ_REFERENCE) is not in this clone:" \
+		"fetch the history (git fetch --unshallow) or set FUZZ_REFERENCE"; exit 1; }
 	rm -rf Fuzz/.reference && mkdir -p Fuzz/.reference/WhendWireReference Fuzz/findings Fuzz/.corpus/event-line
 	git archive $(FUZZ_REFERENCE) Sources/WhendWire | tar -x -C Fuzz/.reference/WhendWireReference --strip-components=2
 	sed -i 's/\bWhendWire\./WhendWireReference./g' Fuzz/.reference/WhendWireReference/*.swift
@@ -130,12 +133,13 @@ fuzz-differential: deps
 		-artifact_prefix=Fuzz/findings/FuzzEventLineDifferential- -print_final_stats=1
 
 # The benchmarks and the fuzz targets are packages of their own: CI builds them, and runs each
-# fuzz target (the differential one too) briefly on its seeds, so that a change to whend's modules cannot leave them broken.
+# fuzz target (the differential one too) briefly on its seeds, so that a change to whend's
+# modules cannot leave them broken.
 harnesses: deps
 	$(SWIFT) build --package-path Benchmarks
-	cc -O2 -Wall -Wextra -Werror Benchmarks/nats-peer.c -o Benchmarks/.build/nats-peer -lnats
+	$(NATS_PEER)
 	$(MAKE) fuzz FUZZ_SECONDS=10
-	@if git cat-file -e "$(FUZZ_REFERENCE)^{commit}" 2>/dev/null; then $(MAKE) fuzz-differential FUZZ_SECONDS=10; \
+	@if $(HAVE_FUZZ_REFERENCE); then $(MAKE) fuzz-differential FUZZ_SECONDS=10; \
 	else echo "fuzz-differential skipped: $(FUZZ_REFERENCE) is not in this (shallow) clone"; fi
 
 # An installable package: static release binaries, units, default configuration, docs.
@@ -168,4 +172,4 @@ lint:
 		Fuzz/Sources Fuzz/Differential Fuzz/Package.swift
 
 clean:
-	rm -rf .build .build-static .build-deb .build-strict
+	rm -rf .build .build-static .build-deb .build-strict Fuzz/.build Fuzz/.build-differential Fuzz/.reference

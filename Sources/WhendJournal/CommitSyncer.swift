@@ -35,13 +35,15 @@ struct WrittenGroup {
 /// lost — and the writer is told (`onSyncFailure`) so that, before it writes on, it rewrites
 /// what the segment shows into a file synced whole and carries `_seq` on from there.
 final class CommitSyncer: @unchecked Sendable {
-    // Unchecked: `queue`, `stopping` and `syncStartedNanos` are guarded by `condition`; the
-    // thread's own state (`failed`) is touched by the sync thread only.
+    // Unchecked: `queue`, `stopping`, `settling` and `syncStartedNanos` are guarded by
+    // `condition`; `failed` is touched only while settling, by one thread at a time (the sync
+    // thread, or the writer in place while the sync thread has nothing).
     private let condition = NSCondition()
     private var queue: [WrittenGroup] = []
     private var stopping = false
     private var syncStartedNanos: UInt64?
-    /// Whether some thread is settling groups now (the sync thread, or the writer in place).
+    /// Whether the sync thread is settling groups now: the writer then hands its group over
+    /// instead of settling it in place, so that groups are settled one at a time, in order.
     private var settling = false
     private let finished = DispatchSemaphore(value: 0)
     /// Segments whose sync failed, by identity: their later groups fail without a sync. Held
@@ -53,8 +55,9 @@ final class CommitSyncer: @unchecked Sendable {
     private let onSyncFailure: (_ segment: SegmentWriter, _ fromSeq: UInt64, _ message: String) -> Void
 
     /// - Parameters:
-    ///   - onDone: called on the sync thread for each group, in order, with its fate.
-    ///   - onSyncFailure: called on the sync thread when syncing `segment` failed: every record
+    ///   - onDone: called for each group, in order, with its fate: on the sync thread, or on
+    ///     the writer's when it settled the group in place.
+    ///   - onSyncFailure: called on the same thread when syncing `segment` failed: every record
     ///     from `fromSeq` on in that segment is unacknowledged.
     init(
         onDone: @escaping (WrittenGroup, JournalCommit) -> Void,
@@ -77,22 +80,14 @@ final class CommitSyncer: @unchecked Sendable {
 
     /// Settles `group` on the calling thread if nothing is queued or being settled, so that
     /// under light load an acknowledgement does not wait for another thread to wake up; false
-    /// (and nothing done) otherwise, and the group is to be handed over instead.
+    /// (and nothing done) otherwise, and the group is to be handed over instead. Only the
+    /// thread that hands groups may call it: nothing can be queued while it settles.
     func settleInPlaceIfIdle(_ group: WrittenGroup) -> Bool {
         condition.lock()
-        guard queue.isEmpty && !settling && !stopping else {
-            condition.unlock()
-            return false
-        }
-        settling = true
+        let idle = queue.isEmpty && !settling
         condition.unlock()
-        settle([group])
-        condition.lock()
-        settling = false
-        // The sync thread may have been handed groups meanwhile (it waits while we settle).
-        condition.signal()
-        condition.unlock()
-        return true
+        if idle { settle([group]) }
+        return idle
     }
 
     /// Whether a sync has been running for longer than `seconds`: the writer stops feeding the
@@ -116,7 +111,7 @@ final class CommitSyncer: @unchecked Sendable {
     private func run() {
         while true {
             condition.lock()
-            while (queue.isEmpty || settling) && !(stopping && !settling) { condition.wait() }
+            while queue.isEmpty && !stopping { condition.wait() }
             let groups = queue
             queue.removeAll(keepingCapacity: true)
             let stop = stopping && groups.isEmpty

@@ -9,8 +9,9 @@ import WhendWire
 /// rebuilding it at start-up reads at most `window` records, whatever the journal's size.
 ///
 /// A class, as the table it owns is (a copy that shared the table but not the ring would
-/// corrupt both). Both tables are sized for the whole window up front and never grow or compact afterwards:
-/// a rehash or a large copy on the journal writer's thread would stall every ack behind it.
+/// corrupt both). Both tables are sized for the whole window up front and never grow or
+/// compact afterwards: a rehash or a large copy on the journal writer's thread would stall
+/// every ack behind it.
 final class DedupWindow {
     let window: UInt64
     private var table: DedupTable

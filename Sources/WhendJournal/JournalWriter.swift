@@ -83,7 +83,8 @@ package struct JournalStatistics: Sendable {
 /// It runs on a thread of its own so that nothing blocks an event loop, and hands each group it
 /// wrote to a second thread (`CommitSyncer`) that syncs and acknowledges: the writer sequences,
 /// compresses and writes the next groups while the last ones sync. Submitters never wait on
-/// it; they hear back through each batch's completion, called on the sync thread, in order.
+/// it; they hear back through each batch's completion, called in order on the sync thread (or
+/// on the writer's, when it synced a group itself because nothing else was waiting).
 ///
 /// Thread safety: `queue`, `pendingBytesStorage`, `stopping`, `stats` and the accepted configuration are guarded by
 /// `condition`; every other
@@ -224,8 +225,9 @@ package final class JournalWriter: @unchecked Sendable {
         thread.start()
     }
 
-    /// Queues a batch. Its completion runs on the writer thread once the batch's group commit
-    /// is done (or failed). After `shutdown()` began, batches fail with a message saying so.
+    /// Queues a batch. Its completion runs on the writer or the sync thread once the batch's
+    /// group commit is done (or failed). After `shutdown()` began, batches fail with a message
+    /// saying so.
     package func submit(_ batch: JournalBatch, completion: @escaping Completion) {
         condition.lock()
         if stopping {
@@ -426,7 +428,7 @@ package final class JournalWriter: @unchecked Sendable {
             outcome: outcome, firstSeq: firstSeq)
     }
 
-    /// On the sync thread: a group's fate is known; count it and tell its submitters.
+    /// On the thread that settled the group: its fate is known; count it and tell its submitters.
     private func acknowledge(_ group: WrittenGroup, _ outcome: JournalCommit) {
         condition.lock()
         pendingBytesStorage -= group.submittedBytes

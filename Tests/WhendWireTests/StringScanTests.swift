@@ -2,8 +2,8 @@ import Testing
 
 @testable import WhendWire
 
-/// The SIMD search the event scanner crosses strings with (`firstStringSpecial`), against the plain definition: the
-/// first byte that is `"`, `\` or below 0x20.
+/// The SIMD search the event scanner crosses strings with (`firstStringSpecial`), against the
+/// plain definition: the first byte that is `"`, `\` or below 0x20.
 @Suite struct StringScanTests {
     func reference(_ bytes: [UInt8]) -> Int {
         bytes.firstIndex { $0 == 0x22 || $0 == 0x5C || $0 < 0x20 } ?? bytes.count
@@ -14,8 +14,8 @@ import Testing
     }
 
     /// Every byte value at every position of a 40-byte run of plain bytes (ASCII and above
-    /// 0x7F, where a signed comparison would go wrong), so that each lane of the 16-byte
-    /// blocks, the eight-byte words and the tail meet each value.
+    /// 0x7F, where a signed comparison would go wrong), so that each lane of the two 16-byte
+    /// blocks and each byte of the tail meet each value.
     @Test func eachByteValueAtEachPositionAgreesWithTheDefinition() {
         for plain: UInt8 in [0x61, 0x20, 0x7F, 0x80, 0xC3, 0xFF] {
             for position in 0..<40 {
