@@ -38,6 +38,8 @@ let package = Package(
         .package(
             url: "https://github.com/swift-otel/swift-otel-semantic-conventions.git",
             .upToNextMinor(from: "1.44.0"), traits: ["Experimental"]),
+        // Tests only: properties over generated, seeded inputs, with shrinking.
+        .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
     ],
     targets: [
         // C libraries from Debian, through system-library targets.
@@ -139,7 +141,9 @@ let package = Package(
             ]
         ),
 
-        .testTarget(name: "WhendWireTests", dependencies: ["WhendWire"]),
+        .testTarget(
+            name: "WhendWireTests",
+            dependencies: ["WhendWire", .product(name: "PropertyBased", package: "swift-property-based")]),
         .testTarget(name: "WhendJournalTests", dependencies: ["WhendJournal", "WhendWire"]),
         .testTarget(name: "WhendPluginSDKTests", dependencies: ["WhendPluginSDK"]),
         // End to end: real whend and whenctl processes on real sockets. Depends on the
@@ -153,6 +157,7 @@ let package = Package(
                 // The connection handler alone, on NIO's test channel (ConnectionHandlerTests).
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "PropertyBased", package: "swift-property-based"),
             ]),
     ],
     swiftLanguageModes: [.v6]
