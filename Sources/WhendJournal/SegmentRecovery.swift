@@ -46,6 +46,7 @@ package enum SegmentRecovery {
         var frameEntry: SegmentIndex.Entry?
         var frameSizes: [UInt32] = []  // uncompressed bytes of each frame kept
         var frameSize: UInt32 = 0
+        var lastReceived: Int64 = 0  // `_rt` of the last record kept, for one that has none
 
         struct Stop: Error {}
         let decoder = SegmentDecoder()
@@ -54,10 +55,30 @@ package enum SegmentRecovery {
                 try decoder.feed(raw) { event in
                     switch event {
                     case .line(let line, let frameOffset):
-                        guard let record = try? StoredRecord.scan(line), record.seq == expected else {
-                            throw Stop()  // the first line that is not the next record ends what is kept
+                        // The decoder gives only whole lines, as the writer wrote them: a torn
+                        // write shows as a frame that fails, never as a line cut short. So a
+                        // line that is not a sound record is no tear, and must not cost the
+                        // records around it (a record split over lines once cost the whole
+                        // segment: its first line did not scan, nothing was kept, the file was
+                        // removed and `_seq` started again at 1). A line that starts as the
+                        // next record is counted as that record; one that starts as no record
+                        // is kept with its frame, counted as none. Only a record out of order
+                        // ends what is kept.
+                        let rt: Int64
+                        if let record = try? StoredRecord.scan(line) {
+                            guard record.seq == expected else { throw Stop() }
+                            rt = record.receivedMicros ?? lastReceived
+                            onRecord(record)
+                        } else if let seq = seqPrefix(line) {
+                            guard seq == expected else { throw Stop() }
+                            rt = lastReceived
+                        } else {
+                            guard frameEntry != nil else { throw Stop() }
+                            frameLines.append(Array(line))
+                            frameSize += UInt32(line.count + 1)
+                            return
                         }
-                        let rt = record.receivedMicros ?? 0
+                        lastReceived = rt
                         if frameEntry == nil {
                             frameEntry = .init(
                                 offset: frameOffset, firstSeq: expected, minReceivedMicros: rt, maxReceivedMicros: rt)
@@ -68,7 +89,6 @@ package enum SegmentRecovery {
                         frameLines.append(Array(line))
                         frameSize += UInt32(line.count + 1)
                         expected += 1
-                        onRecord(record)
                     case .frameEnd(_, let end):
                         // A skippable frame (an index of a seal that was torn) holds no
                         // records: what is kept ends with the last frame that has some.

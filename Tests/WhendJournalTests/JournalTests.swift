@@ -135,6 +135,55 @@ func zstdTestPasses(_ path: String) -> Bool {
         #expect(previousKept == records.count)
     }
 
+    /// A record a writer once stored over several lines (a plugin's pretty-printed output,
+    /// before whend compacted it) is no torn tail: recovery keeps it and every record after
+    /// it. It used to stop at its first line, keep nothing, and remove the segment, so that a
+    /// SIGKILL and a restart lost every acknowledged record and `_seq` started again at 1.
+    @Test func aRecordSplitOverLinesCostsNoRecordAtRecovery() throws {
+        let directory = JournalDirectory(path: temporaryDirectory("split-record"))
+        try directory.create()
+        let writer = try SegmentWriter(
+            directory: directory, firstSeq: 1, compressor: ZstdCompressor(level: 3), frameBytes: 1500)
+        func split(_ seq: UInt64) -> [UInt8] {
+            Array(#"{"_seq":\#(seq),"type":"when","pretty":{"#.utf8) + Array("\n\t\"a\": [1,\n 2]\n".utf8)
+                + Array(#"},"_rt":"2026-11-21T13:35:00.000000Z"}"#.utf8)
+        }
+        for commit in 0..<10 {
+            let first = UInt64(commit * 10 + 1)
+            var lines: [UInt8] = []
+            for seq in first..<(first + 10) { lines += (seq % 3 == 1 ? split(seq) : record(seq)) + [0x0A] }
+            try lines.withUnsafeBytes {
+                try writer.append(
+                    lines: $0, firstSeq: first, lastSeq: first + 9, minReceived: 0, maxReceived: 0, flush: true)
+            }
+        }
+        let path = directory.segmentPath(firstSeq: 1)
+        // Unsealed, as after a SIGKILL; the last frame torn in its middle too.
+        let full = try FileIO.readAll(path)
+        try Data(full[0..<(full.count - 40)]).write(to: URL(fileURLWithPath: path))
+        let result = try SegmentRecovery.recover(SegmentFile(firstSeq: 1, path: path))
+        #expect(result.outcome != .removedEmpty)
+        #expect(result.lastSeq >= 90, "\(result.lastSeq)")
+        let (lines, _) = readAll(directory)
+        let seqs = lines.compactMap { line in
+            line.withUnsafeBufferPointer { seqPrefix($0) }
+        }
+        #expect(seqs == Array(1...result.lastSeq))
+        #expect(SegmentIndex.read(fromFileAt: path)?.lastSeq == result.lastSeq)
+
+        // A record out of order still ends what is kept.
+        let bad = JournalDirectory(path: temporaryDirectory("split-bad"))
+        try bad.create()
+        let badWriter = try SegmentWriter(
+            directory: bad, firstSeq: 1, compressor: ZstdCompressor(level: 3), frameBytes: 1500)
+        let outOfOrder = record(1) + [0x0A] + split(2) + [0x0A] + split(7) + [0x0A] + record(3) + [0x0A]
+        try outOfOrder.withUnsafeBytes {
+            try badWriter.append(lines: $0, firstSeq: 1, lastSeq: 3, minReceived: 0, maxReceived: 0, flush: true)
+        }
+        let cut = try SegmentRecovery.recover(SegmentFile(firstSeq: 1, path: bad.segmentPath(firstSeq: 1)))
+        #expect(cut.lastSeq == 2)
+    }
+
     @Test func recoveringASealedSegmentChangesNothing() throws {
         let directory = JournalDirectory(path: temporaryDirectory("sealed"))
         try directory.create()
