@@ -96,7 +96,8 @@ bench-client: deps
 # libFuzzer over each input format, FUZZ_SECONDS per target. Findings are written to
 # Fuzz/findings/ (crash-*); the growing corpus lives in Fuzz/.corpus/ beside the seeds.
 FUZZ_SECONDS ?= 300
-FUZZ_TARGETS := FuzzEventLine:event-line:8192 FuzzSegment:segment:65536 FuzzConfiguration:configuration:4096
+FUZZ_TARGETS := FuzzEventLine:event-line:8192 FuzzSegment:segment:65536 FuzzConfiguration:configuration:4096 \
+	FuzzPluginOutput:plugin-output:8192
 fuzz: deps
 	$(SWIFT) build --package-path Fuzz --sanitize=fuzzer -c release
 	@mkdir -p Fuzz/findings

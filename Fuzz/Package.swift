@@ -38,6 +38,11 @@ let package = Package(
             swiftSettings: fuzzTarget
         ),
         .executableTarget(
+            name: "FuzzPluginOutput",
+            dependencies: [.product(name: "WhendFuzzing", package: root)],
+            swiftSettings: fuzzTarget
+        ),
+        .executableTarget(
             name: "FuzzConfiguration",
             dependencies: [.product(name: "WhendFuzzing", package: root)],
             swiftSettings: fuzzTarget

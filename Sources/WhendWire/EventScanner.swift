@@ -111,6 +111,10 @@ package struct EventMember: Sendable {
     package var valueRange: Range<Int>
     /// For a string value: whether it holds escapes, as the scan found.
     var valueEscaped = false
+    /// Whether the bytes from the key to the value's end are already `"key":value` in the
+    /// canonical form whend stores (`appendCanonicalJSON`): no spaces, no escape written
+    /// otherwise than that form writes it.
+    var canonical = true
 }
 
 /// A validated event line, as positions into the line it was scanned from.
@@ -215,7 +219,7 @@ package enum EventScanner {
             members.append(
                 EventMember(
                     keyRange: m.quotedKey, key: known, kind: m.kind, valueRange: m.value,
-                    valueEscaped: m.valueHasEscapes))
+                    valueEscaped: m.valueHasEscapes, canonical: m.canonical))
         }
         s.skipWhitespace()
         guard s.atEnd else { throw s.syntaxError("unexpected data after the object") }

@@ -2,7 +2,9 @@
 ///
 /// A plugin may change anything a client may send, but never a trusted field: every member of
 /// its output whose key begins with `_` (escaped or not) is left out, and the original record's
-/// `_` members are put back after the rest, as whend wrote them.
+/// `_` members are put back after the rest, as whend wrote them. Whatever valid JSON the plugin
+/// returns is stored in canonical form (`appendCanonicalJSON`): one line, however it was
+/// written.
 package enum IngestRewrite {
     /// - Parameters:
     ///   - output: the plugin's record, one JSON object.
@@ -63,8 +65,8 @@ package enum IngestRewrite {
         }
         let start = body.count
         var sawType = false
-        // Members kept and written without spaces are copied a run at a time (a plugin's
-        // encoder writes them so): `run` is the span not yet copied, commas included.
+        // Members kept and already canonical are copied a run at a time (a plugin's encoder
+        // writes them so): `run` is the span not yet copied, commas included.
         var run: Range<Int>?
         func copyRun() {
             guard let r = run else { return }
@@ -81,17 +83,19 @@ package enum IngestRewrite {
                 }
                 sawType = true
             }
-            let compact = m.value.lowerBound == m.quotedKey.upperBound + 1
-            if compact, let r = run, m.quotedKey.lowerBound == r.upperBound + 1 {
+            if m.canonical, let r = run, m.quotedKey.lowerBound == r.upperBound + 1 {
                 run = r.lowerBound..<m.value.upperBound
                 return
             }
             copyRun()
-            if compact {
+            if m.canonical {
                 run = m.quotedKey.lowerBound..<m.value.upperBound
             } else {
+                // Whitespace (line breaks too: a pretty-printing encoder's) or escapes written
+                // otherwise: the stored record is one line, in the form whend stores
+                // everything in, whatever the plugin wrote.
                 if body.count > start { body.append(UInt8(ascii: ",")) }
-                append(m, of: output, to: &body)
+                appendCanonicalMember(m, of: output, to: &body)
             }
         }
         copyRun()
@@ -100,14 +104,12 @@ package enum IngestRewrite {
         guard sawType else { throw WireError(.missingField, "the changed record has no type") }
     }
 
-    /// `"key":value`, in one copy when the member is written without spaces.
+    /// `"key":value`, in one copy when the member is canonical already.
     private static func append(_ m: JSONScanner.Member, of bytes: UnsafeBufferPointer<UInt8>, to body: inout [UInt8]) {
-        if m.value.lowerBound == m.quotedKey.upperBound + 1 {
+        if m.canonical {
             body.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[m.quotedKey.lowerBound..<m.value.upperBound]))
         } else {
-            body.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[m.quotedKey]))
-            body.append(UInt8(ascii: ":"))
-            body.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[m.value]))
+            appendCanonicalMember(m, of: bytes, to: &body)
         }
     }
 

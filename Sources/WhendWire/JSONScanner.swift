@@ -17,6 +17,11 @@ package struct JSONScanner {
     /// Whether the last string value `scanValue` crossed held escapes (so that its reader need
     /// not look again).
     package private(set) var lastValueHadEscapes = false
+    /// Whether the scan crossed anything not in canonical form (`appendCanonicalJSON`) since
+    /// this was last cleared: whitespace between tokens, or an escape other than the few the
+    /// canonical form writes. `scanObject` clears it before each member, so that a member
+    /// already canonical (most of them: encoders write compact JSON) is copied whole.
+    package var sawNonCanonical = false
 
     package init(_ bytes: UnsafeBufferPointer<UInt8>) {
         self.bytes = bytes
@@ -30,7 +35,9 @@ package struct JSONScanner {
     package mutating func skipWhitespace() {
         while position < bytes.count {
             switch bytes[position] {
-            case 0x20, 0x09, 0x0A, 0x0D: position += 1
+            case 0x20, 0x09, 0x0A, 0x0D:
+                position += 1
+                sawNonCanonical = true
             default: return
             }
         }
@@ -71,15 +78,18 @@ package struct JSONScanner {
                 position += 1
                 guard position < count else { break }
                 switch bytes[position] {
-                case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"), UInt8(ascii: "b"),
-                    UInt8(ascii: "f"), UInt8(ascii: "n"), UInt8(ascii: "r"), UInt8(ascii: "t"):
+                case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "n"), UInt8(ascii: "r"), UInt8(ascii: "t"):
                     position += 1
+                case UInt8(ascii: "/"), UInt8(ascii: "b"), UInt8(ascii: "f"):
+                    position += 1
+                    sawNonCanonical = true
                 case UInt8(ascii: "u"):
                     guard position + 4 < count else { position = count; break }
                     for k in 1...4 where hexValue(bytes[position + k]) == nil {
                         position += k
                         throw syntaxError("invalid \\u escape")
                     }
+                    if !isCanonicalControlEscape(position + 1) { sawNonCanonical = true }
                     position += 5
                 default:
                     throw syntaxError("invalid escape")
@@ -91,6 +101,19 @@ package struct JSONScanner {
             }
         }
         throw syntaxError("unterminated string")
+    }
+
+    /// Whether the four hex digits at `at` are how the canonical form escapes a control
+    /// character (`\u00` and two lower-case digits, below 0x20, not \t \n \r): any other `\u`
+    /// (a printable character, a surrogate, upper case) is written otherwise there.
+    @inline(__always) private func isCanonicalControlEscape(_ at: Int) -> Bool {
+        guard bytes[at] == 0x30, bytes[at + 1] == 0x30 else { return false }
+        let high = bytes[at + 2]
+        let low = bytes[at + 3]
+        guard high == 0x30 || high == 0x31, (low >= 0x30 && low <= 0x39) || (low >= 0x61 && low <= 0x66) else {
+            return false
+        }
+        return !(high == 0x30 && (low == 0x39 || low == 0x61 || low == 0x64))
     }
 
     mutating func scanNumber() throws(WireError) {
@@ -168,6 +191,9 @@ package struct JSONScanner {
         package var value: Range<Int>
         /// For a string value: whether it holds escapes.
         package var valueHasEscapes: Bool
+        /// Whether the bytes from the key's opening quote to the value's end are already the
+        /// member's canonical form, `"key":value` (`appendCanonicalJSON`).
+        package var canonical: Bool
     }
 
     /// Scans the object that starts at the current position (after whitespace), calling `body`
@@ -184,6 +210,7 @@ package struct JSONScanner {
         while true {
             skipWhitespace()
             let keyStart = position
+            sawNonCanonical = false
             let (key, escaped) = try scanString()
             let keyEnd = position
             try expect(UInt8(ascii: ":"), "':' after a key")
@@ -191,7 +218,7 @@ package struct JSONScanner {
             try body(
                 Member(
                     key: key, quotedKey: keyStart..<keyEnd, keyHasEscapes: escaped, kind: kind, value: value,
-                    valueHasEscapes: kind == .string && lastValueHadEscapes))
+                    valueHasEscapes: kind == .string && lastValueHadEscapes, canonical: !sawNonCanonical))
             skipWhitespace()
             guard let b = peek() else { throw syntaxError("the line ends inside an object") }
             position += 1

@@ -77,7 +77,8 @@ public struct DedupKey: Hashable, Sendable {
 ///
 /// A record is written as a *body*: everything after `{"_seq":N,`, which the journal writer
 /// prepends once it has given the record its place. The body holds the event's fields as they
-/// came (the `when` Codable form rewritten to `name` + `params`), the hello's defaults, and the
+/// came, in canonical form (`appendCanonicalJSON`: without whitespace, escapes written one way;
+/// the `when` Codable form rewritten to `name` + `params`), the hello's defaults, and the
 /// trusted fields, in that order.
 package struct RecordEncoder: Sendable {
     package private(set) var hello: Hello
@@ -161,11 +162,18 @@ package struct RecordEncoder: Sendable {
                 out.append(contentsOf: Self.nameKey)
                 out.append(contentsOf: UnsafeBufferPointer(rebasing: line[w.name]))
                 out.append(contentsOf: Self.paramsKey)
-                out.append(contentsOf: UnsafeBufferPointer(rebasing: line[w.params]))
-            } else {
-                // Key and value as they came, and everything between them: valid JSON.
+                let params = UnsafeBufferPointer(rebasing: line[w.params])
+                if m.canonical { out.append(contentsOf: params) } else { appendCanonicalJSON(params, to: &out) }
+            } else if m.canonical {
+                // Key and value as they came: already the stored form.
                 out.append(
                     contentsOf: UnsafeBufferPointer(rebasing: line[m.keyRange.lowerBound..<m.valueRange.upperBound]))
+            } else {
+                // Spaces or escapes written otherwise: stored canonical, so that a plugin or a
+                // reader matching `"app":"x"` cannot be escaped by `"app": "x"` or `"\u0078"`.
+                appendCanonicalJSON(UnsafeBufferPointer(rebasing: line[m.keyRange]), to: &out)
+                out.append(UInt8(ascii: ":"))
+                appendCanonicalJSON(UnsafeBufferPointer(rebasing: line[m.valueRange]), to: &out)
             }
         }
         if event.needsEmptyParams { out.append(contentsOf: Self.emptyParams) }

@@ -307,12 +307,12 @@ func object(_ json: String) throws -> [String: Any] {
     @Test func aPluginsRecordIsStoredCompactWithoutItsUnderscoreMembersAndWithWhendsOwn() throws {
         let trusted = #""_origin":"p","_cause":7,"_rt":"2026-01-01T00:00:00Z"}"#
         // Compact runs, spaces around colons and commas, a trusted member first, between and
-        // last, nested values kept as written: the same bytes whichever way a plugin writes.
+        // last, nested values with spaces: the same bytes whichever way a plugin writes.
         let cases = [
-            (#"{"type":"x","a":1,"b":[1, 2],"c":"d"}"#, #"{"type":"x","a":1,"b":[1, 2],"c":"d","#),
+            (#"{"type":"x","a":1,"b":[1, 2],"c":"d"}"#, #"{"type":"x","a":1,"b":[1,2],"c":"d","#),
             (
                 #"{ "type" : "x" , "a":1,"_seq":5,"b":{"k": 2},"c" :"d","_rt":"no" }"#,
-                #"{"type":"x","a":1,"b":{"k": 2},"c":"d","#
+                #"{"type":"x","a":1,"b":{"k":2},"c":"d","#
             ),
             (#"{"_origin":"me","type":"x","a":1}"#, #"{"type":"x","a":1,"#),
             (#"{"a":1,"type":"x","_pid":1}"#, #"{"a":1,"type":"x","#),

@@ -5,12 +5,13 @@ import WhendWireReference
 /// Differential fuzzing of the event protocol: every input goes through today's scanner and
 /// encoder and through an earlier version's (`make fuzz-differential FUZZ_REFERENCE=<commit>`),
 /// and any line on which they disagree — accepted by one and refused by the other, another
-/// error, another stored record — is a finding.
+/// error, another stored record (once both are in canonical form) — is a finding.
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzzOneInput(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     let input = UnsafeBufferPointer(start: data, count: size)
     let now = WhendFuzzing.eventLineOutcomes(input)
-    let before = WhendWireReference.eventLineOutcomes(input)
+    // Records as stored in canonical form: an earlier whend stored the client's own spacing.
+    let before = WhendWireReference.eventLineOutcomes(input).map(canonicalOutcome)
     guard now != before else { return 0 }
     let line =
         zip(now, before).enumerated().first { $0.element.0 != $0.element.1 }?.offset ?? min(now.count, before.count)

@@ -1,0 +1,113 @@
+import Foundation
+import Testing
+import WhendJournal
+import WhendWire
+
+/// What a plugin returns, however it is written, is stored as one canonical line: a C plugin
+/// that pretty-prints (line breaks, tabs, spaces, escapes spelled out) as ingest middleware or
+/// as a pipeline stage, 100 acknowledged events, `whenctl verify`, a SIGKILL and a restart.
+@Suite(.serialized) struct PluginOutputTests {
+    /// whenctl with its output and errors in files: a journal with many problems writes more to
+    /// stderr than a pipe holds, which `runCommand` (stdout read first) would wait on forever.
+    func whenctlToFiles(_ arguments: [String], in directory: String) throws -> (
+        status: Int32, output: String, error: String
+    ) {
+        let out = directory + "/whenctl.out"
+        let err = directory + "/whenctl.err"
+        let r = try runCommand("/bin/sh", ["-c", "exec \"$0\" \"$@\" >'\(out)' 2>'\(err)'", executable("whenctl")] + arguments)
+        return (
+            r.status, (try? String(contentsOfFile: out, encoding: .utf8)) ?? "",
+            (try? String(contentsOfFile: err, encoding: .utf8)) ?? ""
+        )
+    }
+
+    /// `"pretty"` as the fixture writes it, as a stored record holds it.
+    static let prettyStored = #""pretty":{"a":[1,2],"s":"café / 😀"}"#
+
+    /// A daemon whose configuration loads the `pretty` fixture, built with `defines`.
+    func prettyDaemon(_ name: String, defines: [String], settings: String) throws -> DaemonProcess {
+        let daemon = DaemonProcess(name)
+        let plugins = daemon.directory + "/plugins"
+        try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
+        chmod(plugins, 0o755)
+        _ = try buildTestPlugin("pretty", into: plugins, name: "pretty", defines: defines)
+        let config = daemon.directory + "/whend.conf"
+        try "plugin_dirs = \(plugins)\n\(settings)\n".write(toFile: config, atomically: true, encoding: .utf8)
+        daemon.environment = ["WHEND_CONFIG": config]
+        return daemon
+    }
+
+    /// Every line `whenctl cat` prints, which must each be one JSON object.
+    func catLines(_ daemon: DaemonProcess) throws -> [String] {
+        let cat = try whenctlToFiles(["cat", "--state-dir", daemon.stateDirectory], in: daemon.directory)
+        #expect(cat.status == 0, "\(cat.error)")
+        let lines = cat.output.split(separator: "\n").map(String.init)
+        let broken = lines.filter { (try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any]) == nil }
+        #expect(broken.isEmpty, "\(broken.count) of \(lines.count) lines are no record, e.g. \(broken.prefix(2))")
+        return lines
+    }
+
+    func expectVerifies(_ daemon: DaemonProcess) throws {
+        let verify = try whenctlToFiles(["verify", "--state-dir", daemon.stateDirectory], in: daemon.directory)
+        #expect(verify.status == 0, "\(verify.output.prefix(300))\(verify.error.prefix(300))")
+    }
+
+    /// The journal after a SIGKILL and a restart holds what it held before, the same records
+    /// with the same `_seq`s, and the next event gets the next `_seq`.
+    func expectSurvivesACrash(_ daemon: DaemonProcess, before: [String]) throws {
+        daemon.crash()
+        try daemon.start()
+        let next = try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"screen","name":"After"}"#])
+        #expect(next.acks == [1])
+        #expect(daemon.stop() == 0)
+        try expectVerifies(daemon)
+        let lines = try catLines(daemon)
+        #expect(Array(lines.prefix(before.count)) == before)
+        let seqs = daemon.records().compactMap { $0["_seq"] as? Int }
+        #expect(seqs == Array(1...seqs.count), "\(seqs.prefix(10))")
+        let after = daemon.records().filter { $0["name"] as? String == "After" }
+        #expect(after.count == 1 && (after.first?["_seq"] as? Int ?? 0) > before.count)
+    }
+
+    @Test func anIngestPluginThatPrettyPrintsIsStoredOneLineAndNothingAckedIsLost() throws {
+        let daemon = try prettyDaemon("pretty-in", defines: [], settings: "ingest = pretty")
+        try daemon.start()
+        // Spaces and an escape of the client's own, too: stored canonical.
+        let events = (1...100).map { #"{"type":"when", "name":"tick","params":{"i": \#($0),"e":"\u0041"}}"# }
+        let answers = try exchange(daemon.socketPath, [helloWithAcks] + events)
+        #expect(answers.errors.isEmpty, "\(answers.errors)")
+        #expect(answers.acks.last == 100)
+
+        try expectVerifies(daemon)
+        let lines = try catLines(daemon)
+        #expect(lines.count == 100)
+        let unexpected = lines.enumerated().filter { i, line in
+            !line.hasPrefix(#"{"_seq":\#(i + 1),"# + Self.prettyStored + #","type":"when","name":"tick""#)
+                || !line.contains(#""params":{"i":\#(i + 1),"e":"A"}"#)
+        }
+        #expect(unexpected.isEmpty, "\(unexpected.count) records not as expected, e.g. \(unexpected.prefix(1))")
+        try expectSurvivesACrash(daemon, before: lines)
+    }
+
+    @Test func aPipelinePluginThatDerivesPrettyRecordsHasThemStoredOneLineAndNothingIsLost() throws {
+        let daemon = try prettyDaemon(
+            "pretty-pipe", defines: ["-DPRETTY_PIPELINE"], settings: "pipeline.pp = pretty")
+        try daemon.start()
+        let events = (1...100).map { #"{"type":"when","name":"derive","params":{"i":\#($0)}}"# }
+        let answers = try exchange(daemon.socketPath, [helloWithAcks] + events)
+        #expect(answers.errors.isEmpty, "\(answers.errors)")
+        #expect(answers.acks.last == 100)
+        // Derived records follow their causes: the pipeline has passed all 200.
+        #expect(try daemon.waitForPipeline("pp", cursor: 200))
+
+        try expectVerifies(daemon)
+        let lines = try catLines(daemon)
+        let derived = lines.filter { $0.contains(#""_origin":"pretty""#) }
+        #expect(derived.count == 100, "\(lines.suffix(3))")
+        let unexpected = derived.filter {
+            !$0.contains(#""type":"when","name":"derived","params":{"# + Self.prettyStored + #","from":"#)
+        }
+        #expect(unexpected.isEmpty, "\(unexpected.count) records not as expected, e.g. \(unexpected.prefix(1))")
+        try expectSurvivesACrash(daemon, before: lines)
+    }
+}
