@@ -111,3 +111,67 @@ import WhendWire
         try expectSurvivesACrash(daemon, before: lines)
     }
 }
+
+/// The README's C ingest filter, compiled as printed (its code block and its `cc` line) and
+/// loaded as the README's configuration loads it: a space, an escape or the same key nested
+/// before the top-level one does not get an event past it.
+@Suite(.serialized) struct ReadmeDenyAppsTests {
+    /// The first code block of `language` after `heading` in the README.
+    static func readmeBlock(after heading: String, language: String) throws -> String {
+        let readme = try String(contentsOfFile: DocumentationTests.root + "/README.md", encoding: .utf8)
+        guard let section = readme.range(of: "\n" + heading + "\n"),
+            let open = readme.range(of: "\n```" + language + "\n", range: section.upperBound..<readme.endIndex),
+            let close = readme.range(of: "\n```\n", range: open.upperBound..<readme.endIndex)
+        else { throw TestFailure(description: "no ```\(language) block after \(heading) in the README") }
+        return String(readme[open.upperBound..<close.lowerBound]) + "\n"
+    }
+
+    @Test func theReadmesDenyAppsCannotBeEscapedBySpacesEscapesOrNesting() throws {
+        let daemon = DaemonProcess("deny-apps")
+        let plugins = daemon.directory + "/plugins"
+        try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
+        chmod(plugins, 0o755)
+        let source = try Self.readmeBlock(after: "### In C", language: "c")
+        #expect(source.hasPrefix("/* deny-apps.c"))
+        try source.write(toFile: daemon.directory + "/deny-apps.c", atomically: true, encoding: .utf8)
+        // The README's command, run in the repository, writing into the test's directory.
+        let command = try Self.readmeBlock(after: "### In C", language: "sh")
+            .replacingOccurrences(of: "deny-apps.c", with: daemon.directory + "/deny-apps.c")
+            .replacingOccurrences(of: "/usr/lib/whend/plugins/", with: plugins + "/")
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(command.hasPrefix("cc -shared"))
+        let built = try runCommand("/bin/sh", ["-c", "cd '\(DocumentationTests.root)' && " + command + " -Wall -Werror"])
+        #expect(built.status == 0, "\(built.error)")
+        let config = daemon.directory + "/whend.conf"
+        let loading = try Self.readmeBlock(after: "### Loading them", language: "")
+            .split(separator: "\n").filter { $0.contains("deny-apps") }.joined(separator: "\n")
+        #expect(loading.contains("ingest = deny-apps") && loading.contains("com.example.spam"), "\(loading)")
+        try "plugin_dirs = \(plugins)\n\(loading)\n".write(toFile: config, atomically: true, encoding: .utf8)
+        daemon.environment = ["WHEND_CONFIG": config]
+        try daemon.start()
+
+        let refused = [
+            #"{"type":"screen","name":"A","app":"com.example.spam"}"#,
+            #"{"type":"screen","name":"B","app": "com.example.spam"}"#,
+            #"{"type":"screen","name":"C","app":"com.example.sp\u0061m"}"#,
+            #"{"type":"screen","name":"D","app" :"\u0063om.example.spam" }"#,
+            #"{"type":"screen","name":"E","context":{"app":"com.example.ok"},"app":"com.example.spam"}"#,
+        ]
+        let allowed = [
+            #"{"type":"screen","name":"F","app":"com.example.ok","context":{"app":"com.example.spam"}}"#,
+            #"{"type":"screen","name":"G","app":"com.example.spammer"}"#,
+        ]
+        let answers = try exchange(daemon.socketPath, [helloWithAcks] + refused + allowed)
+        #expect(answers.errors.map(\.code) == Array(repeating: "rejected", count: refused.count), "\(answers.errors)")
+        #expect(answers.errors.map(\.event) == Array(1...refused.count))
+        #expect(answers.errors.first?.message.contains("app \"com.example.spam\" may not emit here") == true)
+        #expect(answers.acks.last == refused.count + allowed.count)
+        // An app that says nothing of itself gets its hello's: the filter sees that one too.
+        let viaHello = try exchange(
+            daemon.socketPath,
+            [#"{"hello":{"protocol":1,"app":"com.example.sp\u0061m","acks":true}}"#, #"{"type":"screen","name":"H"}"#])
+        #expect(viaHello.errors.map(\.code) == ["rejected"])
+        #expect(daemon.stop() == 0)
+        #expect(daemon.records().compactMap { $0["name"] as? String } == ["F", "G"])
+    }
+}

@@ -15,6 +15,16 @@
  * valid only during the call. A middleware handles a record and may call next() with it, or
  * with a changed record, once (or not at all: the record is dropped), as the seed's middleware
  * does.
+ *
+ * A record is in whend's canonical form, whatever its sender wrote: one line, members
+ * "key":value with no whitespace between tokens, every string spelled one way (escapes resolved;
+ * then only \" \\ \n \r \t and \u00xx, lower case, for other control characters are written as
+ * escapes, all else as UTF-8; an unpaired surrogate stays a \u escape). So "app": "x" and
+ * "app":"\u0078" both arrive as "app":"x". Look a field up at the record's top level, not at the
+ * first place its bytes occur: the same key may be nested (in context, in params) before it
+ * (README, "In C", has a lookup). What a plugin passes to next() or emit() may be any valid
+ * JSON object with a string "type", pretty-printed or not: whend stores it in the same form, on
+ * one line, or refuses it naming the plugin; its members whose keys begin with '_' are dropped.
  */
 #ifndef WHEND_PLUGIN_H
 #define WHEND_PLUGIN_H
