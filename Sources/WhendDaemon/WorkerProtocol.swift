@@ -298,7 +298,8 @@ package struct WorkerFrameReader: Sendable {
 
     package mutating func append(_ bytes: UnsafeRawBufferPointer) {
         if start > 0 && start == pending.count {
-            pending.removeAll(keepingCapacity: true)
+            // Not the room of a frame of tens of megabytes, for the rest of the worker's life.
+            pending.removeAll(keepingCapacity: pending.capacity <= 1 << 20)
             start = 0
         }
         pending.append(contentsOf: bytes)
