@@ -296,8 +296,9 @@ final class PipelineSupervisor: @unchecked Sendable {
             state.withLockedValue {
                 $0.lastReport = Date()
                 $0.cursor = cursor
-                $0.failures = Int(failures)
-                $0.deadLetters = Int(deadLetters)
+                // The worker's word: past what an Int holds is the most it holds, not a trap.
+                $0.failures = Int(clamping: failures)
+                $0.deadLetters = Int(clamping: deadLetters)
                 $0.skipped = skipped
             }
         case .derived(let batch, let records):

@@ -4,7 +4,8 @@
  * makes it emit a small derived record; one named "huge" a derived record of {"huge_bytes": N}
  * bytes (65 MiB unless said); one named "forge" makes it write, once, a frame of 64 MiB to
  * descriptor {"forge_fd": N} that declares as many derived records as it has bytes, as a broken
- * or hostile worker could. */
+ * or hostile worker could; one named "counters" a progress frame there whose counters
+ * are 2^64 - 1. */
 #define _GNU_SOURCE /* memmem */
 #include "whend_plugin.h"
 #include <fcntl.h>
@@ -84,6 +85,21 @@ static void forge(chatty *c) {
     }
 }
 
+/* A progress frame (tag 1): the cursor, then failures, dead letters and skipped records. */
+static void forge_progress(chatty *c) {
+    if (c->forge_fd < 0) return;
+    uint8_t frame[4 + 1 + 32];
+    uint32_t length = sizeof frame - 4;
+    uint64_t cursor = 1, most = UINT64_MAX;
+    memcpy(frame, &length, 4);
+    frame[4] = 1;
+    memcpy(frame + 5, &cursor, 8);
+    memcpy(frame + 13, &most, 8);
+    memcpy(frame + 21, &most, 8);
+    memcpy(frame + 29, &most, 8);
+    if (write(c->forge_fd, frame, sizeof frame) != (ssize_t)sizeof frame) return;
+}
+
 static int handle(void *instance, const whend_record *record, whend_next_fn next, void *next_context, char *message,
                   size_t capacity) {
     chatty *c = instance;
@@ -112,6 +128,7 @@ static int handle(void *instance, const whend_record *record, whend_next_fn next
         if (rc != WHEND_OK) return WHEND_FAIL;
     }
     if (named(record, "forge")) forge(c);
+    if (named(record, "counters")) forge_progress(c);
     return next(next_context, record->json, record->length);
 }
 

@@ -107,6 +107,18 @@ import Testing
         #expect(try daemon.pipeline("chat")?["restarts"] as? Int == 1)
         #expect(daemon.stop() == 0)
     }
+
+    /// Counters past what whend counts in (2^64 - 1 failures) in a worker's progress: whend
+    /// goes on, and so does the pipeline. (whend trapped converting them, and died.)
+    @Test func aProgressFrameWithAbsurdCountersDoesNotStopTheDaemon() throws {
+        let daemon = try chattyDaemon("w-progress", configuration: #"{"quiet": true, "forge_fd": 3}"#)
+        try daemon.start()
+        let events = [#"{"type":"when","name":"counters"}"#, #"{"type":"when","name":"tap"}"#]
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 2)
+        #expect(try daemon.waitForPipeline("chat", cursor: 2, seconds: 20), "\(daemon.log.suffix(2000))")
+        #expect(daemon.process?.isRunning == true, "\(daemon.log.suffix(2000))")
+        #expect(daemon.stop() == 0)
+    }
 }
 
 /// A process's peak virtual memory (VmPeak), in bytes.
