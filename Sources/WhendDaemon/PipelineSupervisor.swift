@@ -165,10 +165,7 @@ final class PipelineSupervisor: @unchecked Sendable {
     /// Starts the worker, reads its reports until it exits, and says how it ended.
     private func runWorkerOnce() -> String {
         var fds: [Int32] = [0, 0]
-        guard pipe(&fds) == 0 else { return "could not start (pipe: \(String(cString: strerror(errno))))" }
-        // Neither end may leak into other children; dup2 gives the worker its own stdout.
-        _ = fcntl(fds[0], F_SETFD, FD_CLOEXEC)
-        _ = fcntl(fds[1], F_SETFD, FD_CLOEXEC)
+        guard framePipe(&fds) else { return "could not start (pipe: \(String(cString: strerror(errno))))" }
         // The spec goes over the worker's standard input, never on its command line: it holds
         // plugin configuration, secrets included, and /proc/PID/cmdline is readable by all.
         let arguments: [String] = [executable, "--pipeline-worker"]
@@ -187,18 +184,20 @@ final class PipelineSupervisor: @unchecked Sendable {
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
         var ackFds: [Int32] = [0, 0]
-        guard pipe(&ackFds) == 0 else {
+        guard framePipe(&ackFds) else {
             close(fds[0])
             close(fds[1])
             return "could not start (pipe: \(String(cString: strerror(errno))))"
         }
-        _ = fcntl(ackFds[0], F_SETFD, FD_CLOEXEC)
-        _ = fcntl(ackFds[1], F_SETFD, FD_CLOEXEC)
-        posix_spawn_file_actions_adddup2(&actions, fds[1], 1)
-        posix_spawn_file_actions_adddup2(&actions, ackFds[0], 0)
+        // The frames have descriptors of their own; the worker's standard output is whend's
+        // standard error: what a plugin prints joins the log and corrupts no frame.
+        posix_spawn_file_actions_adddup2(&actions, fds[1], WorkerFrame.reportDescriptor)
+        posix_spawn_file_actions_adddup2(&actions, ackFds[0], WorkerFrame.commandDescriptor)
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_adddup2(&actions, 2, 1)
         // Nothing else of the daemon's: an inherited client or control connection would stay
         // open in the worker after the daemon closed it, and its peer would never see the end.
-        _ = whend_spawn_file_actions_addclosefrom(&actions, 3)
+        _ = whend_spawn_file_actions_addclosefrom(&actions, WorkerFrame.commandDescriptor + 1)
         var pid: pid_t = 0
         let rc = posix_spawn(&pid, executable, &actions, nil, argv, envp)
         close(fds[1])
@@ -248,6 +247,28 @@ final class PipelineSupervisor: @unchecked Sendable {
         return "exited with status \((status >> 8) & 0xFF)"
     }
 
+    /// A pipe whose ends leak into no other child and sit above the worker's frame descriptors,
+    /// so that the spawn's dup2 onto those cannot overwrite one end with the other.
+    private func framePipe(_ fds: inout [Int32]) -> Bool {
+        guard pipe(&fds) == 0 else { return false }
+        for i in 0..<2 {
+            if fds[i] <= WorkerFrame.commandDescriptor {
+                let moved = fcntl(fds[i], F_DUPFD_CLOEXEC, WorkerFrame.commandDescriptor + 1)
+                let e = errno
+                close(fds[i])
+                fds[i] = moved
+                guard moved >= 0 else {
+                    close(fds[1 - i])
+                    errno = e
+                    return false
+                }
+            } else {
+                _ = fcntl(fds[i], F_SETFD, FD_CLOEXEC)
+            }
+        }
+        return true
+    }
+
     private func readReports(from fd: Int32, generation: UInt64) {
         var frames = WorkerFrameReader()
         var buffer = [UInt8](repeating: 0, count: 65536)
@@ -275,8 +296,9 @@ final class PipelineSupervisor: @unchecked Sendable {
             state.withLockedValue {
                 $0.lastReport = Date()
                 $0.cursor = cursor
-                $0.failures = Int(failures)
-                $0.deadLetters = Int(deadLetters)
+                // The worker's word: past what an Int holds is the most it holds, not a trap.
+                $0.failures = Int(clamping: failures)
+                $0.deadLetters = Int(clamping: deadLetters)
                 $0.skipped = skipped
             }
         case .derived(let batch, let records):

@@ -163,17 +163,21 @@ nonisolated(unsafe) private var workerStopRequested: sig_atomic_t = 0
 /// A pipeline's worker process: it loads the pipeline's plugins, reads the journal itself from
 /// the pipeline's cursor, in `_seq` order, and runs each record through the chain.
 ///
-/// It speaks `WorkerFrame`s with the daemon: the daemon's first message on standard input says
-/// which pipeline to run and the worker's generation; the worker reports progress on standard
-/// output at least twice a second (the daemon's watchdog for it) and sends what its plugins
-/// derive in batches, which the daemon acknowledges per batch once they are stored. A record
-/// whose chain fails is retried with backoff, and never skipped unless `retryLimit` says so;
-/// then it goes to the dead letters. The cursor is saved every 100 ms and at exit, below any
+/// It speaks `WorkerFrame`s with the daemon, on descriptors of their own (its standard output
+/// is whend's standard error, where a plugin's prints join the log): the daemon's first message
+/// says which pipeline to run and the worker's generation; the worker reports progress at least
+/// twice a second (the daemon's watchdog for it) and sends what its plugins derive in batches,
+/// which the daemon acknowledges per batch once they are stored. A record whose chain fails is
+/// retried with backoff, and never skipped unless `retryLimit` says so; then it goes to the dead
+/// letters, as does at once a record whose derived records cannot go to the daemon in one frame. The cursor is saved every 100 ms and at exit, below any
 /// record whose derived records are not yet stored, so that a crash repeats at most the records
 /// of the last 100 ms: at least once, in order.
 package enum PipelineWorker {
     package static func run(logger: Logger) -> Never {
         signal(SIGPIPE, SIG_IGN)
+        // The daemon's pipes are the worker's alone: a process a plugin starts must not hold
+        // them open after the worker is gone.
+        for fd in [WorkerFrame.reportDescriptor, WorkerFrame.commandDescriptor] { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
         var frames = WorkerFrameReader()
         let (generation, spec) = readStart(&frames, logger: logger)
         run(spec, generation: generation, frames: frames, logger: logger)
@@ -193,7 +197,7 @@ package enum PipelineWorker {
             } catch {
                 break
             }
-            let n = buffer.withUnsafeMutableBytes { read(0, $0.baseAddress, $0.count) }
+            let n = buffer.withUnsafeMutableBytes { read(WorkerFrame.commandDescriptor, $0.baseAddress, $0.count) }
             if n < 0 && errno == EINTR { continue }
             guard n > 0 else { exit(4) }
             buffer.withUnsafeBytes { frames.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
@@ -242,8 +246,8 @@ package enum PipelineWorker {
         }
         var chain = buildChain()
         let keepsState = spec.snapshotInterval > 0 && chain.plugins.contains { $0.keepsState }
-        // whend acknowledges each batch of derived records once stored, on standard input;
-        // the end of it means whend is gone.
+        // whend acknowledges each batch of derived records once stored; the end of its pipe
+        // means whend is gone.
         Thread {
             var frames = frames
             var buffer = [UInt8](repeating: 0, count: 65536)
@@ -260,7 +264,9 @@ package enum PipelineWorker {
                     logger.error("pipeline \(spec.name): the daemon's message cannot be read: \(error)")
                     exit(4)
                 }
-                let n = buffer.withUnsafeMutableBytes { read(0, $0.baseAddress, $0.count) }
+                let n = buffer.withUnsafeMutableBytes {
+                    read(WorkerFrame.commandDescriptor, $0.baseAddress, $0.count)
+                }
                 if n < 0 && errno == EINTR { continue }
                 guard n > 0 else { exit(4) }
                 buffer.withUnsafeBytes { frames.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
@@ -407,9 +413,13 @@ package enum PipelineWorker {
                 expected = seq + 1
                 var attempt = 0
                 while true {
-                    output.cause = seq
-                    output.emitted = 0
-                    let outcome = chain.run(record.line, seq: seq)
+                    output.begin(seq)
+                    var outcome = chain.run(record.line, seq: seq)
+                    // Handling it again would derive as much again: no retry helps.
+                    let oversized = output.oversized.map {
+                        "it derived \($0) bytes, more than the \(WorkerFrame.maxLength) a frame to whend holds; none of them is stored"
+                    }
+                    if let oversized { outcome = .rejected(oversized) }
                     // Finished once the deferred stage completes it (if it reached it) and whend
                     // has stored what it derived.
                     switch outcome {
@@ -421,7 +431,7 @@ package enum PipelineWorker {
                     if case .rejected(let why) = outcome {
                         attempt += 1
                         failures += 1
-                        if spec.retryLimit > 0 && attempt >= spec.retryLimit {
+                        if oversized != nil || (spec.retryLimit > 0 && attempt >= spec.retryLimit) {
                             do {
                                 try deadLetter(record.line, seq: seq, why: why, to: spec.deadLetterPath)
                                 deadLetters += 1
@@ -563,12 +573,15 @@ package enum PipelineWorker {
 /// The worker's side of the pipes to the daemon: derived records gathered into batches, and
 /// the batches sent and not yet acknowledged.
 final class WorkerOutput: @unchecked Sendable {
-    // Unchecked: `cause`, `emitted` and `pending` belong to the worker's thread (plugins emit
-    // from inside handle); `unacknowledged` and `nextBatch` are guarded by `lock`, since
-    // acknowledgements come on the reading thread.
+    // Unchecked: `cause`, `emitted`, `oversized` and `pending` belong to the worker's thread
+    // (plugins emit from inside handle); `unacknowledged` and `nextBatch` are guarded by `lock`,
+    // since acknowledgements come on the reading thread.
     var cause: UInt64 = 0
     /// Derived records emitted for the current record.
     var emitted = 0
+    /// Bytes the current record derived when they cannot go to whend in one frame: then none
+    /// of them goes, and the record goes to the dead letters.
+    private(set) var oversized: Int?
     private var pending = DerivedBatchFrame()
     var pendingBytes: Int { pending.isEmpty ? 0 : pending.byteCount }
     private let lock = NSLock()
@@ -585,9 +598,35 @@ final class WorkerOutput: @unchecked Sendable {
                     cursor: cursor, failures: UInt64(failures), deadLetters: UInt64(deadLetters), skipped: skipped)))
     }
 
+    /// What plugins emit from now on is derived from record `seq`.
+    func begin(_ seq: UInt64) {
+        cause = seq
+        emitted = 0
+        oversized = nil
+        pending.beginRecord()
+    }
+
     /// A derived record, for the daemon to append with `_origin` and `_cause` as the plugin
-    /// wrote it (the daemon checks it).
+    /// wrote it (the daemon checks it). Fails once what the current record derived cannot go to
+    /// the daemon in one frame.
     func emit(_ json: UnsafeBufferPointer<UInt8>, origin: String) -> Bool {
+        if let bytes = oversized {
+            oversized = bytes + json.count
+            return false
+        }
+        if !pending.fits(origin: origin, count: json.count) && pending.holdsEarlierRecords {
+            // The records of earlier records go first, in a frame of their own.
+            let current = pending.takeCurrentRecord()
+            flush()
+            pending.restoreCurrentRecord(current)
+        }
+        guard pending.fits(origin: origin, count: json.count) else {
+            // All or nothing: a record's derived records are stored together, or not at all.
+            oversized = pending.currentRecordBytes + json.count
+            _ = pending.takeCurrentRecord()
+            emitted = 0
+            return false
+        }
         pending.append(cause: cause, origin: origin, json: json)
         emitted += 1
         return true
@@ -603,7 +642,7 @@ final class WorkerOutput: @unchecked Sendable {
         }
         let frame = pending.finish(batch: batch)
         // The daemon is gone: nothing to report to.
-        if frame.withUnsafeBytes({ writeFully(1, $0) }) != nil { exit(4) }
+        if frame.withUnsafeBytes({ writeFully(WorkerFrame.reportDescriptor, $0) }) != nil { exit(4) }
         pending.reset()
     }
 
@@ -615,6 +654,6 @@ final class WorkerOutput: @unchecked Sendable {
 
     private func send(_ frame: [UInt8]) {
         // The daemon is gone: nothing to report to.
-        if !writeAll(1, frame) { exit(4) }
+        if !writeAll(WorkerFrame.reportDescriptor, frame) { exit(4) }
     }
 }

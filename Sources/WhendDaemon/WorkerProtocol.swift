@@ -20,7 +20,7 @@ package struct DerivedRecord: Equatable, Sendable {
     }
 }
 
-/// A worker's messages to the daemon, on its standard output.
+/// A worker's messages to the daemon, on `WorkerFrame.reportDescriptor`.
 package enum WorkerMessage: Equatable, Sendable {
     /// The worker's durable cursor and counters (`skipped`: records gone from the journal
     /// before it read them); also its heartbeat for the daemon's watchdog.
@@ -30,7 +30,7 @@ package enum WorkerMessage: Equatable, Sendable {
     case derived(batch: UInt64, records: [DerivedRecord])
 }
 
-/// The daemon's messages to a worker, on its standard input.
+/// The daemon's messages to a worker, on `WorkerFrame.commandDescriptor`.
 package enum SupervisorMessage: Equatable, Sendable {
     /// The first message: which pipeline to run (a `PipelineSpec` as JSON: it holds plugin
     /// configuration, secrets included, so it never goes on a command line) and the worker's
@@ -45,9 +45,20 @@ package enum SupervisorMessage: Equatable, Sendable {
 /// The framing both ways: a 4-byte little-endian length, then that many bytes: a tag byte and
 /// the fields (integers 8 bytes little-endian; strings and byte runs as a 4-byte length and
 /// the bytes).
+///
+/// Frames travel on descriptors of their own, never on the worker's standard output: plugins
+/// run in the worker, and what one prints (a `printf` left in, a library's warning) must not
+/// be taken for a frame. The worker's standard output and error are whend's standard error.
 package enum WorkerFrame {
     /// A frame longer than this is a broken peer, not a message.
     package static let maxLength = 64 << 20
+    /// In the worker: where it writes its messages to the daemon.
+    package static let reportDescriptor: Int32 = 3
+    /// In the worker: where it reads the daemon's messages.
+    package static let commandDescriptor: Int32 = 4
+    /// The fewest bytes a derived record takes in a frame: its cause, its origin (a plugin's
+    /// name, never empty) and its bytes, each run with its length.
+    static let minimumRecordLength = 8 + 4 + 1 + 4
 
     enum Tag: UInt8 {
         case progress = 1, derived = 2, start = 3, stored = 4
@@ -101,13 +112,23 @@ package enum WorkerFrame {
         case .derived:
             let batch = try r.integer()
             let count = try r.integer()
-            guard count <= UInt64(payload.count) else { throw DecodeError(description: "a batch of \(count) records") }
+            // The count is the peer's word: what is reserved for it must be what the frame's
+            // bytes can hold. (Bounded by the frame's length alone, a 64 MiB frame could ask for
+            // 64 Mi records: 3.7 GB reserved before the first was read.)
+            let possible = (payload.endIndex - r.position) / WorkerFrame.minimumRecordLength
+            guard count <= UInt64(possible) else {
+                throw DecodeError(
+                    description:
+                        "a batch of \(count) records in a frame of \(payload.count) bytes (at most \(possible))")
+            }
             var records: [DerivedRecord] = []
             records.reserveCapacity(Int(count))
             for _ in 0..<count {
                 let cause = try r.integer()
-                let origin = String(decoding: try r.run(), as: UTF8.self)
-                records.append(DerivedRecord(cause: cause, origin: origin, bytes: try r.run()))
+                let origin = try r.run()
+                guard !origin.isEmpty else { throw DecodeError(description: "a derived record without an origin") }
+                records.append(
+                    DerivedRecord(cause: cause, origin: String(decoding: origin, as: UTF8.self), bytes: try r.run()))
             }
             return .derived(batch: batch, records: records)
         default:
@@ -196,6 +217,9 @@ package struct DerivedBatchFrame {
     /// Where the batch number and the count go: after the length (4 bytes) and the tag (1).
     private static let batchOffset = 5
     private static let countOffset = 13
+    private static let headerLength = 21
+    /// Where the records of the record being handled begin (`beginRecord()`).
+    private var recordStart = (bytes: headerLength, records: 0)
 
     package init() { start() }
 
@@ -209,6 +233,36 @@ package struct DerivedBatchFrame {
         writer.integer(0)
         writer.integer(0)
         causes.removeAll(keepingCapacity: true)
+        recordStart = (Self.headerLength, 0)
+    }
+
+    /// What is appended from now on is derived from one record (until the next call).
+    package mutating func beginRecord() { recordStart = (writer.bytes.count, causes.count) }
+
+    /// Bytes of the frame taken by the record being handled.
+    package var currentRecordBytes: Int { writer.bytes.count - recordStart.bytes }
+
+    /// Whether the frame also holds records derived from earlier records.
+    package var holdsEarlierRecords: Bool { recordStart.records > 0 }
+
+    /// Whether a record of `count` bytes from `origin` still fits in the frame.
+    package func fits(origin: String, count: Int) -> Bool {
+        writer.bytes.count - 4 + 8 + 4 + origin.utf8.count + 4 + count <= WorkerFrame.maxLength
+    }
+
+    /// Takes out what the record being handled derived so far, for `restoreCurrentRecord`.
+    package mutating func takeCurrentRecord() -> (bytes: [UInt8], causes: [UInt64]) {
+        let taken = (Array(writer.bytes[recordStart.bytes...]), Array(causes[recordStart.records...]))
+        writer.bytes.removeSubrange(recordStart.bytes...)
+        causes.removeSubrange(recordStart.records...)
+        return taken
+    }
+
+    /// Puts back, into an empty frame, what `takeCurrentRecord` took.
+    package mutating func restoreCurrentRecord(_ taken: (bytes: [UInt8], causes: [UInt64])) {
+        precondition(isEmpty)
+        writer.bytes.append(contentsOf: taken.bytes)
+        causes.append(contentsOf: taken.causes)
     }
 
     package mutating func append(cause: UInt64, origin: String, json: UnsafeBufferPointer<UInt8>) {
@@ -244,7 +298,8 @@ package struct WorkerFrameReader: Sendable {
 
     package mutating func append(_ bytes: UnsafeRawBufferPointer) {
         if start > 0 && start == pending.count {
-            pending.removeAll(keepingCapacity: true)
+            // Not the room of a frame of tens of megabytes, for the rest of the worker's life.
+            pending.removeAll(keepingCapacity: pending.capacity <= 1 << 20)
             start = 0
         }
         pending.append(contentsOf: bytes)

@@ -17,6 +17,9 @@ struct WrittenGroup {
     var firstSeq: UInt64
     var records: UInt64 = 0
     var duplicates: UInt64 = 0
+    /// The latest first copy of the group's duplicates (0: none): under `durability = fsync`
+    /// the group is acknowledged as stored only if that copy is durable.
+    var originalsThrough: UInt64 = 0
     /// Uncompressed bytes written, and when the write began (for the commit observer).
     var writtenBytes = 0
     var startedNanos: UInt64 = 0

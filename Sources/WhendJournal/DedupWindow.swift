@@ -34,11 +34,16 @@ final class DedupWindow {
 
     /// Records `key` as stored at `seq` unless it is already there.
     /// - Returns: false when the key is in the window already (a resend).
-    func insertIfAbsent(_ key: DedupKey, seq: UInt64) -> Bool {
-        guard window > 0 else { return true }
-        if table.insertIfAbsent(key, seq: seq) != nil { return false }
+    func insertIfAbsent(_ key: DedupKey, seq: UInt64) -> Bool { firstCopy(of: key, storingAt: seq) == nil }
+
+    /// Records `key` as stored at `seq` unless it is already there.
+    /// - Returns: nil when stored now; the `_seq` of the first copy when the key is in the
+    ///   window already (a resend), whose ack must wait for that copy to be durable.
+    func firstCopy(of key: DedupKey, storingAt seq: UInt64) -> UInt64? {
+        guard window > 0 else { return nil }
+        if let first = table.insertIfAbsent(key, seq: seq) { return first }
         append(key, seq)
-        return true
+        return nil
     }
 
     func contains(_ key: DedupKey) -> Bool { table.seq(of: key) != nil }

@@ -145,6 +145,10 @@ package final class JournalWriter: @unchecked Sendable {
     /// A failed sync the writer has not taken up yet: the segment, and the first `_seq` in it
     /// that was not acknowledged. Guarded by `condition`.
     private var syncFailure: (segment: SegmentWriter, fromSeq: UInt64)?
+    /// The first `_seq` a failed sync left not durable, until the writer has made it durable
+    /// again (`repairIfBroken`): a resend of a record from there on is not acknowledged as
+    /// stored, since its first copy may be lost at a power cut. Guarded by `condition`.
+    private var notDurableFrom: UInt64?
 
     /// Opens the journal: recovers the unsealed tail, if any, and rebuilds the de-duplication
     /// window from the latest records. Its cost is bounded by one segment and the window, not by
@@ -217,6 +221,7 @@ package final class JournalWriter: @unchecked Sendable {
             log("syncing \(segment.file.path) failed: \(message); records from _seq \(fromSeq) on are not acknowledged")
             condition.lock()
             syncFailure = (segment, fromSeq)
+            notDurableFrom = min(notDurableFrom ?? fromSeq, fromSeq)
             stats.failing = message
             condition.unlock()
         }
@@ -348,6 +353,7 @@ package final class JournalWriter: @unchecked Sendable {
         let first = nextSeq
         var seq = first
         var duplicates: UInt64 = 0
+        var originalsThrough: UInt64 = 0
         var minReceived = Int64.max
         var maxReceived = Int64.min
         for (batch, _) in batches {
@@ -368,8 +374,9 @@ package final class JournalWriter: @unchecked Sendable {
                             dedup.prefetch(batch.keys[nextKey + DedupWindow.lookAhead].key)
                         }
                         nextKey += 1
-                        guard dedup.insertIfAbsent(key, seq: seq) else {
+                        if let original = dedup.firstCopy(of: key, storingAt: seq) {
                             duplicates += 1
+                            originalsThrough = max(originalsThrough, original)
                             continue
                         }
                     }
@@ -411,7 +418,13 @@ package final class JournalWriter: @unchecked Sendable {
         written.duplicates = duplicates
         written.writtenBytes = scratch.count
         written.startedNanos = started
-        if seq > first && configurationInUse.durability == .fsync { written.segment = active }
+        if configurationInUse.durability == .fsync {
+            // A resend's first copies may still be syncing, or their sync may have failed: the
+            // group then waits for a sync of the segment they are in, and fails with it. (In a
+            // segment sealed since, their fate is the seal's: `notDurableFrom`.)
+            written.originalsThrough = originalsThrough
+            if seq > first || duplicates > 0 { written.segment = active }
+        }
         // With nothing else to write, the sync is made here: under light load an ack then waits
         // for no other thread's wake-up. Under load the sync thread takes it, and the writer
         // goes on with the next group.
@@ -430,7 +443,15 @@ package final class JournalWriter: @unchecked Sendable {
 
     /// On the thread that settled the group: its fate is known; count it and tell its submitters.
     private func acknowledge(_ group: WrittenGroup, _ outcome: JournalCommit) {
+        var outcome = outcome
         condition.lock()
+        if case .stored = outcome, group.originalsThrough > 0, let lost = notDurableFrom,
+            group.originalsThrough >= lost
+        {
+            outcome = .failed(
+                "the journal cannot store right now (the sync of events this resends failed); nothing of this was stored; retry later"
+            )
+        }
         pendingBytesStorage -= group.submittedBytes
         // A sealing (no batches) counts for nothing but its sync.
         if case .stored(let lastSeq) = outcome, !group.completions.isEmpty {
@@ -511,6 +532,7 @@ package final class JournalWriter: @unchecked Sendable {
                 let result = try SegmentRecovery.recover(sealed, evenIfSealed: true)
                 unsyncedSealed = nil
                 log("rewrote \(sealed.path) after its sync failed: records up to _seq \(result.lastSeq) are durable")
+                if broken == nil { madeDurable() }
             } catch {
                 return "the journal cannot store right now (\(error)); nothing of this was stored; retry later"
             }
@@ -523,10 +545,19 @@ package final class JournalWriter: @unchecked Sendable {
             nextSeq = result.lastSeq + 1
             broken = nil
             log("the journal can store again: recovered \(segment.path) up to _seq \(result.lastSeq)")
+            madeDurable()
             return nil
         } catch {
             return "the journal cannot store right now (\(error)); nothing of this was stored; retry later"
         }
+    }
+
+    /// What a failed sync left is durable again (rewritten and synced): resends of it may be
+    /// acknowledged, unless another sync failed since (its report is taken up next).
+    private func madeDurable() {
+        condition.lock()
+        if syncFailure == nil { notDurableFrom = nil }
+        condition.unlock()
     }
 
     private func flushQuietly() {

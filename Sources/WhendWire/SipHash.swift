@@ -77,6 +77,21 @@ package struct SipHash128 {
 
     package mutating func write(_ bytes: [UInt8]) { bytes.withUnsafeBytes { write($0) } }
 
+    /// SipHash-1-3 with a 64-bit output of one word: what a hash table keyed at random per
+    /// process puts a digest under, so that digests crafted under the fixed key still spread.
+    @inline(__always)
+    package static func hash(word: UInt64, key: (UInt64, UInt64)) -> UInt64 {
+        var s = SipHash128(key: key)
+        s.v1 ^= 0xee  // the 64-bit output's initial state
+        s.compress(word)
+        s.compress(8 << 56)
+        s.v2 ^= 0xff
+        s.round()
+        s.round()
+        s.round()
+        return s.v0 ^ s.v1 ^ s.v2 ^ s.v3
+    }
+
     /// The digest of everything written.
     package func finalize() -> (UInt64, UInt64) {
         var s = self

@@ -13,6 +13,11 @@ While the file BACKING/fail-syncs exists, every file sync fails with EIO as a fa
 does on Linux: what it covered is dropped from the durable state, yet stays readable, and a
 later sync reports success without writing it.
 
+While the file BACKING/hold exists, each write and each sync of a journal segment (a `.zst`
+file) whose kind ("write", "fsync") the file names waits, as on a slow disk, and
+BACKING/held names the kind of the one waiting: a test can order what the threads of whend do.
+Since requests are served one at a time, everything else on the mount waits too.
+
 BACKING holds `tree.json` (the durable directory tree: each directory's entries, by inode) and
 `data/INODE` (each file's durable content). Stricter than ext4 (whose metadata journal usually
 keeps a create) on purpose: a program that keeps its promises only by luck fails here.
@@ -228,7 +233,28 @@ class PowerCutFS(Operations):
     def read(self, path, size, offset, fh):
         return bytes(self.node_for(path, fh).data[offset : offset + size])
 
+    def hold(self, kind, path):
+        flag = os.path.join(self.backing, "hold")
+        if not (path or "").endswith(".zst"):
+            return
+        held = os.path.join(self.backing, "held")
+        while True:
+            try:
+                with open(flag) as f:
+                    if kind not in f.read().split():
+                        break
+            except FileNotFoundError:
+                break
+            if not os.path.exists(held):
+                with open(held + ".tmp", "w") as f:
+                    f.write(kind)
+                os.rename(held + ".tmp", held)
+            time.sleep(0.005)
+        if os.path.exists(held):
+            os.unlink(held)
+
     def write(self, path, data, offset, fh):
+        self.hold("write", path)
         node = self.node_for(path, fh)
         if offset > len(node.data):
             node.data.extend(b"\0" * (offset - len(node.data)))
@@ -247,6 +273,7 @@ class PowerCutFS(Operations):
         node.mtime = time.time()
 
     def fsync(self, path, datasync, fh):
+        self.hold("fsync", path)
         node = self.node_for(path, fh)
         if os.path.exists(os.path.join(self.backing, "fail-syncs")):
             # A failed writeback as Linux has it: the error is reported once, the pages stay

@@ -1,0 +1,130 @@
+import Foundation
+import Testing
+
+/// The boundary between whend and a pipeline's worker, tried from the plugin's side: a real C
+/// plugin (Tests/Fixtures/chatty.c) that prints to its standard output, derives more than a
+/// frame holds, or writes a forged frame, in a real worker of a real whend.
+@Suite(.serialized) struct WorkerBoundaryTests {
+    func chattyDaemon(_ name: String, configuration: String = "{}", settings: String = "") throws -> DaemonProcess {
+        let daemon = DaemonProcess(name)
+        let plugins = daemon.directory + "/plugins"
+        try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
+        chmod(plugins, 0o755)
+        _ = try buildTestPlugin("chatty", into: plugins, name: "chatty")
+        let config = daemon.directory + "/whend.conf"
+        try """
+        plugin_dirs = \(plugins)
+        pipeline.chat = chatty
+        plugin.chatty = \(configuration)
+        \(settings)
+        """.write(toFile: config, atomically: true, encoding: .utf8)
+        daemon.environment = ["WHEND_CONFIG": config]
+        try FileManager.default.createDirectory(
+            atPath: daemon.stateDirectory + "/plugins/chatty", withIntermediateDirectories: true)
+        return daemon
+    }
+
+    /// A plugin that prints on every record corrupts no frame: every record is handled once,
+    /// what it derived is stored, the worker never restarts, and the prints are in whend's log.
+    @Test func aPluginPrintingToItsStandardOutputCorruptsNoFrame() throws {
+        let daemon = try chattyDaemon("w-printf")
+        try daemon.start()
+        let events = (1...200).map { i in
+            i % 10 == 0
+                ? #"{"type":"when","name":"derive","id":"p\#(i)"}"# : #"{"type":"when","name":"tap","id":"p\#(i)"}"#
+        }
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 200)
+        // The 200 events and the 20 records derived from them.
+        #expect(try daemon.waitForPipeline("chat", cursor: 220, seconds: 20), "\(daemon.log.suffix(2000))")
+        let pipeline = try daemon.pipeline("chat")
+        #expect(pipeline?["restarts"] as? Int == 0, "\(daemon.log.suffix(2000))")
+        #expect(daemon.waitForLog("chatty: handled _seq 220"))
+        #expect(daemon.stop() == 0)
+        let derived = daemon.records().filter { $0["_origin"] as? String == "chatty" }
+        #expect(derived.map { $0["_cause"] as? Int ?? 0 } == Array(stride(from: 10, through: 200, by: 10)))
+    }
+
+    /// A record that derives more than a frame holds goes to the dead letters with the reason,
+    /// none of what it derived is stored, and the pipeline goes on without a restart.
+    @Test func aRecordDerivingMoreThanAFrameHoldsGoesToTheDeadLetters() throws {
+        let daemon = try chattyDaemon("w-huge", configuration: #"{"quiet": true}"#)
+        try daemon.start()
+        let events = [
+            #"{"type":"when","name":"derive","id":"h1"}"#, #"{"type":"when","name":"huge","id":"h2"}"#,
+            #"{"type":"when","name":"derive","id":"h3"}"#,
+        ]
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 3)
+        // The three events and what the two "derive" derived.
+        #expect(try daemon.waitForPipeline("chat", cursor: 5, seconds: 30), "\(daemon.log.suffix(3000))")
+        let pipeline = try daemon.pipeline("chat")
+        #expect(pipeline?["restarts"] as? Int == 0, "\(daemon.log.suffix(3000))")
+        #expect(pipeline?["dead_letters"] as? Int == 1)
+        let dead =
+            (try? String(contentsOfFile: daemon.stateDirectory + "/pipelines/chat/dead-letter.jsonl", encoding: .utf8))
+            ?? ""
+        #expect(
+            dead.contains(#""_seq":2"#) && dead.contains("more than the 67108864 a frame to whend holds"), "\(dead)")
+        #expect(daemon.stop() == 0)
+        let derived = daemon.records().filter { $0["_origin"] as? String == "chatty" }
+        #expect(derived.map { $0["_cause"] as? Int ?? 0 } == [1, 3])
+    }
+
+    /// A derived record within a frame alone, but not with the records derived before it that
+    /// wait to go, is stored all the same: those go first, in a frame of their own.
+    @Test func aRecordThatFitsAFrameAloneIsStored() throws {
+        let daemon = try chattyDaemon("w-split", configuration: #"{"quiet": true, "huge_bytes": 67108764}"#)
+        try daemon.start()
+        let events = [
+            #"{"type":"when","name":"derive","id":"s1"}"#, #"{"type":"when","name":"huge","id":"s2"}"#,
+            #"{"type":"when","name":"derive","id":"s3"}"#,
+        ]
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 3)
+        #expect(try daemon.waitForPipeline("chat", cursor: 6, seconds: 30), "\(daemon.log.suffix(3000))")
+        let pipeline = try daemon.pipeline("chat")
+        #expect(pipeline?["restarts"] as? Int == 0 && pipeline?["dead_letters"] as? Int == 0)
+        #expect(daemon.stop() == 0)
+        let derived = daemon.records().filter { $0["_origin"] as? String == "chatty" }
+        #expect(derived.map { $0["_cause"] as? Int ?? 0 } == [1, 2, 3])
+    }
+
+    /// A frame whose declared count of records its bytes cannot hold is refused before anything
+    /// is reserved for it: the worker is killed, with the reason in the log, and restarted;
+    /// whend itself neither dies nor grows by gigabytes (it reserved 3.7 GB for it).
+    @Test func aForgedFrameKillsTheWorkerNotTheDaemon() throws {
+        let daemon = try chattyDaemon("w-forge", configuration: #"{"quiet": true, "forge_fd": 3}"#)
+        try daemon.start()
+        #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"when","name":"tap"}"#]).acks == [1])
+        #expect(try daemon.waitForPipeline("chat", cursor: 1, seconds: 20))
+        let pid = daemon.process!.processIdentifier
+        let before = try #require(peakVirtualMemory(pid))
+        let events = [#"{"type":"when","name":"forge"}"#, #"{"type":"when","name":"derive"}"#]
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 2)
+        #expect(daemon.waitForLog("the worker's message cannot be read", seconds: 30), "\(daemon.log.suffix(3000))")
+        // Restarted, it goes on (the plugin forges once).
+        #expect(try daemon.waitForPipeline("chat", cursor: 4, seconds: 30), "\(daemon.log.suffix(3000))")
+        let after = try #require(peakVirtualMemory(pid))
+        #expect(after - before < 1 << 30, "whend's peak virtual memory grew from \(before) to \(after) bytes")
+        #expect(try daemon.pipeline("chat")?["restarts"] as? Int == 1)
+        #expect(daemon.stop() == 0)
+    }
+
+    /// Counters past what whend counts in (2^64 - 1 failures) in a worker's progress: whend
+    /// goes on, and so does the pipeline. (whend trapped converting them, and died.)
+    @Test func aProgressFrameWithAbsurdCountersDoesNotStopTheDaemon() throws {
+        let daemon = try chattyDaemon("w-progress", configuration: #"{"quiet": true, "forge_fd": 3}"#)
+        try daemon.start()
+        let events = [#"{"type":"when","name":"counters"}"#, #"{"type":"when","name":"tap"}"#]
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 2)
+        #expect(try daemon.waitForPipeline("chat", cursor: 2, seconds: 20), "\(daemon.log.suffix(2000))")
+        #expect(daemon.process?.isRunning == true, "\(daemon.log.suffix(2000))")
+        #expect(daemon.stop() == 0)
+    }
+}
+
+/// A process's peak virtual memory (VmPeak), in bytes.
+func peakVirtualMemory(_ pid: pid_t) -> Int? {
+    guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+        let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmPeak:") })
+    else { return nil }
+    return line.split(separator: " ").dropFirst().first.flatMap { Int($0) }.map { $0 * 1024 }
+}
