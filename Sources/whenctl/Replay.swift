@@ -233,9 +233,19 @@ struct Replay: ParsableCommand {
 }
 
 /// Standard output shared with the plugins' emit callback.
+///
+/// Plugins are code of someone else's that may print to their standard output (a C plugin's
+/// `printf`): before any is loaded, the derived records keep standard output on a descriptor of
+/// their own, and descriptor 1 becomes standard error, so that nothing a plugin prints ends up
+/// among the records (as in whend, where a worker's standard output goes to whend's log).
 final class SharedOutput: @unchecked Sendable {
     // Unchecked: a replay runs on one thread.
-    private let out = Output()
+    private let out: Output = {
+        fflush(nil)
+        let records = fcntl(1, F_DUPFD_CLOEXEC, 3)
+        guard records >= 0, dup2(2, 1) == 1 else { return Output() }
+        return Output(descriptor: records)
+    }()
     private(set) var lines = 0
     func write(_ bytes: UnsafeBufferPointer<UInt8>) {
         lines += 1

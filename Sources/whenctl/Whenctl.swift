@@ -92,8 +92,12 @@ func printError(_ text: String) {
 /// Buffered standard output: records are printed by the million.
 final class Output {
     private var buffer: [UInt8] = []
+    private let descriptor: Int32
 
-    init() { buffer.reserveCapacity(1 << 16) }
+    init(descriptor: Int32 = 1) {
+        self.descriptor = descriptor
+        buffer.reserveCapacity(1 << 16)
+    }
 
     func write(_ bytes: UnsafeBufferPointer<UInt8>) {
         buffer.append(contentsOf: bytes)
@@ -110,7 +114,7 @@ final class Output {
     func flush() {
         var done = 0
         while done < buffer.count {
-            let n = buffer.withUnsafeBytes { Glibc.write(1, $0.baseAddress! + done, $0.count - done) }
+            let n = buffer.withUnsafeBytes { Glibc.write(descriptor, $0.baseAddress! + done, $0.count - done) }
             if n <= 0 {
                 if n < 0 && errno == EINTR { continue }
                 Foundation.exit(errno == EPIPE ? 0 : 1)

@@ -44,6 +44,31 @@ import Testing
         #expect(derived.map { $0["_cause"] as? Int ?? 0 } == Array(stride(from: 10, through: 200, by: 10)))
     }
 
+    /// Offline too, a plugin's prints stay out of the records: `whenctl replay` prints on its
+    /// standard output only what the plugin derived, one JSON object a line, and the plugin's
+    /// prints go to its standard error.
+    @Test func aPluginPrintingToItsStandardOutputStaysOutOfReplaysRecords() throws {
+        let daemon = DaemonProcess("w-replay-printf")
+        try daemon.start()
+        let events = (1...50).map { i in
+            i % 10 == 0
+                ? #"{"type":"when","name":"derive","id":"r\#(i)"}"# : #"{"type":"when","name":"tap","id":"r\#(i)"}"#
+        }
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 50)
+        #expect(daemon.stop() == 0)
+        let plugins = scratchDirectory("w-replay-printf-plugins")
+        let library = try buildTestPlugin("chatty", into: plugins, name: "chatty")
+        let replay = try whenctl(["replay", "--state-dir", daemon.stateDirectory, "--plugin", library])
+        #expect(replay.status == 0, "\(replay.error)")
+        let lines = replay.output.split(separator: "\n")
+        #expect(lines.count == 5, "\(replay.output.prefix(500))")
+        for line in lines {
+            let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
+            #expect(object?["_origin"] as? String == "chatty", "not a derived record: \(line)")
+        }
+        #expect(replay.error.contains("chatty: handled _seq 50"), "\(replay.error.suffix(500))")
+    }
+
     /// A record that derives more than a frame holds goes to the dead letters with the reason,
     /// none of what it derived is stored, and the pipeline goes on without a restart.
     @Test func aRecordDerivingMoreThanAFrameHoldsGoesToTheDeadLetters() throws {
