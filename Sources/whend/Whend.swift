@@ -36,7 +36,9 @@ struct Whend: AsyncParsableCommand {
     @Option(name: .long, help: "The configuration file (key = value lines).")
     var config: String?
 
-    @Flag(name: .long, help: "Validate the configuration, print it, and exit.")
+    @Flag(
+        name: .long,
+        help: "Validate the configuration, create (and destroy) every plugin instance it names, print it, and exit.")
     var checkConfig = false
 
     /// Every setting of `Settings.all` as a flag, `--socket-mode 0660` or `--socket-mode=0660`:
@@ -48,6 +50,11 @@ struct Whend: AsyncParsableCommand {
     /// Run as a pipeline worker: the daemon says which pipeline on standard input.
     @Flag(name: .long, help: .hidden)
     var pipelineWorker = false
+
+    /// Create and destroy the plugins of the chains the caller gives on standard input, and
+    /// report on descriptor 3 (`PluginCheck`): --check-config and reload run it.
+    @Flag(name: .long, help: .hidden)
+    var pluginCheck = false
 
     /// The flags given, as settings, in order.
     var flagValues: [SettingValue] {
@@ -107,6 +114,10 @@ struct Whend: AsyncParsableCommand {
             LoggingSystem.bootstrap { label in StreamLogHandler.standardError(label: label) }
             PipelineWorker.run(logger: Logger(label: "whend-pipeline"))
         }
+        if pluginCheck {
+            LoggingSystem.bootstrap { label in StreamLogHandler.standardError(label: label) }
+            PluginCheck.serve(logger: Logger(label: "whend-plugin-check"))
+        }
         let configuration: DaemonConfiguration
         let file: String?
         do {
@@ -116,7 +127,16 @@ struct Whend: AsyncParsableCommand {
             throw ExitCode(2)
         }
         if checkConfig {
+            // The plugins too: a plugin that is not installed, or whose create refuses its
+            // configuration, refuses the configuration with its message.
+            let plugins = PluginCheck.run(
+                PluginCheck.request(for: configuration), timeout: configuration.pipelineWatchdog)
+            if let refusal = plugins.refusal {
+                FileHandle.standardError.write(Data("whend: \(refusal)\n".utf8))
+                throw ExitCode(2)
+            }
             print("# configuration OK\(file.map { " (\($0))" } ?? " (embedded defaults)")")
+            for off in plugins.off { print("# \(off)") }
             print(Settings.render(configuration))
             return
         }
