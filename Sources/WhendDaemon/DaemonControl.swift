@@ -100,6 +100,7 @@ extension Daemon {
             "state_dir": configuration.stateDirectory,
             "config_file": configurationFile ?? NSNull(),
             "connections": counts.connections,
+            "connections_refused": counts.connectionsRefused,
             "events_per_second": Int(eventsPerSecond),
             "events_received": counts.eventsReceived,
             "events_rejected": rejected,

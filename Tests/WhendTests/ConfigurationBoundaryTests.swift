@@ -147,4 +147,43 @@ private func whens(_ range: ClosedRange<Int>) -> [String] {
         let check = try runCommand(executable("whend"), ["--check-config", "--config", config])
         #expect(check.status == 2 && check.error.contains("plugins recorder and recorder2 are one library"))
     }
+
+    /// Past `max_connections` a connection is answered with one `unavailable` error about the
+    /// connection and closed, counted and logged; once one closes, another is served.
+    @Test func connectionsPastTheCapAreRefusedWithAnErrorLine() throws {
+        let daemon = DaemonProcess("cfg-cap", arguments: ["--max-connections", "3"])
+        try daemon.start()
+        defer { daemon.stop() }
+        // The start's own probe is closed before the count is taken.
+        #expect(eventually { (try? daemon.status()["connections"] as? Int) == 0 })
+        var open: [BlockingSocket] = []
+        for _ in 0..<3 {
+            let connection = try BlockingSocket(path: daemon.socketPath)
+            try connection.send(helloWithAcks + "\n")
+            #expect(connection.waitReadable(timeout: 10))
+            #expect(String(decoding: try connection.receive(), as: UTF8.self).contains("welcome"))
+            open.append(connection)
+        }
+        let extra = try BlockingSocket(path: daemon.socketPath)
+        var answer: [UInt8] = []
+        while extra.waitReadable(timeout: 10) {
+            let chunk = try extra.receive()
+            if chunk.isEmpty { break }
+            answer += chunk
+        }
+        let lines = String(decoding: answer, as: UTF8.self).split(separator: "\n").compactMap {
+            try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any]
+        }
+        #expect(lines.count == 1, "\(lines)")
+        #expect(lines.errors.first?.code == "unavailable" && lines.errors.first?.event == nil, "\(lines)")
+        #expect(lines.errors.first?.message.contains("max_connections") == true, "\(lines)")
+        let metrics = try daemon.whenctl(["metrics"])
+        #expect(metrics.output.contains("whend_connections_refused_total 1"), "\(metrics.output)")
+        #expect(try daemon.status()["connections_refused"] as? Int == 1)
+        #expect(daemon.waitForLog("max_connections"))
+
+        open.removeLast()
+        #expect(eventually { (try? daemon.status()["connections"] as? Int) == 2 })
+        #expect(try exchangeWithin(10, daemon.socketPath, whens(1...2))?.acks.last == 2)
+    }
 }
