@@ -213,7 +213,8 @@ package enum PluginCheck {
             report(["refused": "whend --plugin-check: standard input holds no check request"])
             exit(2)
         }
-        var template = Array((NSTemporaryDirectory() + "/whend-plugin-check-XXXXXX").utf8CString)
+        var template = Array(
+            ((NSTemporaryDirectory() as NSString).appendingPathComponent("whend-plugin-check-XXXXXX")).utf8CString)
         guard
             let scratch = template.withUnsafeMutableBufferPointer({ buffer in
                 mkdtemp(buffer.baseAddress!).map { String(cString: $0) }

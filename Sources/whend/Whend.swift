@@ -116,7 +116,10 @@ struct Whend: AsyncParsableCommand {
         }
         if pluginCheck {
             LoggingSystem.bootstrap { label in StreamLogHandler.standardError(label: label) }
-            PluginCheck.serve(logger: Logger(label: "whend-plugin-check"))
+            // What the plugins say of a scratch instance is news only when it is a warning.
+            var logger = Logger(label: "whend-plugin-check")
+            logger.logLevel = .warning
+            PluginCheck.serve(logger: logger)
         }
         let configuration: DaemonConfiguration
         let file: String?
