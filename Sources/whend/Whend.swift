@@ -28,7 +28,8 @@ struct Whend: AsyncParsableCommand {
 
             Exit status: 0 after a stop asked for; 1 when whend cannot start (the socket or the \
             journal cannot be opened: the log says which and why); 2 when the configuration is \
-            refused (a message names the key and the value); 64 on a usage error.
+            refused (a message names the key and the value, or with --check-config the plugin \
+            that is missing or refused its configuration, and why); 64 on a usage error.
             """,
         version: WhendVersion.current
     )
