@@ -4,7 +4,8 @@
  * its configuration it crashes (a segfault) on _seq N, once; with {"hang_at": N} it hangs there,
  * once. A record named "derive" makes it emit a derived record. {"every": N} records only every
  * Nth _seq; its create refuses {"every": 0} with a message, as a plugin refuses a configuration it
- * cannot work with, and {"create_crashes": true} makes create itself crash. */
+ * cannot work with; {"create_crashes":true} makes create itself crash, {"create_hangs":true} never
+ * return. */
 #define _GNU_SOURCE /* memmem */
 #include "whend_plugin.h"
 #include <fcntl.h>
@@ -42,6 +43,8 @@ static void *create(const whend_host *host, const char *config, size_t length, c
         return NULL;
     }
     if (memmem(config, length, "\"create_crashes\":true", 21)) *(volatile int *)0 = 1;
+    if (memmem(config, length, "\"create_hangs\":true", 19))
+        for (;;) pause();
     snprintf(r->seen, sizeof r->seen, "%s/seen", host->state_directory);
     snprintf(r->down, sizeof r->down, "%s/down", host->state_directory);
     snprintf(r->crashed, sizeof r->crashed, "%s/crashed", host->state_directory);

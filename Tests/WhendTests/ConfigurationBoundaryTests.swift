@@ -31,7 +31,7 @@ private func whens(_ range: ClosedRange<Int>) -> [String] {
     /// A pipeline plugin whose `create` refuses its configuration refuses the reload (it used to
     /// be taken up, exit 0, and its worker crash in a loop with the reason only in the log); the
     /// pipeline running goes on with its old configuration, events flowing through it. A
-    /// `create` that crashes refuses it too, without taking whend down.
+    /// `create` that crashes or hangs refuses it too, without taking whend down.
     @Test func aReloadAPipelinePluginRefusesIsRefusedWithItsMessageAndTheOldPipelineRuns() throws {
         let (daemon, seen) = try pipelineDaemon("cfg-refuse")
         let config = daemon.directory + "/whend.conf"
@@ -44,6 +44,10 @@ private func whens(_ range: ClosedRange<Int>) -> [String] {
         for (settings, expected) in [
             (#"{"every": 0}"#, #"pipeline rec: plugin recorder would not start: "every" must be 1 or more"#),
             (#"{"create_crashes":true}"#, "killed by signal 11 while plugin recorder of pipeline rec was created"),
+            (
+                #"{"create_hangs":true}"# + "\npipeline_watchdog = 1",
+                "did not finish within 1 s while plugin recorder of pipeline rec was created"
+            ),
         ] {
             try "plugin_dirs = \(plugins)\npipeline.rec = recorder\nplugin.recorder = \(settings)\n".write(
                 toFile: config, atomically: true, encoding: .utf8)
