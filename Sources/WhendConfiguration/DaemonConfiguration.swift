@@ -35,6 +35,9 @@ package struct DaemonConfiguration: Sendable {
     package var maxPendingBytes: Int = 16 << 20
     /// How long a graceful stop waits for connections to drain (seconds).
     package var shutdownTimeout: TimeInterval = 10
+    /// Event connections open at once; one more is answered with an error line and closed:
+    /// each costs a descriptor and buffers, whoever opens it.
+    package var maxConnections: Int = 1024
     /// trace, debug, info, notice, warning, error or critical.
     package var logLevel: String = "info"
     /// Where plugin libraries may be loaded from: by default where whend's own plugins are

@@ -206,6 +206,10 @@ package enum Settings {
             help: "bytes all connections may have waiting for the journal", reload: .live,
             value: { String($0.maxPendingBytes) }, apply: int(4096...Int.max) { $0.maxPendingBytes = $1 }),
         Setting(
+            key: "max_connections", allowed: "an integer from 1 to 1000000",
+            help: "event connections open at once; one more gets an unavailable error and is closed", reload: .live,
+            value: { String($0.maxConnections) }, apply: int(1...1_000_000) { $0.maxConnections = $1 }),
+        Setting(
             key: "shutdown_timeout", allowed: "seconds, 0 or more", help: "how long a graceful stop waits",
             reload: .live, value: { number($0.shutdownTimeout) }, apply: seconds { $0.shutdownTimeout = $1 }),
         Setting(

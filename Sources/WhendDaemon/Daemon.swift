@@ -91,6 +91,7 @@ package final class Daemon: Sendable {
     let listening = NIOLockedValueBox<(events: String, control: String)>(("", ""))
     private let lastStatus = NIOLockedValueBox<(at: Date, stored: UInt64, rate: Double)>((Date(), 0, 0))
     private let lastRateReport = NIOLockedValueBox<Date>(Date())
+    private let lastConnectionRefusalLog = NIOLockedValueBox<Date>(.distantPast)
     private let nextConnectionID = NIOLockedValueBox<UInt64>(0)
     let supervisors = NIOLockedValueBox<[String: PipelineSupervisor]>([:])
     /// Records retention deleted before a pipeline read them, by pipeline (since start).
@@ -239,6 +240,18 @@ package final class Daemon: Sendable {
         guard let provider = channel as? SocketOptionProvider else {
             return channel.close()
         }
+        // Each connection holds a descriptor and buffers: past `max_connections` one more is
+        // told why and closed, before anything of it is read.
+        let id = ObjectIdentifier(channel)
+        let limit = configuration.maxConnections
+        let admitted = channels.withLockedValue { open in
+            guard open.count < limit else { return false }
+            open[id] = channel
+            return true
+        }
+        guard admitted else { return refuseConnection(channel, limit: limit) }
+        let channels = self.channels
+        channel.closeFuture.whenComplete { _ in channels.withLockedValue { _ = $0.removeValue(forKey: id) } }
         // The sender's pid, uid and gid come from the kernel (SO_PEERCRED), never from the client.
         let credentials: EventLoopFuture<whend_ucred> = provider.unsafeGetSocketOption(
             level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED))
@@ -247,15 +260,9 @@ package final class Daemon: Sendable {
                 (try? String(contentsOfFile: "/proc/\(cred.pid)/comm", encoding: .utf8))?
                 .trimmingCharacters(in: .newlines) ?? ""
             let peer = PeerCredentials(pid: cred.pid, uid: cred.uid, gid: cred.gid, comm: comm)
-            let id = ObjectIdentifier(channel)
-            channels.withLockedValue { $0[id] = channel }
             metrics.connectionOpened()
             let metrics = self.metrics
-            let channels = self.channels
-            channel.closeFuture.whenComplete { _ in
-                channels.withLockedValue { _ = $0.removeValue(forKey: id) }
-                metrics.connectionClosed()
-            }
+            channel.closeFuture.whenComplete { _ in metrics.connectionClosed() }
             let connectionID = nextConnectionID.withLockedValue {
                 $0 += 1
                 return $0
@@ -264,6 +271,31 @@ package final class Daemon: Sendable {
                 writer: writer, live: live, credentials: peer, connectionID: connectionID, counters: metrics,
                 limiter: limiter)
             try channel.pipeline.syncOperations.addHandler(handler)
+        }
+    }
+
+    /// Answers one connection too many with an `unavailable` error about the connection (no
+    /// event number: PROTOCOL.md §5) and closes it; counts it, and says so in the log at most
+    /// every ten seconds.
+    private func refuseConnection(_ channel: Channel, limit: Int) -> EventLoopFuture<Void> {
+        let refused = metrics.connectionRefused()
+        let due = lastConnectionRefusalLog.withLockedValue { last in
+            guard Date().timeIntervalSince(last) >= 10 else { return false }
+            last = Date()
+            return true
+        }
+        if due {
+            logger.warning(
+                "refused an event connection: \(limit) are open (max_connections); \(refused) refused since start")
+        }
+        let line = ServerMessage.error(
+            WireError(
+                .unavailable,
+                "whend has \(limit) connections open, its max_connections; close one, or try again later",
+                isAboutConnection: true), event: nil)
+        // The channel is not active yet: the line goes out when it is.
+        return channel.eventLoop.makeCompletedFuture {
+            try channel.pipeline.syncOperations.addHandler(RefusedConnectionHandler(line: line))
         }
     }
 
@@ -450,3 +482,21 @@ package final class Daemon: Sendable {
 
 // Read by NIO on the connection's event loop and handed on as values.
 extension whend_ucred: @retroactive @unchecked Sendable {}
+
+/// Says why a connection is refused, once it is active, and closes it.
+private final class RefusedConnectionHandler: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+    let line: [UInt8]
+
+    init(line: [UInt8]) { self.line = line }
+
+    func channelActive(context: ChannelHandlerContext) {
+        let buffer = context.channel.allocator.buffer(bytes: line)
+        let channel = context.channel
+        context.writeAndFlush(wrapOutboundOut(buffer)).whenComplete { _ in channel.close(promise: nil) }
+    }
+
+    // Whatever the client sends is not read.
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {}
+}

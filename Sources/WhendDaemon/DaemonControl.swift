@@ -100,6 +100,7 @@ extension Daemon {
             "state_dir": configuration.stateDirectory,
             "config_file": configurationFile ?? NSNull(),
             "connections": counts.connections,
+            "connections_refused": counts.connectionsRefused,
             "events_per_second": Int(eventsPerSecond),
             "events_received": counts.eventsReceived,
             "events_rejected": rejected,
@@ -163,6 +164,18 @@ extension Daemon {
                     ReloadOutcome(applied: false, changed: [], needRestart: [], error: "\(error)"),
                     trigger: trigger)
             }
+            // Every pipeline that will start a new worker has its plugins created (and destroyed)
+            // first, in a process of their own: a configuration a plugin refuses is refused with
+            // its message here, rather than taken up and its worker left to crash in a loop.
+            let running = supervisors.withLockedValue { $0.mapValues(\.spec) }
+            let starting = pipelines.values.filter { running[$0.name] != $0 }
+            let check = PluginCheck.run(
+                PluginCheck.request(for: starting, pluginDirectories: applied.pluginDirectories),
+                timeout: applied.pipelineWatchdog)
+            if let refusal = check.refusal {
+                return record(
+                    ReloadOutcome(applied: false, changed: [], needRestart: [], error: refusal), trigger: trigger)
+            }
             take(applied, ingest: ingest, from: old)
             runPipelines(pipelines, watchdog: applied.pipelineWatchdog)
             return record(outcome, trigger: trigger)
@@ -205,8 +218,9 @@ extension Daemon {
     {
         var plugins: [PluginInstance] = []
         let unloaded = self.unloaded.withLockedValue { $0 }
-        for name in configuration.ingestPlugins where !unloaded.contains(name) {
-            let library = try PluginLibrary.load(name: name, directories: configuration.pluginDirectories)
+        let names = configuration.ingestPlugins.filter { !unloaded.contains($0) }
+        let libraries = try PluginLibrary.loadChain(names, directories: configuration.pluginDirectories)
+        for (name, library) in zip(names, libraries) {
             guard library.roles & WHEND_ROLE_INGEST != 0 else {
                 throw PluginLoadError(
                     description: "plugin \(name) (\(library.path)) is not ingest middleware; it cannot be in ingest")

@@ -17,6 +17,7 @@ final class DaemonMetrics: Sendable {
         var rejected: [WireErrorCode: Int] = [:]
         var droppedReplies = 0
         var connections = 0
+        var connectionsRefused = 0
     }
 
     let registry = PrometheusCollectorRegistry()
@@ -30,6 +31,7 @@ final class DaemonMetrics: Sendable {
     private let droppedRepliesCounter: Counter
     private let commitTimer: DurationHistogram
     private let connectionsGauge: Gauge
+    private let connectionsRefusedCounter: Counter
     private let pendingGauge: Gauge
     private let lastSeqGauge: Gauge
     private let journalBytesGauge: Gauge
@@ -48,6 +50,7 @@ final class DaemonMetrics: Sendable {
         case repliesDropped = "whend_replies_dropped_total"
         case commitDuration = "whend_commit_duration_seconds"
         case connections = "whend_connections"
+        case connectionsRefused = "whend_connections_refused_total"
         case pendingBytes = "whend_pending_bytes"
         case journalLastSeq = "whend_journal_last_seq"
         case journalBytes = "whend_journal_bytes"
@@ -71,6 +74,8 @@ final class DaemonMetrics: Sendable {
                 return
                     "One group commit of the journal, from its write to its ack: with durability fsync, the fdatasync included."
             case .connections: return "Open event connections."
+            case .connectionsRefused:
+                return "Event connections refused because max_connections were open."
             case .pendingBytes: return "Record bytes read from clients and waiting for the journal."
             case .journalLastSeq: return "The last _seq stored."
             case .journalBytes: return "Bytes of the journal on disk."
@@ -112,6 +117,7 @@ final class DaemonMetrics: Sendable {
                 .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1), .seconds(5),
             ])
         connectionsGauge = gauge(.connections)
+        connectionsRefusedCounter = counter(.connectionsRefused)
         pendingGauge = gauge(.pendingBytes)
         lastSeqGauge = gauge(.journalLastSeq)
         journalBytesGauge = gauge(.journalBytes)
@@ -144,6 +150,15 @@ final class DaemonMetrics: Sendable {
             return $0.connections
         }
         connectionsGauge.set(Int64(n))
+    }
+
+    /// Returns how many were refused since whend started.
+    func connectionRefused() -> Int {
+        connectionsRefusedCounter.increment()
+        return state.withLockedValue {
+            $0.connectionsRefused += 1
+            return $0.connectionsRefused
+        }
     }
 
     func connectionClosed() {

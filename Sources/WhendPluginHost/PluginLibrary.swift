@@ -13,7 +13,9 @@ package struct PluginLoadError: Error, CustomStringConvertible {
 /// A plugin library opened with `dlopen` and checked against the ABI.
 ///
 /// Libraries are never closed: unloading a Swift library crashes its runtime, so "unload"
-/// means "stop routing records to it". Opening the same file again gives the same library.
+/// means "stop routing records to it". Opening the same file again gives the same library,
+/// whatever name or path it is reached by (a symbolic or hard link, a directory link): a file
+/// is known by its device and inode, as the dynamic linker knows it.
 package final class PluginLibrary: @unchecked Sendable {
     // Unchecked: every field is set once in init; `descriptor` points at a copy of the plugin's
     // description (no more than it declared, the rest zero), kept as long as the process: the
@@ -34,8 +36,35 @@ package final class PluginLibrary: @unchecked Sendable {
         roles = descriptor.pointee.roles
     }
 
+    /// A library file as the kernel knows it.
+    private struct FileIdentity: Hashable {
+        var device: UInt64
+        var inode: UInt64
+    }
+
     private static let opened = NSLock()
-    nonisolated(unsafe) private static var byPath: [String: PluginLibrary] = [:]
+    nonisolated(unsafe) private static var byFile: [FileIdentity: PluginLibrary] = [:]
+
+    /// Loads the plugins of one chain, in order. A chain holds one instance of a plugin (its
+    /// `next` would call into itself while it handles the record, and wait for itself for
+    /// good): two names that reach one library — a symbolic link, a copy linked hard — are
+    /// refused as one name given twice is.
+    package static func loadChain(_ names: [String], directories: [String]) throws(PluginLoadError)
+        -> [PluginLibrary]
+    {
+        var libraries: [PluginLibrary] = []
+        for name in names {
+            let library = try load(name: name, directories: directories)
+            if let index = libraries.firstIndex(where: { $0 === library }) {
+                throw PluginLoadError(
+                    description:
+                        "plugins \(names[index]) and \(name) are one library (\(library.path)); a chain holds one instance of a plugin, so name it once"
+                )
+            }
+            libraries.append(library)
+        }
+        return libraries
+    }
 
     /// Finds `name` in `directories` (as `lib<name>.so` or `<name>.so`), checks where it lives,
     /// opens it and checks its ABI before calling any of its code.
@@ -70,7 +99,12 @@ package final class PluginLibrary: @unchecked Sendable {
     private static func open(_ path: String) throws(PluginLoadError) -> PluginLibrary {
         opened.lock()
         defer { opened.unlock() }
-        if let known = byPath[path] { return known }
+        var st = stat()
+        guard stat(path, &st) == 0 else {
+            throw PluginLoadError(description: "cannot stat plugin \(path): \(String(cString: strerror(errno)))")
+        }
+        let file = FileIdentity(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
+        if let known = byFile[file] { return known }
         guard let handle = dlopen(path, RTLD_NOW | RTLD_LOCAL) else {
             let why = dlerror().map { String(cString: $0) } ?? "unknown error"
             throw PluginLoadError(description: "cannot load \(path): \(why)")
@@ -117,7 +151,7 @@ package final class PluginLibrary: @unchecked Sendable {
             throw PluginLoadError(description: "\(path): its description leaves a name or an entry point empty")
         }
         let library = PluginLibrary(path: path, descriptor: descriptor)
-        byPath[path] = library
+        byFile[file] = library
         return library
     }
 

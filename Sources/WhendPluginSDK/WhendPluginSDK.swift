@@ -198,6 +198,9 @@ public protocol WhendPlugin: AnyObject {
     static var version: String { get }
     static var roles: PluginRoles { get }
     /// `configuration` is the plugin's JSON object from whend's configuration (empty if none).
+    /// Throw to refuse one the plugin cannot work with: `whend --check-config` and a reload create
+    /// an instance first, in a short-lived process with an empty scratch state directory, and
+    /// refuse the configuration with the error's message (see `whend_plugin.create`).
     init(host: PluginHost, configuration: [String: Any]) throws
     /// Handles one record; calls `next` to pass it (or a changed one) on.
     func handle(_ record: PluginRecord, next: PluginNext) throws

@@ -28,7 +28,8 @@ struct Whend: AsyncParsableCommand {
 
             Exit status: 0 after a stop asked for; 1 when whend cannot start (the socket or the \
             journal cannot be opened: the log says which and why); 2 when the configuration is \
-            refused (a message names the key and the value); 64 on a usage error.
+            refused (a message names the key and the value, or with --check-config the plugin \
+            that is missing or refused its configuration, and why); 64 on a usage error.
             """,
         version: WhendVersion.current
     )
@@ -36,7 +37,9 @@ struct Whend: AsyncParsableCommand {
     @Option(name: .long, help: "The configuration file (key = value lines).")
     var config: String?
 
-    @Flag(name: .long, help: "Validate the configuration, print it, and exit.")
+    @Flag(
+        name: .long,
+        help: "Validate the configuration, create (and destroy) every plugin instance it names, print it, and exit.")
     var checkConfig = false
 
     /// Every setting of `Settings.all` as a flag, `--socket-mode 0660` or `--socket-mode=0660`:
@@ -48,6 +51,11 @@ struct Whend: AsyncParsableCommand {
     /// Run as a pipeline worker: the daemon says which pipeline on standard input.
     @Flag(name: .long, help: .hidden)
     var pipelineWorker = false
+
+    /// Create and destroy the plugins of the chains the caller gives on standard input, and
+    /// report on descriptor 3 (`PluginCheck`): --check-config and reload run it.
+    @Flag(name: .long, help: .hidden)
+    var pluginCheck = false
 
     /// The flags given, as settings, in order.
     var flagValues: [SettingValue] {
@@ -107,6 +115,13 @@ struct Whend: AsyncParsableCommand {
             LoggingSystem.bootstrap { label in StreamLogHandler.standardError(label: label) }
             PipelineWorker.run(logger: Logger(label: "whend-pipeline"))
         }
+        if pluginCheck {
+            LoggingSystem.bootstrap { label in StreamLogHandler.standardError(label: label) }
+            // What the plugins say of a scratch instance is news only when it is a warning.
+            var logger = Logger(label: "whend-plugin-check")
+            logger.logLevel = .warning
+            PluginCheck.serve(logger: logger)
+        }
         let configuration: DaemonConfiguration
         let file: String?
         do {
@@ -116,7 +131,16 @@ struct Whend: AsyncParsableCommand {
             throw ExitCode(2)
         }
         if checkConfig {
+            // The plugins too: a plugin that is not installed, or whose create refuses its
+            // configuration, refuses the configuration with its message.
+            let plugins = PluginCheck.run(
+                PluginCheck.request(for: configuration), timeout: configuration.pipelineWatchdog)
+            if let refusal = plugins.refusal {
+                FileHandle.standardError.write(Data("whend: \(refusal)\n".utf8))
+                throw ExitCode(2)
+            }
             print("# configuration OK\(file.map { " (\($0))" } ?? " (embedded defaults)")")
+            for off in plugins.off { print("# \(off)") }
             print(Settings.render(configuration))
             return
         }

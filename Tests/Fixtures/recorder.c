@@ -2,7 +2,10 @@
  * directory and passes the record on. While a file "down" exists there, it fails every record
  * (a destination that is down). Records named "poison" always fail. With {"crash_at": N} in
  * its configuration it crashes (a segfault) on _seq N, once; with {"hang_at": N} it hangs there,
- * once. A record named "derive" makes it emit a derived record. */
+ * once. A record named "derive" makes it emit a derived record. {"every": N} records only every
+ * Nth _seq; its create refuses {"every": 0} with a message, as a plugin refuses a configuration it
+ * cannot work with; {"create_crashes":true} makes create itself crash, {"create_hangs":true} never
+ * return. */
 #define _GNU_SOURCE /* memmem */
 #include "whend_plugin.h"
 #include <fcntl.h>
@@ -16,7 +19,7 @@ const uint32_t whend_plugin_abi_version = WHEND_PLUGIN_ABI_VERSION;
 
 typedef struct {
     const whend_host *host;
-    unsigned long long crash_at, hang_at;
+    unsigned long long crash_at, hang_at, every;
     char seen[4096], down[4096], crashed[4096], hung[4096];
 } recorder;
 
@@ -31,6 +34,17 @@ static void *create(const whend_host *host, const char *config, size_t length, c
     if (crash) r->crash_at = strtoull(crash + 11, NULL, 10);
     const char *hang = memmem(config, length, "\"hang_at\":", 10);
     if (hang) r->hang_at = strtoull(hang + 10, NULL, 10);
+    r->every = 1;
+    const char *every = memmem(config, length, "\"every\":", 8);
+    if (every) r->every = strtoull(every + 8, NULL, 10);
+    if (r->every == 0) {
+        snprintf(error, capacity, "\"every\" must be 1 or more (records every Nth _seq); it is 0");
+        free(r);
+        return NULL;
+    }
+    if (memmem(config, length, "\"create_crashes\":true", 21)) *(volatile int *)0 = 1;
+    if (memmem(config, length, "\"create_hangs\":true", 19))
+        for (;;) pause();
     snprintf(r->seen, sizeof r->seen, "%s/seen", host->state_directory);
     snprintf(r->down, sizeof r->down, "%s/down", host->state_directory);
     snprintf(r->crashed, sizeof r->crashed, "%s/crashed", host->state_directory);
@@ -70,6 +84,7 @@ static int handle(void *instance, const whend_record *record, whend_next_fn next
         close(open(r->hung, O_CREAT | O_WRONLY, 0600));
         for (;;) pause(); /* stuck, as on a call that never returns */
     }
+    if (record->seq % r->every != 0) return next(next_context, record->json, record->length);
     char line[32];
     int n = snprintf(line, sizeof line, "%llu\n", (unsigned long long)record->seq);
     int fd = open(r->seen, O_WRONLY | O_CREAT | O_APPEND, 0600);

@@ -100,7 +100,12 @@ typedef struct whend_plugin {
     const char *version; /* free text, e.g. "1.2.0" */
     uint32_t roles;      /* WHEND_ROLE_* */
     /* Creates an instance from its configuration (a JSON object, "{}" when none). On failure
-     * returns NULL and writes why into error (NUL-terminated, at most error_capacity bytes). */
+     * returns NULL and writes why into error (NUL-terminated, at most error_capacity bytes).
+     * Refuse here a configuration the instance cannot work with: `whend --check-config` and a
+     * reload create an instance first, in a short-lived process of their own with an empty
+     * scratch state directory, destroy it without giving it a record, and refuse the
+     * configuration with this message. So create may run more often than records are handled,
+     * and must not act on anything outside its state directory that a running instance owns. */
     void *(*create)(const whend_host *host, const char *config_json, size_t config_length, char *error,
                     size_t error_capacity);
     void (*destroy)(void *instance);
