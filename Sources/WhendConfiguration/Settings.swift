@@ -14,6 +14,7 @@ package enum SettingError: Error, CustomStringConvertible, Equatable {
     case textAfterValue(source: String, key: String, text: String, valueKind: String)
     case notJSON(source: String, key: String)
     case setTwice(source: String, key: String, firstLine: Int)
+    case unreadableSecret(key: String, reason: String)
 
     package var description: String {
         switch self {
@@ -21,7 +22,8 @@ package enum SettingError: Error, CustomStringConvertible, Equatable {
             return
                 "\(source): unknown key \"\(key)\"; the keys are \(Settings.all.map(\.key).joined(separator: ", ")) plugin.<name> and pipeline.<name>"
         case .notAllowed(let source, let key, let value, let allowed):
-            return "\(source): \(key) = \"\(value)\" is not allowed; \(key) takes \(allowed)"
+            return
+                "\(source): \(key) = \"\(Secrets.shown(key: key, value: value))\" is not allowed; \(key) takes \(allowed)"
         case .unreadableFile(let path, let reason):
             return "cannot read the configuration file \(path): \(reason)"
         case .notText(let path):
@@ -36,6 +38,8 @@ package enum SettingError: Error, CustomStringConvertible, Equatable {
             return "\(source): the value of \(key) is not a JSON object closed on its line"
         case .setTwice(let source, let key, let firstLine):
             return "\(source): \(key) is set again (first on line \(firstLine)); set it once"
+        case .unreadableSecret(let key, let reason):
+            return "\(key): cannot read the secret \(reason)"
         }
     }
 }
@@ -324,10 +328,23 @@ package enum Settings {
         }
     }
 
-    /// The whole configuration as a file would spell it, one `key = value` a line.
+    /// `key: old → new` for a difference, secrets as `***`.
+    package static func describe(
+        _ difference: (setting: Setting, old: String, new: String), from old: DaemonConfiguration,
+        to new: DaemonConfiguration
+    ) -> String {
+        let known = old.secretValues.union(new.secretValues)
+        let key = difference.setting.key
+        return
+            "\(key): \(Secrets.shown(key: key, value: difference.old, hiding: known)) → \(Secrets.shown(key: key, value: difference.new, hiding: known))"
+    }
+
+    /// The whole configuration as a file would spell it, one `key = value` a line, secrets as
+    /// `***`.
     package static func render(_ configuration: DaemonConfiguration) -> String {
         settings(of: configuration).map { setting in
-            let value = setting.value(configuration)
+            let value = Secrets.shown(
+                key: setting.key, value: setting.value(configuration), hiding: configuration.secretValues)
             let plain =
                 !value.contains { $0 == "#" || $0 == "\"" || $0 == "\\" }
                 && value == value.trimmingCharacters(in: .whitespaces)

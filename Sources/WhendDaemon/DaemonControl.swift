@@ -149,8 +149,9 @@ extension Daemon {
                 }
                 // Every value renders as the file would spell it, so it applies as it reads.
                 _ = difference.setting.apply(&applied, difference.new)
-                outcome.changed.append("\(key): \(difference.old) → \(difference.new)")
+                outcome.changed.append(Settings.describe(difference, from: old, to: new))
             }
+            applied.secretValues = new.secretValues
             // Plugins load before anything changes: a plugin that cannot be loaded refuses the
             // whole reload.
             let ingest: PluginChain
@@ -159,9 +160,10 @@ extension Daemon {
                 ingest = try buildPluginChain(applied, reusing: live.ingest)
                 pipelines = try pipelineSpecs(applied)
             } catch {
+                // A plugin that refuses its configuration may quote it.
+                let message = Secrets.scrub("\(error)", applied.allSecretValues)
                 return record(
-                    ReloadOutcome(applied: false, changed: [], needRestart: [], error: "\(error)"),
-                    trigger: trigger)
+                    ReloadOutcome(applied: false, changed: [], needRestart: [], error: message), trigger: trigger)
             }
             take(applied, ingest: ingest, from: old)
             runPipelines(pipelines, watchdog: applied.pipelineWatchdog)

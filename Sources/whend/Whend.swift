@@ -133,7 +133,8 @@ struct Whend: AsyncParsableCommand {
             }
             try await DaemonServices(daemon).run()
         } catch let error as DaemonStartError {
-            logger.critical("\(error.description)")
+            // A plugin that refuses its configuration may quote it.
+            logger.critical("\(Secrets.scrub(error.description, configuration.allSecretValues))")
             throw ExitCode(1)
         }
     }

@@ -1,0 +1,94 @@
+import Foundation
+import Testing
+import WhendWire
+
+/// What other local users, and whoever reads whend's output, can get at: secrets in reload
+/// output, the log, status and --check-config; the sockets' directory; the modes of what whend
+/// writes; a reader that goes away.
+@Suite(.serialized) struct LocalBoundaryTests {
+    /// A write key from a systemd credential reaches the plugin (the endpoint gets it); no secret
+    /// — from the file, a credential, a header, a URL's user-info — is in `whenctl reload`'s
+    /// answer, whend's log, `whenctl status` or `whend --check-config`, nor in the message of a
+    /// plugin that quotes its configuration when it refuses it.
+    @Test func secretsNeverShowInReloadStatusLogOrCheckConfig() throws {
+        let server = try HTTPTestServer(answers: [.init(status: 200)])
+        defer { server.stop() }
+        let credentials = scratchDirectory("creds-e2e")
+        let tag = String(UInt32.random(in: 0...UInt32.max), radix: 36)
+        let writeKey = "wk-cred-\(tag)"
+        try (writeKey + "\n").write(toFile: credentials + "/analytics-key", atomically: true, encoding: .utf8)
+        let (token1, token2, password1, password2, other) =
+            ("tok1-\(tag)", "tok2-\(tag)", "pw1-\(tag)", "pw2-\(tag)", "sec-\(tag)")
+        let config = credentials + "/whend.conf"
+        func write(token: String, password: String, endpointUserInfo: String?) throws {
+            let analyticsEndpoint =
+                endpointUserInfo.map { "ftp://\($0)@127.0.0.1:\(server.port)/v1/batch" }
+                ?? "http://127.0.0.1:\(server.port)/v1/batch"
+            try """
+            pipeline.analytics = analytics
+            plugin.analytics = {"endpoint": "\(analyticsEndpoint)", "file": null, "flush_interval": 0.2, "write_key": "$credential:analytics-key"}
+            plugin.otlp = {"endpoint": "http://user:\(password)@127.0.0.1:9/v1/logs", "headers": {"Authorization": "Bearer \(token)"}}
+            plugin.other = {"nested": {"client_secret": "\(other)"}}
+            """.write(toFile: config, atomically: true, encoding: .utf8)
+        }
+        try write(token: token1, password: password1, endpointUserInfo: nil)
+        let daemon = DaemonProcess("secrets-e2e", arguments: ["--config", config])
+        daemon.environment = ["CREDENTIALS_DIRECTORY": credentials]
+        try daemon.start()
+        defer { daemon.stop() }
+
+        // The credential reached the plugin: the endpoint got it as HTTP Basic auth.
+        try sendSession(daemon, app: "com.example.mail", session: "s-1", [#"{"type":"when","name":"opened"}"#])
+        #expect(eventually { !server.requests.isEmpty })
+        let basic = "Basic " + Data((writeKey + ":").utf8).base64EncodedString()
+        #expect(server.requestHeads.first?.lowercased().contains("authorization: \(basic.lowercased())") == true)
+
+        // A reload that changes every secret, and then one that the plugin refuses quoting its URL.
+        let rotated = "wk-rotated-\(tag)"
+        try (rotated + "\n").write(toFile: credentials + "/analytics-key", atomically: true, encoding: .utf8)
+        try write(token: token2, password: password2, endpointUserInfo: nil)
+        let reload = try daemon.whenctl(["reload"])
+        #expect(reload.status == 0, "\(reload.error)")
+        #expect(reload.output.contains("plugin.otlp") && reload.output.contains("***"), "\(reload.output)")
+        #expect(reload.output.contains("plugin.analytics"), "a rotated credential is a change: \(reload.output)")
+        try write(token: token2, password: password2, endpointUserInfo: "user:\(password1)")
+        #expect(try daemon.whenctl(["reload"]).status == 0)
+        #expect(daemon.waitForLog("would not start"), "\(daemon.log)")
+        let status = try daemon.whenctl(["status", "--json"])
+        let check = try runCommand(
+            executable("whend"), ["--config", config, "--check-config"],
+            environment: ["CREDENTIALS_DIRECTORY": credentials])
+        #expect(check.status == 0, "\(check.error)")
+        // (The file's own quoting: a value with quotes in it is printed "quoted".)
+        #expect(check.output.contains(#"\"write_key\": \"***\""#), "\(check.output)")
+
+        let shown = [
+            ("reload", reload.output + reload.error), ("log", daemon.log), ("status", status.output),
+            ("check-config", check.output + check.error),
+        ]
+        for (place, text) in shown {
+            for secret in [writeKey, rotated, token1, token2, password1, password2, other] {
+                #expect(!text.contains(secret), "\(secret) in \(place): \(text)")
+            }
+        }
+    }
+
+    /// A configuration refused for a plugin's value that is not JSON does not quote it.
+    @Test func aRefusedPluginValueIsNotQuoted() throws {
+        let directory = scratchDirectory("secret-bad")
+        try #"plugin.x = {"password": "pw-bad-1", "n": [1,}"#.write(
+            toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
+        let check = try runCommand(executable("whend"), ["--config", directory + "/whend.conf", "--check-config"])
+        #expect(check.status == 2)
+        #expect(check.error.contains("plugin.x") && !check.error.contains("pw-bad-1"), "\(check.error)")
+        // A credential that cannot be read refuses the configuration, saying what to do.
+        try #"plugin.x = {"token": "$credential:missing"}"#.write(
+            toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
+        let missing = try runCommand(
+            executable("whend"), ["--config", directory + "/whend.conf", "--check-config"],
+            environment: ["CREDENTIALS_DIRECTORY": directory])
+        #expect(missing.status == 2)
+        #expect(
+            missing.error.contains("plugin.x") && missing.error.contains("\(directory)/missing"), "\(missing.error)")
+    }
+}
