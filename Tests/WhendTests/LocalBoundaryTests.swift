@@ -91,4 +91,70 @@ import WhendWire
         #expect(
             missing.error.contains("plugin.x") && missing.error.contains("\(directory)/missing"), "\(missing.error)")
     }
+
+    /// With no runtime directory set, whend and whenctl fall back on /tmp/whend-$UID: only when
+    /// it is the user's own (not a symbolic link, owned by them, not writable by others), and
+    /// whend makes it 0700 when it is missing. Each case runs in a mount namespace of its own
+    /// with a fresh tmpfs on /tmp, so that the real /tmp/whend-0 of other tests is not touched
+    /// and no override of the path is needed.
+    @Test(arguments: ["owned-by-nobody", "writable-by-others", "symbolic-link", "missing"])
+    func theTemporaryRuntimeDirectoryMustBeTheUsersOwn(_ setup: String) throws {
+        guard getuid() == 0, FileManager.default.isExecutableFile(atPath: "/usr/bin/unshare") else { return }
+        let prepare: String
+        switch setup {
+        case "owned-by-nobody": prepare = "mkdir $dir && chown nobody $dir && chmod 0777 $dir"
+        case "writable-by-others": prepare = "mkdir $dir && chmod 0777 $dir"
+        case "symbolic-link": prepare = "mkdir -m 0700 /tmp/elsewhere && ln -s /tmp/elsewhere $dir"
+        default: prepare = "true"
+        }
+        let script = """
+            set -u
+            mount -t tmpfs -o size=16m tmpfs /tmp || { echo "no tmpfs"; exit 0; }
+            dir=/tmp/whend-$(id -u)
+            \(prepare)
+            unset XDG_RUNTIME_DIR RUNTIME_DIRECTORY WHEND_SOCKET WHEND_CONTROL_SOCKET
+            # whenctl first: a socket in a directory that is not the user's own is not asked.
+            "$2" status > /tmp/whenctl.out 2>&1
+            echo "whenctl=$?"
+            timeout 15 "$1" --state-dir /tmp/state --builtin-pipelines false > /tmp/whend.log 2>&1 &
+            pid=$!
+            for i in $(seq 150); do
+                [ -S $dir/control.sock ] && break
+                kill -0 $pid 2>/dev/null || break
+                sleep 0.1
+            done
+            if [ -S $dir/control.sock ]; then
+                echo "listening mode=$(stat -c %a $dir) owner=$(stat -c %u $dir)"
+                "$2" status > /dev/null 2>&1 && echo "status-ok"
+                kill -TERM $pid
+            fi
+            wait $pid
+            echo "whend=$?"
+            cat /tmp/whenctl.out /tmp/whend.log
+            """
+        let run = try runCommand(
+            "/usr/bin/unshare",
+            [
+                "--mount", "--propagation", "private", "sh", "-c", script, "sh", executable("whend"),
+                executable("whenctl"),
+            ])
+        if run.output.hasPrefix("no tmpfs") { return }
+        if setup == "missing" {
+            #expect(run.output.contains("listening mode=700 owner=0"), "\(run.output)\(run.error)")
+            #expect(run.output.contains("status-ok") && run.output.contains("whend=0"), "\(run.output)")
+            return
+        }
+        // whend refuses at start (exit 1), saying why and what to do; whenctl asks no one.
+        #expect(!run.output.contains("listening"), "\(run.output)")
+        #expect(run.output.contains("whend=1"), "\(run.output)")
+        #expect(run.output.contains("whenctl=1"), "\(run.output)")
+        let why = [
+            "owned-by-nobody": "belongs to uid 65534", "writable-by-others": "may be written by others (mode 0777)",
+            "symbolic-link": "is a symbolic link",
+        ][setup]!
+        #expect(run.output.contains("refusing to listen: /tmp/whend-0 \(why)"), "\(run.output)")
+        #expect(
+            run.output.contains("will not connect to /tmp/whend-0/control.sock: /tmp/whend-0 \(why)"), "\(run.output)")
+        #expect(run.output.contains("set XDG_RUNTIME_DIR"), "\(run.output)")
+    }
 }
