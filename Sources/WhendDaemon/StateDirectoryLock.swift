@@ -24,7 +24,7 @@ package final class StateDirectoryLock: Sendable {
         path = stateDirectory + "/whend.lock"
         // Held open read-only: a descriptor open for writing would keep the file system from
         // being remounted read-only under a running daemon (which whend survives).
-        let fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC, 0o644)
+        let fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC, DurableFile.fileMode)
         guard fd >= 0 else {
             let reason = String(cString: strerror(errno))
             throw DaemonStartError.lockFileUnusable(path: path, reason: reason)

@@ -157,4 +157,76 @@ import WhendWire
             run.output.contains("will not connect to /tmp/whend-0/control.sock: /tmp/whend-0 \(why)"), "\(run.output)")
         #expect(run.output.contains("set XDG_RUNTIME_DIR"), "\(run.output)")
     }
+
+    /// Everything whend and its built-in plugins write under the state directory — segments,
+    /// cursors, snapshots, crash reports, the session index, the analytics file and spool, the
+    /// lock — is 0640 at most, every directory 0750 at most: nothing for other users.
+    @Test func nothingUnderTheStateDirectoryIsForOtherUsers() throws {
+        let directory = scratchDirectory("modes-conf")
+        try "pipeline_snapshot_interval = 0.2\n".write(
+            toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
+        let daemon = DaemonProcess(
+            "modes", arguments: ["--builtin-pipelines", "true", "--config", directory + "/whend.conf"])
+        try daemon.start()
+        defer { daemon.stop() }
+        try sendSession(
+            daemon, app: "com.example.mail", session: "m-1",
+            [
+                #"{"type":"navigation","action":"root","screen":"Inbox"}"#,
+                #"{"type":"lifecycle","screen":"Inbox","status":"willAppear","isBeingPresentedInitially":true}"#,
+                #"{"type":"lifecycle","screen":"Inbox","status":"didAppear","isBeingPresentedInitially":true}"#,
+                #"{"type":"when","name":"userOpensMail"}"#,
+                #"{"type":"error","message":"index out of range","fatal":true}"#,
+            ])
+        let state = daemon.stateDirectory
+        let expected = [
+            "/plugins/analytics/events.ndjson", "/pipelines/screens/snapshot", "/pipelines/crashes/snapshot",
+            "/plugins/crash-reports/reports", "/whend.lock",
+        ]
+        #expect(
+            eventually(30) { expected.allSatisfy { FileManager.default.fileExists(atPath: state + $0) } },
+            "\(expected.filter { !FileManager.default.fileExists(atPath: state + $0) })")
+        #expect(daemon.stop() == 0)
+        var looked = 0
+        let walker = FileManager.default.enumerator(atPath: state)
+        var paths = [state]
+        while let relative = walker?.nextObject() as? String { paths.append(state + "/" + relative) }
+        for path in paths {
+            var st = stat()
+            guard lstat(path, &st) == 0 else { continue }
+            let mode = st.st_mode & 0o7777
+            looked += 1
+            switch st.st_mode & S_IFMT {
+            case S_IFDIR: #expect(mode & ~0o750 == 0, "\(path) is a directory of mode 0\(String(mode, radix: 8))")
+            default: #expect(mode & ~0o640 == 0, "\(path) has mode 0\(String(mode, radix: 8))")
+            }
+        }
+        #expect(looked > 20, "\(paths)")
+    }
+
+    /// whenctl ignores SIGPIPE: a reader that goes away (`whenctl cat | head -1`) ends it with
+    /// exit status 0 through EPIPE, not a death by signal.
+    @Test func whenctlEndsQuietlyWhenItsReaderGoesAway() throws {
+        let daemon = DaemonProcess("sigpipe")
+        try daemon.start()
+        let noise = String(repeating: "n", count: 200)
+        let events = (1...1000).map { #"{"type":"when","name":"e\#($0)","params":{"noise":"\#(noise)"}}"# }
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 1000)
+        #expect(daemon.stop() == 0)
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: executable("whenctl"))
+        p.arguments = ["cat", "--state-dir", daemon.stateDirectory]
+        let out = Pipe()
+        p.standardOutput = out
+        try p.run()
+        // One line, as `head -1` reads it, then the reader is gone.
+        var first: [UInt8] = []
+        var byte: UInt8 = 0
+        while byte != 0x0A, read(out.fileHandleForReading.fileDescriptor, &byte, 1) == 1 { first.append(byte) }
+        #expect(String(decoding: first, as: UTF8.self).contains(#""name":"e1""#))
+        try out.fileHandleForReading.close()
+        p.waitUntilExit()
+        #expect(p.terminationReason == .exit, "whenctl died of signal \(p.terminationStatus)")
+        #expect(p.terminationStatus == 0)
+    }
 }
