@@ -14,6 +14,7 @@ import WhendWire
 /// the exit say it, what to do.
 package enum DaemonStartError: Error, CustomStringConvertible {
     case stateDirectoryUnusable(directory: String, reason: String)
+    case stateDirectoryNotPrivate(reason: String)
     case lockFileUnusable(path: String, reason: String)
     case cannotLock(path: String, reason: String)
     case stateDirectoryInUse(directory: String, lockFile: String, holder: Int32?)
@@ -31,6 +32,8 @@ package enum DaemonStartError: Error, CustomStringConvertible {
         case .stateDirectoryUnusable(let directory, let reason):
             return
                 "cannot create the state directory \(directory): \(reason); set --state-dir to a directory you can write"
+        case .stateDirectoryNotPrivate(let reason):
+            return "refusing the state directory: \(reason)"
         case .lockFileUnusable(let path, let reason):
             return "cannot open \(path): \(reason); set --state-dir to a directory you can write"
         case .cannotLock(let path, let reason):

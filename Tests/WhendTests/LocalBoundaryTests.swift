@@ -229,4 +229,111 @@ import WhendWire
         #expect(p.terminationReason == .exit, "whenctl died of signal \(p.terminationStatus)")
         #expect(p.terminationStatus == 0)
     }
+
+    /// The filesystem under whend: a state or socket directory read-only, owned by another user
+    /// or writable by anyone. whend refuses at start (exit 1) with a message that says what to
+    /// do; it never runs on a state directory another user could rewrite (its owner, or anyone
+    /// when it is world-writable without the sticky bit, could put a symbolic link where whend,
+    /// perhaps root, is about to write). Each case runs in a mount namespace of its own.
+    @Test(arguments: [
+        (
+            "state-read-only", "mount -t tmpfs -o size=1m,ro tmpfs $d/state", false,
+            ["Read-only file system", "set --state-dir"]
+        ),
+        (
+            "state-not-whends", "chown root $d/state && chmod 0755 $d/state", true,
+            ["Permission denied", "set --state-dir"]
+        ),
+        (
+            "state-owned-by-another", "chown nobody $d/state && chmod 0700 $d/state", false,
+            ["belongs to uid 65534", "set --state-dir"]
+        ),
+        (
+            "state-writable-by-anyone", "chmod 0777 $d/state", false,
+            ["may be written by anyone (mode 0777)", "chmod o-w"]
+        ),
+        (
+            "socket-dir-not-whends", "chown root $d/run && chmod 0755 $d/run", true,
+            ["cannot listen on", "set --socket"]
+        ),
+        (
+            "socket-dir-read-only", "mount -t tmpfs -o size=1m,ro tmpfs $d/run", false,
+            ["Read-only file system", "set --socket"]
+        ),
+    ])
+    func aDirectoryWhendCannotOwnIsRefusedSayingWhatToDo(
+        _ name: String, _ prepare: String, _ asNobody: Bool, _ expected: [String]
+    ) throws {
+        guard getuid() == 0, FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv") else { return }
+        let d = scratchDirectory("fs-" + name)
+        chmod(d, 0o755)
+        let script = """
+            set -u
+            d=$1
+            mkdir -p $d/state $d/run
+            [ "$3" = nobody ] && chown nobody $d/state $d/run
+            \(prepare) || { echo "cannot prepare"; exit 0; }
+            user=""
+            [ "$3" = nobody ] && user="setpriv --reuid=65534 --regid=65534 --clear-groups"
+            timeout 15 $user "$2" --state-dir $d/state --socket $d/run/events.sock --builtin-pipelines false
+            echo "whend=$?"
+            """
+        let run = try runCommand(
+            "/usr/bin/unshare",
+            [
+                "--mount", "--propagation", "private", "sh", "-c", script, "sh", d, executable("whend"),
+                asNobody ? "nobody" : "root",
+            ])
+        if run.output.contains("cannot prepare") { return }
+        #expect(run.output.contains("whend=1"), "\(name): \(run.output) \(run.error)")
+        for text in expected { #expect(run.error.contains(text), "\(name): no \"\(text)\" in \(run.error)") }
+    }
+
+    /// A state directory whose filesystem fills up under whend and its built-in pipelines: whend
+    /// keeps running, answers what it cannot store `unavailable`, keeps every event it acked,
+    /// and once space returns its pipelines catch up and derive what they missed.
+    @Test(.enabled(if: canMountTmpfs(), "needs to mount a small tmpfs (root in a sandbox that allows it)"))
+    func aFullStateDirectoryLosesNothingAckedAndPipelinesCatchUp() throws {
+        let stateDirectory = scratchDirectory("fs-full")
+        #expect(mount(stateDirectory, size: "512k"))
+        defer { unmount(stateDirectory) }
+        let daemon = DaemonProcess(
+            "fs-full", arguments: ["--builtin-pipelines", "true", "--pipeline-snapshot-interval", "0.2"],
+            stateDirectory: stateDirectory)
+        try daemon.start()
+        defer { daemon.stop() }
+        func noisy(_ i: Int) -> String {
+            let noise = (0..<300).map { _ in String(UInt8.random(in: 0...255), radix: 16) }.joined()
+            return #"{"type":"when","name":"n","id":"n\#(i)","params":{"noise":"\#(noise)"}}"#
+        }
+        let hello = #"{"hello":{"protocol":1,"app":"com.example.full","session":"f-1","acks":true}}"#
+        #expect(
+            try exchange(daemon.socketPath, [hello, #"{"type":"navigation","action":"root","screen":"A"}"#]).acks.last
+                == 1)
+        let filler = stateDirectory + "/filler"
+        let fd = open(filler, O_WRONLY | O_CREAT, 0o600)
+        let block = [UInt8](repeating: 1, count: 4096)
+        while write(fd, block, block.count) > 0 {}
+        close(fd)
+        let answers = try exchange(daemon.socketPath, [hello] + (1...40).map(noisy))
+        let refused = Set(answers.errors.filter { $0.code == "unavailable" }.compactMap(\.event))
+        #expect(!refused.isEmpty, "the filesystem never filled")
+        #expect(answers.acks.last == 40)
+        usleep(500_000)  // the pipelines meet the full filesystem (cursors, snapshots, spool)
+        unlink(filler)
+        #expect(
+            try exchange(daemon.socketPath, [hello, #"{"type":"error","message":"boom","fatal":true}"#]).errors.isEmpty)
+        let caughtUp = try daemon.whenctl(["plugins", "--wait", "--timeout", "30"])
+        #expect(caughtUp.status == 0, "\(caughtUp.error)")
+        let reports = stateDirectory + "/plugins/crash-reports/reports"
+        #expect(eventually { ((try? FileManager.default.contentsOfDirectory(atPath: reports)) ?? []).count == 1 })
+        #expect(daemon.stop() == 0)
+        let stored = Set(daemon.records().compactMap { $0["id"] as? String })
+        for line in 1...40 where !refused.contains(line) {
+            #expect(stored.contains("n\(line)"), "n\(line) was acked but is not stored")
+        }
+        #expect(daemon.records().contains { $0["type"] as? String == "screen" && $0["name"] as? String == "A" })
+        let verify = try whenctl(["verify", "--state-dir", stateDirectory])
+        #expect(verify.status == 0, "\(verify.output)")
+    }
 }
