@@ -25,7 +25,12 @@ package enum SettingError: Error, CustomStringConvertible, Equatable {
             return
                 "\(source): \(key) = \"\(Secrets.shown(key: key, value: value))\" is not allowed; \(key) takes \(allowed)"
         case .unreadableFile(let path, let reason):
-            return "cannot read the configuration file \(path): \(reason)"
+            // The packaged file may hold secrets: only root and its group may read it.
+            let advice =
+                reason == String(cString: strerror(EACCES))
+                ? "; it may hold secrets, so only root and its group read it: run as one of them, or name another file with --config"
+                : ""
+            return "cannot read the configuration file \(path): \(reason)\(advice)"
         case .notText(let path):
             return "the configuration file \(path) is not UTF-8 text"
         case .notKeyValue(let source, let line):

@@ -19,6 +19,8 @@ package final class PluginInstance: @unchecked Sendable {
 
     package var name: String { library.name }
     package var counters: [String: Int64] { services.takeUnretainedValue().counters.withLockedValue { $0 } }
+    /// The secret values of its configuration: what it says prints them as `***`.
+    package var secrets: Set<String> { services.takeUnretainedValue().secrets }
 
     /// - Parameter emit: where the plugin's derived records go (pipelines only); without it,
     ///   `emit` fails.
