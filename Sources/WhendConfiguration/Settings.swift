@@ -34,11 +34,18 @@ package enum SettingError: Error, CustomStringConvertible, Equatable {
         case .notText(let path):
             return "the configuration file \(path) is not UTF-8 text"
         case .notKeyValue(let source, let line):
+            // Most likely the rest of a plugin's JSON spread over lines: it may hold a secret.
+            guard !line.contains("\"") else {
+                return
+                    "\(source): expected key = value, got a line with quotes (not shown: it may hold a secret); a plugin's JSON goes on one line: plugin.<name> = {…}"
+            }
             return "\(source): expected key = value, got \"\(line)\""
         case .unclosedQuote(let source, let key):
             return "\(source): the quoted value of \(key) is not closed"
         case .textAfterValue(let source, let key, let text, let valueKind):
-            return "\(source): \"\(text)\" after the \(valueKind) value of \(key); put a # before a comment"
+            // After a plugin's JSON, likely more of it: it may hold a secret.
+            let shown = key.hasPrefix("plugin.") ? "text (not shown: it may hold a secret)" : "\"\(text)\""
+            return "\(source): \(shown) after the \(valueKind) value of \(key); put a # before a comment"
         case .notJSON(let source, let key):
             return "\(source): the value of \(key) is not a JSON object closed on its line"
         case .setTwice(let source, let key, let firstLine):

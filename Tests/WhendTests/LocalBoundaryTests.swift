@@ -81,6 +81,13 @@ import WhendWire
         let check = try runCommand(executable("whend"), ["--config", directory + "/whend.conf", "--check-config"])
         #expect(check.status == 2)
         #expect(check.error.contains("plugin.x") && !check.error.contains("pw-bad-1"), "\(check.error)")
+        // JSON spread over lines, and more JSON after the value: the lines are not quoted.
+        for text in ["plugin.x = {\"n\": 1,\n  \"token\": \"pw-bad-2\"}", #"plugin.x = {"n": 1} "token": "pw-bad-2"}"#]
+        {
+            try text.write(toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
+            let spread = try runCommand(executable("whend"), ["--config", directory + "/whend.conf", "--check-config"])
+            #expect(spread.status == 2 && !spread.error.contains("pw-bad-2"), "\(spread.error)")
+        }
         // A credential that cannot be read refuses the configuration, saying what to do.
         try #"plugin.x = {"token": "$credential:missing"}"#.write(
             toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
@@ -335,11 +342,14 @@ import WhendWire
         unlink(filler)
         #expect(
             try exchange(daemon.socketPath, [hello, #"{"type":"error","message":"boom","fatal":true}"#]).errors.isEmpty)
-        // Known to fail at times: a pipeline whose derived batch met the full journal (the store
-        // failed) waits at its cursor for good (screens at 0, lag 2, seen 2 runs in 6 under
-        // load). The supervisor does not retry a failed store (issue 31, "a failed store is not
-        // retried"); the acked events are all kept regardless (below).
-        withKnownIssue("a derived batch whose store failed is never retried", isIntermittent: true) {
+        // Known to fail at times (about half the runs under load): the screens pipeline stays at
+        // cursor 0 with lag 2 for good once space returns. Its worker had read segment 1 while
+        // the write that met the full filesystem tore it; whend then rewrote the segment (sealed,
+        // up to _seq 1) and went on in segment 2, and the worker, after "the segment ends inside
+        // a frame: it was torn and not recovered", never reports progress again (no "derived
+        // records were not stored" line either). The pipelines' recovery from a torn segment is
+        // issue 31's, not this test's; the acked events are all kept regardless (below).
+        withKnownIssue("a pipeline stalls after its reader met a segment torn by a full disk", isIntermittent: true) {
             let caughtUp = try daemon.whenctl(["plugins", "--wait", "--timeout", "20"])
             #expect(
                 caughtUp.status == 0,
