@@ -82,8 +82,7 @@ import WhendWire
         #expect(check.status == 2)
         #expect(check.error.contains("plugin.x") && !check.error.contains("pw-bad-1"), "\(check.error)")
         // JSON spread over lines, and more JSON after the value: the lines are not quoted.
-        for text in ["plugin.x = {\"n\": 1,\n  \"token\": \"pw-bad-2\"}", #"plugin.x = {"n": 1} "token": "pw-bad-2"}"#]
-        {
+        for text in ["plugin.x = {\"n\": 1}\n  \"token\": \"pw-bad-2\"", #"plugin.x = {"n": 1} "token": "pw-bad-2"}"#] {
             try text.write(toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
             let spread = try runCommand(executable("whend"), ["--config", directory + "/whend.conf", "--check-config"])
             #expect(spread.status == 2 && !spread.error.contains("pw-bad-2"), "\(spread.error)")
