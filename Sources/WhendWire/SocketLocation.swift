@@ -19,6 +19,17 @@ package enum SocketLocation {
     /// own (`checkPrivateDirectory`), else anyone could put sockets there first.
     package static var temporaryRuntimeDirectory: String { "/tmp/whend-\(getuid())" }
 
+    /// Why a client must not connect to `path`, or nil: a socket in `/tmp/whend-$UID` (the last
+    /// resort when no runtime directory is set) only while that directory is this user's own and
+    /// private, else another user may have made it first and put a socket of theirs there.
+    package static func refusalToConnect(_ path: String) -> String? {
+        guard let slash = path.utf8.lastIndex(of: UInt8(ascii: "/")) else { return nil }
+        let directory = String(path[..<slash])
+        var st = stat()
+        guard directory == temporaryRuntimeDirectory, lstat(directory, &st) == 0 else { return nil }
+        return checkPrivateDirectory(directory, create: false).map { "will not connect to \(path): \($0)" }
+    }
+
     /// Why `directory` may not hold this user's sockets, or nil when it may: as ssh-agent and
     /// tmux check theirs, it must be a directory, not a symbolic link, owned by this user and
     /// writable by nobody else. With `create`, a missing one is made (0700).

@@ -33,15 +33,8 @@ func unreachable(_ socket: DaemonSocket, at path: String, _ error: Error) -> Fai
                 : "; name another socket with \(socket.howToNameAnother)"))
 }
 
-/// Refuses a socket in `/tmp/whend-$UID` (the last resort when no runtime directory is set)
-/// unless that directory is this user's own and private: another user may have made it first
-/// and put a socket of theirs there.
+/// Refuses a socket in `/tmp/whend-$UID` that another user could have put there
+/// (`SocketLocation.refusalToConnect`).
 func refuseUnsafeSocketDirectory(_ path: String) throws {
-    guard let slash = path.utf8.lastIndex(of: UInt8(ascii: "/")) else { return }
-    let directory = String(path[..<slash])
-    var st = stat()
-    guard directory == SocketLocation.temporaryRuntimeDirectory, lstat(directory, &st) == 0 else { return }
-    if let reason = SocketLocation.checkPrivateDirectory(directory, create: false) {
-        throw Failure("will not connect to \(path): \(reason)")
-    }
+    if let reason = SocketLocation.refusalToConnect(path) { throw Failure(reason) }
 }

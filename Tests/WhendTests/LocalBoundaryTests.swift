@@ -131,6 +131,30 @@ import WhendWire
             dir=/tmp/whend-$(id -u)
             \(prepare)
             unset XDG_RUNTIME_DIR RUNTIME_DIRECTORY WHEND_SOCKET WHEND_CONTROL_SOCKET
+            # An app (whend-demo, through WhenClient) sends nothing to a socket another user could
+            # have put there.
+            if [ "$4" != missing ]; then
+                python3 -c '
+            import socket, sys
+            s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(5); s.settimeout(2.5); n = 0
+            try:
+                while True:
+                    c, _ = s.accept(); c.settimeout(1)
+                    try:
+                        while True:
+                            d = c.recv(65536)
+                            if not d: break
+                            n += len(d)
+                    except OSError: pass
+            except OSError: pass
+            print("attacker-received=%d" % n)' $dir/events.sock > /tmp/attacker.out 2>&1 &
+                attacker=$!
+                for i in $(seq 50); do [ -S $dir/events.sock ] && break; sleep 0.1; done
+                timeout 5 "$3" --duration 1 --quiet > /dev/null 2>&1
+                wait $attacker
+                cat /tmp/attacker.out
+                rm -f $dir/events.sock
+            fi
             # whenctl first: a socket in a directory that is not the user's own is not asked.
             "$2" status > /tmp/whenctl.out 2>&1
             echo "whenctl=$?"
@@ -154,7 +178,7 @@ import WhendWire
             "/usr/bin/unshare",
             [
                 "--mount", "--propagation", "private", "sh", "-c", script, "sh", executable("whend"),
-                executable("whenctl"),
+                executable("whenctl"), executable("whend-demo"), setup,
             ])
         if run.output.hasPrefix("no tmpfs") { return }
         if setup == "missing" {
@@ -166,6 +190,7 @@ import WhendWire
         #expect(!run.output.contains("listening"), "\(run.output)")
         #expect(run.output.contains("whend=1"), "\(run.output)")
         #expect(run.output.contains("whenctl=1"), "\(run.output)")
+        #expect(run.output.contains("attacker-received=0\n"), "\(run.output)")
         let why = [
             "owned-by-nobody": "belongs to uid 65534", "writable-by-others": "may be written by others (mode 0777)",
             "symbolic-link": "is a symbolic link",
