@@ -66,10 +66,12 @@ package enum Secrets {
     }
 
     /// `text` (a message that may quote a configuration, a plugin's own words) with every one of
-    /// `secrets` replaced by `***`, longest first so that one inside another goes too.
+    /// `secrets` replaced by `***`, longest first so that one inside another goes too. Values of
+    /// fewer than 4 characters are left: they would mangle every word they occur in, and guard
+    /// nothing (`redact` still hides them in a configuration).
     package static func scrub(_ text: String, _ secrets: Set<String>) -> String {
         var text = text
-        for secret in secrets.sorted(by: { $0.utf8.count > $1.utf8.count }) where !secret.isEmpty {
+        for secret in secrets.sorted(by: { $0.utf8.count > $1.utf8.count }) where secret.count >= 4 {
             text = text.replacingOccurrences(of: secret, with: mask)
             // As a JSON string would spell it, should the message quote JSON.
             for escaped in jsonEscaped(secret) where escaped != secret {
