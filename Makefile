@@ -148,9 +148,12 @@ deb: test-deps
 	packaging/build-deb.sh .build-deb
 
 # The units as systemd sees them: `verify` (the binaries they name must be installed, so
-# install the .deb first), the hardening score (exposure at most 2.0), the installed whend run
-# for a few seconds with its built-in plugins, and its man pages and completions.
+# install the .deb first), the configuration's mode (it may hold secrets: not world-readable),
+# the hardening score (exposure at most 2.0), the installed whend run for a few seconds with
+# its built-in plugins, and its man pages and completions.
 package-check: test-deps
+	@mode=$$(stat -c '%a %U:%G' /etc/whend/whend.conf); test "$$mode" = "640 root:whend-config" \
+		|| { echo "package-check: /etc/whend/whend.conf is $$mode, not 640 root:whend-config (it may hold secrets)"; exit 1; }
 	systemd-analyze verify /lib/systemd/system/whend.service /lib/systemd/system/whend.socket \
 		/lib/systemd/system/whend-control.socket
 	systemd-analyze security --no-pager --offline=yes --threshold=20 /lib/systemd/system/whend.service

@@ -37,7 +37,9 @@ for lib in $needed; do install -m 0644 "$lib" "$root$runtime/"; done
 strip --strip-unneeded "$root/usr/bin/"* "$root/usr/lib/whend/plugins/"*.so "$root$runtime/"*.so
 install -m 0644 packaging/whend.service packaging/whend.socket packaging/whend-control.socket \
     "$root/lib/systemd/system/"
-install -m 0644 packaging/whend.conf "$root/etc/whend/whend.conf"
+# Not world-readable: it may hold secrets. postinst gives it to group whend-config (the unit's
+# SupplementaryGroups=), through dpkg-statoverride so that an administrator's choice stays.
+install -m 0640 packaging/whend.conf "$root/etc/whend/whend.conf"
 install -m 0644 README.md "$root/usr/share/doc/whend/README.md"
 # Man pages and shell completions, generated from the argument parsers so they cannot drift:
 # whend(8), whenctl(1); bash, zsh and fish completions where each shell looks for them.
@@ -83,6 +85,12 @@ set -e
 # Enabled also where systemd does not run (an image being built, a container): the sockets
 # listen at the next boot. Started now only where it runs.
 if [ "$1" = configure ]; then
+    # The group the service reads its configuration through (whend.service:
+    # SupplementaryGroups=); not named whend, which the dynamic user takes.
+    getent group whend-config >/dev/null || groupadd --system whend-config
+    if ! dpkg-statoverride --list /etc/whend/whend.conf >/dev/null; then
+        dpkg-statoverride --update --add root whend-config 0640 /etc/whend/whend.conf
+    fi
     if [ -d /run/systemd/system ]; then
         systemctl daemon-reload || true
         systemctl enable --now whend.socket whend-control.socket || true
@@ -101,6 +109,9 @@ SCRIPT
 cat > "$root/DEBIAN/postrm" <<'SCRIPT'
 #!/bin/sh
 set -e
+if [ "$1" = purge ] && dpkg-statoverride --list /etc/whend/whend.conf >/dev/null; then
+    dpkg-statoverride --remove /etc/whend/whend.conf
+fi
 if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi
 SCRIPT
 chmod 0755 "$root/DEBIAN/postinst" "$root/DEBIAN/prerm" "$root/DEBIAN/postrm"

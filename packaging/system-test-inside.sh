@@ -47,6 +47,8 @@ pid=$(main_pid)
 daemon_uid=$(awk '/^Uid:/ {print $2}' "/proc/$pid/status")
 if [ "$daemon_uid" -ge 61184 ] && [ "$daemon_uid" -le 65519 ]; then ok dynamic-user; else fail dynamic-user "whend runs as uid $daemon_uid"; fi
 check state-directory test -d /var/lib/whend/journal
+# The configuration may hold secrets: root and the service (group whend-config) read it, no one else.
+check config-not-world-readable bash -c '[ "$(stat -c "%a %U:%G" /etc/whend/whend.conf)" = "640 root:whend-config" ]'
 check status-line bash -c 'systemctl show -p StatusText --value whend.service | grep -q .'
 check journal-has-log-lines bash -c 'journalctl -u whend.service -o verbose --no-pager | grep -q "PRIORITY="'
 

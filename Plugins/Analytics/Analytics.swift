@@ -201,7 +201,7 @@ final class AnalyticsSpool: @unchecked Sendable {
             events.append(Array(line))
             bytes += line.count
         }
-        file = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
+        file = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, DurableFile.fileMode)
         guard file >= 0 else {
             throw PluginError.fail("analytics: cannot open the spool \(path): \(String(cString: strerror(errno)))")
         }
@@ -430,13 +430,14 @@ final class AnalyticsSender: @unchecked Sendable {
     /// Appends to the NDJSON destination; throws (and the batch is written again later) when it
     /// cannot, so that no batch is counted sent that is not in the file.
     static func append(_ bytes: [UInt8], to path: String) throws {
-        // Readable by other local tools, as an NDJSON destination is meant to be. Opened for
-        // each batch, so that a destination rotated away is followed.
+        // Readable by whend's group (DurableFile.fileMode): the local tools meant to read an
+        // NDJSON destination join it. Opened for each batch, so that a destination rotated away
+        // is followed.
         do {
-            try DurableFile.append(bytes, to: path, mode: 0o644)
+            try DurableFile.append(bytes, to: path)
         } catch  where error.code == ENOENT {
             try DurableFile.createDirectory((path as NSString).deletingLastPathComponent)
-            try DurableFile.append(bytes, to: path, mode: 0o644)
+            try DurableFile.append(bytes, to: path)
         }
     }
 }

@@ -226,6 +226,8 @@ final class Delivery: @unchecked Sendable {
         while !isStopped {
             let path = configuration.socketPath ?? SocketLocation.eventSocket()
             do {
+                // Events go to no socket another user could have put in /tmp/whend-$UID.
+                if let refusal = SocketLocation.refusalToConnect(path) { throw WhenClientRefusal(reason: refusal) }
                 let connection = try BlockingSocket(path: path)
                 switch deliver(over: connection) {
                 case .closed: backoff = initialBackoff
@@ -431,4 +433,10 @@ struct LineReader {
             pending += lines
         }
     }
+}
+
+/// Why the client would not connect to a socket.
+struct WhenClientRefusal: Error, CustomStringConvertible {
+    var reason: String
+    var description: String { reason }
 }

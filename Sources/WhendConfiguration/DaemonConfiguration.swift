@@ -47,6 +47,9 @@ package struct DaemonConfiguration: Sendable {
     package var ingestPlugins: [String] = []
     /// Each plugin's configuration, a JSON object, by plugin name (`plugin.<name>` keys).
     package var pluginConfigurations: [String: String] = [:]
+    /// The values read from files and credentials into `pluginConfigurations` (`$file:`,
+    /// `$credential:`): secrets wherever they are, never printed.
+    package var secretValues: Set<String> = []
     /// Pipelines: ordered plugin names, by pipeline name (`pipeline.<name>` keys). An empty
     /// list removes a built-in pipeline of that name.
     package var pipelines: [String: [String]] = [:]
@@ -141,6 +144,28 @@ extension DaemonConfiguration {
         }
         try Settings.apply(Settings.fromEnvironment(environment), to: &configuration)
         try Settings.apply(flags, to: &configuration)
+        try configuration.resolveSecretReferences(environment: environment)
         return (configuration, file)
+    }
+
+    /// Every secret value in the plugins' configurations, for `Secrets.scrub`.
+    package var allSecretValues: Set<String> {
+        pluginConfigurations.values.reduce(into: secretValues) { $0.formUnion(Secrets.values(in: $1)) }
+    }
+
+    /// Replaces each `"$credential:NAME"` and `"$file:/path"` string in a plugin's configuration
+    /// by what it names, before any plugin sees it (`Secrets.resolveReferences`).
+    package mutating func resolveSecretReferences(
+        environment: [String: String] = ProcessInfo.processInfo.environment
+    ) throws(SettingError) {
+        for (name, json) in pluginConfigurations {
+            do {
+                let (resolved, secrets) = try Secrets.resolveReferences(json, environment: environment)
+                pluginConfigurations[name] = resolved
+                secretValues.formUnion(secrets)
+            } catch {
+                throw .unreadableSecret(key: "plugin.\(name)", reason: error.description)
+            }
+        }
     }
 }

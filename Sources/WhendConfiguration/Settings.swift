@@ -14,6 +14,7 @@ package enum SettingError: Error, CustomStringConvertible, Equatable {
     case textAfterValue(source: String, key: String, text: String, valueKind: String)
     case notJSON(source: String, key: String)
     case setTwice(source: String, key: String, firstLine: Int)
+    case unreadableSecret(key: String, reason: String)
 
     package var description: String {
         switch self {
@@ -21,21 +22,36 @@ package enum SettingError: Error, CustomStringConvertible, Equatable {
             return
                 "\(source): unknown key \"\(key)\"; the keys are \(Settings.all.map(\.key).joined(separator: ", ")) plugin.<name> and pipeline.<name>"
         case .notAllowed(let source, let key, let value, let allowed):
-            return "\(source): \(key) = \"\(value)\" is not allowed; \(key) takes \(allowed)"
+            return
+                "\(source): \(key) = \"\(Secrets.shown(key: key, value: value))\" is not allowed; \(key) takes \(allowed)"
         case .unreadableFile(let path, let reason):
-            return "cannot read the configuration file \(path): \(reason)"
+            // The packaged file may hold secrets: only root and its group may read it.
+            let advice =
+                reason == String(cString: strerror(EACCES))
+                ? "; it may hold secrets, so only root and its group read it: run as one of them, or name another file with --config"
+                : ""
+            return "cannot read the configuration file \(path): \(reason)\(advice)"
         case .notText(let path):
             return "the configuration file \(path) is not UTF-8 text"
         case .notKeyValue(let source, let line):
+            // Most likely the rest of a plugin's JSON spread over lines: it may hold a secret.
+            guard !line.contains("\"") else {
+                return
+                    "\(source): expected key = value, got a line with quotes (not shown: it may hold a secret); a plugin's JSON goes on one line: plugin.<name> = {…}"
+            }
             return "\(source): expected key = value, got \"\(line)\""
         case .unclosedQuote(let source, let key):
             return "\(source): the quoted value of \(key) is not closed"
         case .textAfterValue(let source, let key, let text, let valueKind):
-            return "\(source): \"\(text)\" after the \(valueKind) value of \(key); put a # before a comment"
+            // After a plugin's JSON, likely more of it: it may hold a secret.
+            let shown = key.hasPrefix("plugin.") ? "text (not shown: it may hold a secret)" : "\"\(text)\""
+            return "\(source): \(shown) after the \(valueKind) value of \(key); put a # before a comment"
         case .notJSON(let source, let key):
             return "\(source): the value of \(key) is not a JSON object closed on its line"
         case .setTwice(let source, let key, let firstLine):
             return "\(source): \(key) is set again (first on line \(firstLine)); set it once"
+        case .unreadableSecret(let key, let reason):
+            return "\(key): cannot read the secret \(reason)"
         }
     }
 }
@@ -328,10 +344,23 @@ package enum Settings {
         }
     }
 
-    /// The whole configuration as a file would spell it, one `key = value` a line.
+    /// `key: old → new` for a difference, secrets as `***`.
+    package static func describe(
+        _ difference: (setting: Setting, old: String, new: String), from old: DaemonConfiguration,
+        to new: DaemonConfiguration
+    ) -> String {
+        let known = old.secretValues.union(new.secretValues)
+        let key = difference.setting.key
+        return
+            "\(key): \(Secrets.shown(key: key, value: difference.old, hiding: known)) → \(Secrets.shown(key: key, value: difference.new, hiding: known))"
+    }
+
+    /// The whole configuration as a file would spell it, one `key = value` a line, secrets as
+    /// `***`.
     package static func render(_ configuration: DaemonConfiguration) -> String {
         settings(of: configuration).map { setting in
-            let value = setting.value(configuration)
+            let value = Secrets.shown(
+                key: setting.key, value: setting.value(configuration), hiding: configuration.secretValues)
             let plain =
                 !value.contains { $0 == "#" || $0 == "\"" || $0 == "\\" }
                 && value == value.trimmingCharacters(in: .whitespaces)

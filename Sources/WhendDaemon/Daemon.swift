@@ -14,6 +14,7 @@ import WhendWire
 /// the exit say it, what to do.
 package enum DaemonStartError: Error, CustomStringConvertible {
     case stateDirectoryUnusable(directory: String, reason: String)
+    case stateDirectoryNotPrivate(reason: String)
     case lockFileUnusable(path: String, reason: String)
     case cannotLock(path: String, reason: String)
     case stateDirectoryInUse(directory: String, lockFile: String, holder: Int32?)
@@ -21,6 +22,7 @@ package enum DaemonStartError: Error, CustomStringConvertible {
     case pluginsFailed(reason: String)
     case inheritedSocketUnusable(what: String, fd: Int32, reason: String)
     case socketDirectoryUnusable(directory: String, what: String, reason: String)
+    case socketDirectoryNotPrivate(reason: String)
     case notASocket(path: String, flag: String)
     case socketInUse(path: String, flag: String)
     case cannotListen(path: String, what: String, reason: String, flag: String)
@@ -30,6 +32,8 @@ package enum DaemonStartError: Error, CustomStringConvertible {
         case .stateDirectoryUnusable(let directory, let reason):
             return
                 "cannot create the state directory \(directory): \(reason); set --state-dir to a directory you can write"
+        case .stateDirectoryNotPrivate(let reason):
+            return "refusing the state directory: \(reason)"
         case .lockFileUnusable(let path, let reason):
             return "cannot open \(path): \(reason); set --state-dir to a directory you can write"
         case .cannotLock(let path, let reason):
@@ -46,6 +50,8 @@ package enum DaemonStartError: Error, CustomStringConvertible {
             return "cannot use the \(what) the service manager passed (fd \(fd)): \(reason)"
         case .socketDirectoryUnusable(let directory, let what, let reason):
             return "cannot create \(directory) for the \(what): \(reason)"
+        case .socketDirectoryNotPrivate(let reason):
+            return "refusing to listen: \(reason)"
         case .notASocket(let path, let flag):
             return "\(path) exists and is not a socket; remove it or choose another \(flag)"
         case .socketInUse(let path, let flag):
@@ -413,7 +419,11 @@ package final class Daemon: Sendable {
 
     private func prepareSocketPath(_ path: String, what: String, flag: String) throws {
         let directory = (path as NSString).deletingLastPathComponent
-        if !FileManager.default.fileExists(atPath: directory) {
+        if directory == SocketLocation.temporaryRuntimeDirectory {
+            if let reason = SocketLocation.checkPrivateDirectory(directory, create: true) {
+                throw DaemonStartError.socketDirectoryNotPrivate(reason: reason)
+            }
+        } else if !FileManager.default.fileExists(atPath: directory) {
             do {
                 try FileManager.default.createDirectory(
                     atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])

@@ -150,8 +150,9 @@ extension Daemon {
                 }
                 // Every value renders as the file would spell it, so it applies as it reads.
                 _ = difference.setting.apply(&applied, difference.new)
-                outcome.changed.append("\(key): \(difference.old) → \(difference.new)")
+                outcome.changed.append(Settings.describe(difference, from: old, to: new))
             }
+            applied.secretValues = new.secretValues
             // Plugins load before anything changes: a plugin that cannot be loaded refuses the
             // whole reload.
             let ingest: PluginChain
@@ -160,9 +161,10 @@ extension Daemon {
                 ingest = try buildPluginChain(applied, reusing: live.ingest)
                 pipelines = try pipelineSpecs(applied)
             } catch {
+                // A plugin that refuses its configuration may quote it.
+                let message = Secrets.scrub("\(error)", applied.allSecretValues)
                 return record(
-                    ReloadOutcome(applied: false, changed: [], needRestart: [], error: "\(error)"),
-                    trigger: trigger)
+                    ReloadOutcome(applied: false, changed: [], needRestart: [], error: message), trigger: trigger)
             }
             // Every pipeline that will start a new worker has its plugins created (and destroyed)
             // first, in a process of their own: a configuration a plugin refuses is refused with

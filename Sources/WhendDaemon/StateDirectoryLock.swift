@@ -21,10 +21,13 @@ package final class StateDirectoryLock: Sendable {
         } catch {
             throw DaemonStartError.stateDirectoryUnusable(directory: stateDirectory, reason: "\(error)")
         }
+        if let reason = Self.othersMayWrite(stateDirectory) {
+            throw DaemonStartError.stateDirectoryNotPrivate(reason: reason)
+        }
         path = stateDirectory + "/whend.lock"
         // Held open read-only: a descriptor open for writing would keep the file system from
         // being remounted read-only under a running daemon (which whend survives).
-        let fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC, 0o644)
+        let fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC, DurableFile.fileMode)
         guard fd >= 0 else {
             let reason = String(cString: strerror(errno))
             throw DaemonStartError.lockFileUnusable(path: path, reason: reason)
@@ -47,6 +50,25 @@ package final class StateDirectoryLock: Sendable {
             _ = pid.withUnsafeBytes { write(writer, $0.baseAddress, $0.count) }
             close(writer)
         }
+    }
+
+    /// Why another user could change what whend keeps in `directory`, or nil: its owner, or
+    /// anyone when others may write it (without the sticky bit), could replace the journal or
+    /// put a symbolic link where whend (perhaps root) is about to write.
+    static func othersMayWrite(_ directory: String) -> String? {
+        var st = stat()
+        guard stat(directory, &st) == 0 else { return nil }
+        let mode = String(st.st_mode & 0o7777, radix: 8)
+        let fix = "give it to whend's user (chown, chmod o-w), or set --state-dir to a directory of whend's own"
+        if st.st_uid != geteuid(), st.st_uid != 0 {
+            return
+                "\(directory) belongs to uid \(st.st_uid), not to whend's user (uid \(geteuid())) or root: its owner could replace the journal or turn whend's writes elsewhere; \(fix)"
+        }
+        if st.st_mode & 0o002 != 0, st.st_mode & S_ISVTX == 0 {
+            return
+                "\(directory) may be written by anyone (mode 0\(mode)): another user could replace the journal or turn whend's writes elsewhere; \(fix)"
+        }
+        return nil
     }
 
     /// The pid the holder wrote, if the file holds one.

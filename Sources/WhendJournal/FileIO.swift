@@ -24,7 +24,7 @@ package struct JournalIOError: Error, CustomStringConvertible, Sendable {
 }
 
 enum FileIO {
-    static func open(_ path: String, _ flags: Int32, mode: mode_t = 0o640) throws -> Int32 {
+    static func open(_ path: String, _ flags: Int32, mode: mode_t = DurableFile.fileMode) throws -> Int32 {
         let fd = Glibc.open(path, flags | O_CLOEXEC, mode)
         guard fd >= 0 else { throw JournalIOError(operation: "open", path: path, errno: errno) }
         return fd

@@ -1,5 +1,6 @@
 import CWhendPlugin
 import Foundation
+import WhendConfiguration
 
 /// What a chain of plugins made of one record.
 package enum ChainOutcome {
@@ -70,7 +71,8 @@ private struct ChainCall {
                 capacity: buffer.count)
             guard rc != WHEND_OK else { return (rc, "") }
             buffer[buffer.count - 1] = 0
-            return (rc, String(cString: buffer.baseAddress!))
+            // Its reason may quote its configuration.
+            return (rc, Secrets.scrub(String(cString: buffer.baseAddress!), plugin.secrets))
         }
         call.pointee.index = index
         if rc != WHEND_OK && call.pointee.rejection == nil {

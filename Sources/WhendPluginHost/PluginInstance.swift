@@ -2,6 +2,7 @@ import CWhendPlugin
 import Foundation
 import Logging
 import NIOConcurrencyHelpers
+import WhendConfiguration
 import WhendWire
 
 /// One created instance of a plugin, with the services whend offers it. Calls into the
@@ -18,6 +19,8 @@ package final class PluginInstance: @unchecked Sendable {
 
     package var name: String { library.name }
     package var counters: [String: Int64] { services.takeUnretainedValue().counters.withLockedValue { $0 } }
+    /// The secret values of its configuration: what it says prints them as `***`.
+    package var secrets: Set<String> { services.takeUnretainedValue().secrets }
 
     /// - Parameter emit: where the plugin's derived records go (pipelines only); without it,
     ///   `emit` fails.
@@ -31,7 +34,8 @@ package final class PluginInstance: @unchecked Sendable {
         try? DurableFile.createDirectory(stateDirectory)
         let services = Unmanaged.passRetained(
             PluginServices(
-                name: library.name, logger: logger, emit: emit, complete: complete, completeThrough: completeThrough))
+                name: library.name, logger: logger, emit: emit, complete: complete, completeThrough: completeThrough,
+                secrets: Secrets.values(in: configuration)))
         self.services = services
         let host = UnsafeMutablePointer<whend_host>.allocate(capacity: 1)
         self.host = host
@@ -51,8 +55,11 @@ package final class PluginInstance: @unchecked Sendable {
         guard let created else {
             free(UnsafeMutableRawPointer(mutating: host.pointee.state_directory))
             host.deallocate()
+            // A plugin may quote its configuration when it refuses it.
+            let why = Secrets.scrub(
+                String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self),
+                services.takeUnretainedValue().secrets)
             services.release()
-            let why = String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
             throw PluginLoadError(
                 description: "plugin \(library.name) would not start: \(why.isEmpty ? "no reason given" : why)")
         }
@@ -95,7 +102,10 @@ package final class PluginInstance: @unchecked Sendable {
             bytes.withUnsafeBufferPointer { restore(instance, $0.baseAddress, $0.count, &error, capacity) }
         }
         guard rc == WHEND_OK else {
-            let why = String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            // A plugin may quote its configuration when it refuses it.
+            let why = Secrets.scrub(
+                String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self),
+                services.takeUnretainedValue().secrets)
             throw PluginLoadError(description: "plugin \(library.name) could not restore its state: \(why)")
         }
     }
@@ -111,7 +121,10 @@ package final class PluginInstance: @unchecked Sendable {
         let capacity = error.count
         let rc = lock.withLock { flush(instance, &error, capacity) }
         guard rc == WHEND_OK else {
-            let why = String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            // A plugin may quote its configuration when it refuses it.
+            let why = Secrets.scrub(
+                String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self),
+                services.takeUnretainedValue().secrets)
             throw PluginLoadError(description: "plugin \(library.name) could not flush: \(why)")
         }
     }
@@ -133,11 +146,15 @@ package final class PluginServices: Sendable {
     package let emit: (@Sendable (String, UnsafeBufferPointer<UInt8>) -> Bool)?
     package let complete: (@Sendable (UInt64) -> Void)?
     package let completeThrough: (@Sendable (UInt64) -> Void)?
+    /// The secret values of the plugin's configuration: its log lines print them as `***`.
+    package let secrets: Set<String>
 
     package init(
         name: String, logger: Logger, emit: (@Sendable (String, UnsafeBufferPointer<UInt8>) -> Bool)?,
-        complete: (@Sendable (UInt64) -> Void)?, completeThrough: (@Sendable (UInt64) -> Void)?
+        complete: (@Sendable (UInt64) -> Void)?, completeThrough: (@Sendable (UInt64) -> Void)?,
+        secrets: Set<String> = []
     ) {
+        self.secrets = secrets
         self.name = name
         self.logger = logger
         self.emit = emit
@@ -150,7 +167,7 @@ private let hostLog: @convention(c) (UnsafeMutableRawPointer?, Int32, UnsafePoin
     context, level, message in
     guard let context, let message else { return }
     let services = Unmanaged<PluginServices>.fromOpaque(context).takeUnretainedValue()
-    let text = "plugin \(services.name): \(String(cString: message))"
+    let text = "plugin \(services.name): \(Secrets.scrub(String(cString: message), services.secrets))"
     switch level {
     case WHEND_LOG_DEBUG: services.logger.debug("\(text)")
     case WHEND_LOG_INFO: services.logger.info("\(text)")

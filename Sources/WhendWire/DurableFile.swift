@@ -18,12 +18,21 @@ package struct DurableFileError: Error, CustomStringConvertible {
 /// The one rule for files whend and its plugins must find whole after a crash or a power cut:
 /// cursors, snapshots, indexes, spools, reports.
 package enum DurableFile {
+    /// The modes of what whend and its plugins create under the state directory, decided here
+    /// once: readable by whend's group (a reader's `whenctl`), by nobody else, and written by
+    /// whend alone. (Nothing there holds a secret: those stay in the configuration, a file or a
+    /// credential.)
+    package static let fileMode: mode_t = 0o640
+    package static let directoryMode: mode_t = 0o750
+
     /// Replaces `path` with `bytes`: written beside (`path.tmp`), synced, renamed over `path`,
     /// and the directory synced, so that afterwards `path` holds the old bytes or the new ones,
     /// never a mix, and the rename itself survives a power cut. Every step is checked.
-    package static func replace(_ path: String, with bytes: [UInt8]) throws(DurableFileError) {
+    package static func replace(_ path: String, with bytes: [UInt8], mode: mode_t = fileMode)
+        throws(DurableFileError)
+    {
         let temporary = path + ".tmp"
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
         guard fd >= 0 else { throw DurableFileError(operation: "create", path: temporary, code: errno) }
         do throws(DurableFileError) {
             try writeAll(fd, bytes, path: temporary)
@@ -49,7 +58,7 @@ package enum DurableFile {
     /// Appends `bytes` whole to `path` (created if need be), and syncs it when `sync`. If the
     /// write fails part-way, what was written of it is cut off again, so that the file stays
     /// whole lines.
-    package static func append(_ bytes: [UInt8], to path: String, sync: Bool = false, mode: mode_t = 0o600)
+    package static func append(_ bytes: [UInt8], to path: String, sync: Bool = false, mode: mode_t = fileMode)
         throws(DurableFileError)
     {
         let fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, mode)
@@ -78,7 +87,7 @@ package enum DurableFile {
     /// Creates the directory `path` and whatever parents it lacks, each one durable: a
     /// directory's name is in its parent, so the parent is synced after each one is made (else
     /// a power cut can take a new journal directory away with everything synced inside it).
-    package static func createDirectory(_ path: String, mode: mode_t = 0o755) throws(DurableFileError) {
+    package static func createDirectory(_ path: String, mode: mode_t = directoryMode) throws(DurableFileError) {
         var missing: [String] = []
         var candidate = path
         var status = stat()

@@ -12,7 +12,52 @@ package enum SocketLocation {
             return String(dir.split(separator: ":").first ?? Substring(dir))
         }
         if let dir = environment["XDG_RUNTIME_DIR"], !dir.isEmpty { return dir + "/whend" }
-        return "/tmp/whend-\(getuid())"
+        return temporaryRuntimeDirectory
+    }
+
+    /// The last resort, in a directory every user may write: used only when it is this user's
+    /// own (`checkPrivateDirectory`), else anyone could put sockets there first.
+    package static var temporaryRuntimeDirectory: String { "/tmp/whend-\(getuid())" }
+
+    /// Why a client must not connect to `path`, or nil: a socket in `/tmp/whend-$UID` (the last
+    /// resort when no runtime directory is set) only while that directory is this user's own and
+    /// private, else another user may have made it first and put a socket of theirs there.
+    package static func refusalToConnect(_ path: String) -> String? {
+        guard let slash = path.utf8.lastIndex(of: UInt8(ascii: "/")) else { return nil }
+        let directory = String(path[..<slash])
+        var st = stat()
+        guard directory == temporaryRuntimeDirectory, lstat(directory, &st) == 0 else { return nil }
+        return checkPrivateDirectory(directory, create: false).map { "will not connect to \(path): \($0)" }
+    }
+
+    /// Why `directory` may not hold this user's sockets, or nil when it may: as ssh-agent and
+    /// tmux check theirs, it must be a directory, not a symbolic link, owned by this user and
+    /// writable by nobody else. With `create`, a missing one is made (0700).
+    package static func checkPrivateDirectory(_ directory: String, create: Bool) -> String? {
+        if create, mkdir(directory, 0o700) != 0, errno != EEXIST {
+            return "cannot create \(directory): \(String(cString: strerror(errno)))"
+        }
+        var st = stat()
+        guard lstat(directory, &st) == 0 else {
+            return "cannot look at \(directory): \(String(cString: strerror(errno)))"
+        }
+        let advice =
+            "another user could put sockets there and receive the apps' events or answer whenctl. Remove it (as root or its owner), or set XDG_RUNTIME_DIR (or RUNTIME_DIRECTORY, or WHEND_SOCKET) to a directory of your own"
+        let mode = String(st.st_mode & 0o7777, radix: 8)
+        if st.st_mode & S_IFMT == S_IFLNK {
+            return "\(directory) is a symbolic link, not a directory of uid \(getuid())'s own: \(advice)"
+        }
+        guard st.st_mode & S_IFMT == S_IFDIR else {
+            return "\(directory) is not a directory: remove it, or set XDG_RUNTIME_DIR to a directory of your own"
+        }
+        if st.st_uid != getuid() {
+            return "\(directory) belongs to uid \(st.st_uid) (mode 0\(mode)), not to uid \(getuid()): \(advice)"
+        }
+        if st.st_mode & 0o022 != 0 {
+            return
+                "\(directory) may be written by others (mode 0\(mode)): \(advice); or make it private: chmod 700 \(directory)"
+        }
+        return nil
     }
 
     /// Where the packaged whend (the systemd units) has its sockets and its state.

@@ -20,6 +20,7 @@ struct ControlOptions: ParsableArguments {
     /// Sends one command and returns the reply; fails, saying why, when whend cannot be asked.
     func request(_ command: String, as name: String, _ arguments: [String: String] = [:]) throws -> [String: Any] {
         let path = self.path
+        try refuseUnsafeSocketDirectory(path)
         do {
             let connection = try BlockingSocket(path: path)
             var request: [String: String] = arguments

@@ -30,6 +30,7 @@ struct Emit: ParsableCommand {
 
     func run() throws {
         let path = socket ?? SocketLocation.eventSocket()
+        try refuseUnsafeSocketDirectory(path)
         let connection: BlockingSocket
         do { connection = try BlockingSocket(path: path) } catch { throw unreachable(.events, at: path, error) }
         var hello: [String: Any] = ["protocol": 1, "acks": true]

@@ -32,3 +32,9 @@ func unreachable(_ socket: DaemonSocket, at path: String, _ error: Error) -> Fai
                 ? "; start it (`make run` in a checkout, `systemctl start whend.socket` when installed), or name its socket with \(socket.howToNameAnother)"
                 : "; name another socket with \(socket.howToNameAnother)"))
 }
+
+/// Refuses a socket in `/tmp/whend-$UID` that another user could have put there
+/// (`SocketLocation.refusalToConnect`).
+func refuseUnsafeSocketDirectory(_ path: String) throws {
+    if let reason = SocketLocation.refusalToConnect(path) { throw Failure(reason) }
+}

@@ -147,6 +147,7 @@ struct Replay: ParsableCommand {
     // MARK: Again to a live daemon
 
     private func resend(directory: JournalDirectory, filter: RecordFilter, socket: String) throws {
+        try refuseUnsafeSocketDirectory(socket)
         let connection: BlockingSocket
         do { connection = try BlockingSocket(path: socket) } catch { throw unreachable(.events, at: socket, error) }
         try connection.send(#"{"hello":{"protocol":1,"acks":true}}"# + "\n")

@@ -36,6 +36,9 @@ struct Whenctl: ParsableCommand {
     static func main() {
         // `tail -f` and `replay` run until stopped: they must stop for whoever started them.
         TerminationSignals.unblock()
+        // A reader gone (`whenctl cat | head`) is an EPIPE that `Output` ends on quietly (exit 0),
+        // and a daemon gone mid-request is an error that says so, not a silent death.
+        signal(SIGPIPE, SIG_IGN)
         var command: ParsableCommand
         do {
             command = try parseAsRoot()

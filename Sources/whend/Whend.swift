@@ -110,6 +110,9 @@ struct Whend: AsyncParsableCommand {
     }
 
     func run() async throws {
+        // Never die of a write to a peer that went away (a worker's pipe, a log reader): NIO
+        // ignores SIGPIPE only once it opens its first socket, after the pipelines start.
+        signal(SIGPIPE, SIG_IGN)
         if pipelineWorker {
             // A pipeline's worker process, started by the daemon (PipelineSupervisor).
             LoggingSystem.bootstrap { label in StreamLogHandler.standardError(label: label) }
@@ -157,7 +160,8 @@ struct Whend: AsyncParsableCommand {
             }
             try await DaemonServices(daemon).run()
         } catch let error as DaemonStartError {
-            logger.critical("\(error.description)")
+            // A plugin that refuses its configuration may quote it.
+            logger.critical("\(Secrets.scrub(error.description, configuration.allSecretValues))")
             throw ExitCode(1)
         }
     }

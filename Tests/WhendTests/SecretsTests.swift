@@ -1,0 +1,288 @@
+import Foundation
+import PropertyBased
+import Testing
+import WhendConfiguration
+
+/// Secrets in plugin configurations: what prints as `***`, and secrets read from files and
+/// systemd credentials.
+@Suite struct SecretRedactionTests {
+    @Test func secretMembersHeadersAndUserInfoPrintAsStars() throws {
+        let json = #"""
+            {"endpoint": "https://alice:s3cr%40t@example.com:8443/v1?x=1", "write_key": "wk1",
+             "nested": {"deeper": [{"Token": 987654, "api_token": {"a": ["t1", "t2"]}}]},
+             "headers": {"Authorization": "Bearer b1", "X-Trace": "x1"}, "AUTHORIZATION": true,
+             "password": null, "client_secret": "cs1", "servers": ["nats://u:p1@h1:4222", "nats://h2"],
+             "name": "plain", "n": 3}
+            """#
+        let redacted = try #require(Secrets.redact(json))
+        for secret in ["alice", "s3cr%40t", "wk1", "987654", "t1", "t2", "b1", "x1", "true", "null", "cs1", "u:p1"] {
+            #expect(!redacted.contains(secret), "\(secret) in \(redacted)")
+        }
+        // Everything else as written: order, spacing, the URLs' hosts.
+        #expect(redacted.contains(#""endpoint": "https://***@example.com:8443/v1?x=1""#))
+        #expect(redacted.contains(#""servers": ["nats://***@h1:4222", "nats://h2"]"#))
+        #expect(redacted.contains(#""name": "plain", "n": 3}"#))
+        #expect(redacted.contains(#""headers": {"Authorization": "***", "X-Trace": "***"}"#))
+        #expect(redacted.contains(#""Token": "***""#))
+        // Still JSON.
+        #expect((try? JSONSerialization.jsonObject(with: Data(redacted.utf8))) != nil)
+    }
+
+    /// A reference says where a secret is; it is not one, and shows.
+    @Test func referencesShowAndKnownValuesHideAnywhere() throws {
+        let json = #"{"write_key": "$credential:wk", "token": "$file:/etc/t", "url": "v-from-a-file"}"#
+        #expect(Secrets.redact(json) == json)
+        #expect(
+            Secrets.redact(json, hiding: ["v-from-a-file"])
+                == #"{"write_key": "$credential:wk", "token": "$file:/etc/t", "url": "***"}"#)
+    }
+
+    /// What is not JSON is not shown at all: its secrets cannot be told from the rest.
+    @Test func notJSONIsNotShown() {
+        #expect(Secrets.redact(#"{"password": "p1",}"#) == nil)
+        #expect(Secrets.shown(key: "plugin.x", value: #"{"password": "p1""#) == "(not shown: not JSON)")
+        #expect(Secrets.shown(key: "durability", value: "fsync") == "fsync")
+    }
+
+    @Test func scrubHidesSecretsInFreeText() {
+        let message = #"analytics: endpoint must be http(s), not ftp://u:pw1@h; config {"k":"a\/bc"}"#
+        #expect(
+            Secrets.scrub(message, Secrets.values(in: #"{"endpoint": "ftp://u:pw1@h", "token": "a/bc"}"#))
+                == #"analytics: endpoint must be http(s), not ftp://***@h; config {"k":"***"}"#)
+        // Too short to scrub from free text without mangling it (a configuration still hides it).
+        #expect(Secrets.scrub("backoff", ["k"]) == "backoff")
+    }
+
+    /// For any configuration with secrets at any depth (members of any secret name, headers,
+    /// URLs with user-info; values with escapes and any Unicode), no secret's bytes are in the
+    /// redacted text, as written or as JSON escapes them, and the rest parses to the same values.
+    /// A failure names its seed: `.fixedSeed(…)` on the test repeats it.
+    @Test func noSecretSurvivesRedactionAtAnyDepth() async {
+        await propertyCheck(count: 400, input: Gen<UInt64>.value(in: 0...UInt64.max)) { seed in
+            var generator = ConfigurationGenerator(seed: seed)
+            let (text, expected) = generator.configuration()
+            guard let redacted = Secrets.redact(text) else {
+                Issue.record("not redacted (seed \(seed)): \(text)")
+                return
+            }
+            for secret in generator.secrets {
+                let escaped = Secrets.jsonEscaped(secret)
+                #expect(
+                    !redacted.contains(secret) && !escaped.contains(where: redacted.contains),
+                    "seed \(seed): \(secret) in \(redacted)")
+            }
+            // The rest as it was: the same values once parsed, secrets as "***".
+            func canonical(_ value: Any?) -> String? {
+                value.flatMap { try? JSONSerialization.data(withJSONObject: $0, options: [.sortedKeys]) }
+                    .map { String(decoding: $0, as: UTF8.self) }
+            }
+            let parsed = try? JSONSerialization.jsonObject(with: Data(redacted.utf8))
+            #expect(canonical(parsed) != nil && canonical(parsed) == canonical(expected), "seed \(seed): \(redacted)")
+        }
+    }
+}
+
+/// Random plugin configurations with secrets at any depth, written with random spacing and
+/// escapes; `secrets` collects every secret value written, and the expected value has `***` in
+/// their place.
+struct ConfigurationGenerator {
+    private var state: UInt64
+    private(set) var secrets: [String] = []
+
+    init(seed: UInt64) { state = seed }
+
+    private mutating func next() -> UInt64 {
+        // SplitMix64: the seed decides everything.
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+
+    private mutating func int(_ n: Int) -> Int { Int(next() % UInt64(n)) }
+    private mutating func pick<T>(_ items: [T]) -> T { items[int(items.count)] }
+
+    private mutating func space() -> String { pick(["", "", " ", "\n\t", "  "]) }
+
+    private static let secretNames = [
+        "write_key", "token", "password", "secret", "auth", "Authorization", "authToken", "API_KEY", "apiKey",
+        "client_secret", "x_Password", "refresh_token", "passphrase", "private_key",
+    ]
+    private static let plainNames = ["name", "endpoint", "n", "fields", "tls", "ca", "flush_interval", "é", "k\"q"]
+
+    /// A unique secret: any Unicode, quotes and backslashes included.
+    private mutating func secret() -> String {
+        let alphabet: [String] = ["a", "Z", "9", "\"", "\\", "/", "é", "😀", "\u{7}", " ", "@", ":", "\u{2028}"]
+        var s = "S\(secrets.count)x"
+        for _ in 0..<(4 + int(8)) { s += pick(alphabet) }
+        secrets.append(s)
+        return s
+    }
+
+    /// A string for a URL's user-info: RFC 3986 allows unreserved characters, sub-delims, ':'
+    /// and percent-escapes there.
+    private mutating func userInfo() -> String {
+        let alphabet = Array("abcXYZ019-._~!$&'()*+,;=:%")
+        var s = "U\(secrets.count)u"
+        for _ in 0..<(4 + int(8)) { s.append(pick(alphabet)) }
+        secrets.append(s)
+        return s
+    }
+
+    /// JSON text for `s`, escaping some characters that need not be.
+    private mutating func encode(_ s: String) -> String {
+        var out = "\""
+        for scalar in s.unicodeScalars {
+            switch scalar {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case "\n": out += "\\n"
+            default:
+                if scalar.value < 0x20 || int(6) == 0 {
+                    if scalar.value > 0xFFFF {
+                        for unit in String(scalar).utf16 { out += String(format: "\\u%04x", unit) }
+                    } else {
+                        out += String(format: "\\u%04X", scalar.value)
+                    }
+                } else if scalar == "/" && int(2) == 0 {
+                    out += "\\/"
+                } else {
+                    out.unicodeScalars.append(scalar)
+                }
+            }
+        }
+        return out + "\""
+    }
+
+    /// A value in secret position: everything in it is secret.
+    private mutating func secretValue(depth: Int) -> (String, Any) {
+        switch depth > 2 ? int(2) : int(5) {
+        case 0: return (encode(secret()), "***")
+        case 1:
+            let n = 100_000 + int(900_000)
+            secrets.append(String(n))
+            return (String(n), "***")
+        case 2:
+            var texts: [String] = []
+            var values: [Any] = []
+            for _ in 0..<(1 + int(3)) {
+                let (t, v) = secretValue(depth: depth + 1)
+                texts.append(t)
+                values.append(v)
+            }
+            return ("[" + texts.joined(separator: "," + space()) + "]", values)
+        default:
+            var texts: [String] = []
+            var values: [String: Any] = [:]
+            for i in 0..<(1 + int(3)) {
+                let name = pick(Self.plainNames) + String(i)
+                let (t, v) = secretValue(depth: depth + 1)
+                texts.append(encode(name) + space() + ":" + space() + t)
+                values[name] = v
+            }
+            return ("{" + space() + texts.joined(separator: "," + space()) + space() + "}", values)
+        }
+    }
+
+    /// A plain value, with secrets somewhere inside it at times.
+    private mutating func plainValue(depth: Int) -> (String, Any) {
+        switch depth > 3 ? int(4) : int(7) {
+        case 0:
+            let plain = pick(["plain", "/var/lib/x", "é😀", "a\"b", "#frag", "$notareference"])
+            return (encode(plain), plain)
+        case 1:
+            let n = int(1000)
+            return (String(n), n)
+        case 2:
+            let (user, host) = (userInfo(), pick(["example.com", "127.0.0.1:4318", "h"]))
+            let path = pick(["", "/v1/batch", "/p?q=a@b"])
+            return (encode("https://\(user)@\(host)\(path)"), "https://***@\(host)\(path)")
+        case 3: return ("true", true)
+        case 4:
+            var texts: [String] = []
+            var values: [Any] = []
+            for _ in 0..<int(4) {
+                let (t, v) = plainValue(depth: depth + 1)
+                texts.append(t)
+                values.append(v)
+            }
+            return ("[" + space() + texts.joined(separator: "," + space()) + "]", values)
+        default: return object(depth: depth + 1)
+        }
+    }
+
+    private mutating func object(depth: Int) -> (String, [String: Any]) {
+        var texts: [String] = []
+        var values: [String: Any] = [:]
+        for i in 0..<(1 + int(depth > 3 ? 2 : 5)) {
+            let text: String
+            let value: Any
+            var name: String
+            switch int(4) {
+            case 0:
+                name = pick(Self.secretNames)
+                (text, value) = secretValue(depth: depth)
+            case 1:
+                name = pick(["headers", "Headers"])
+                var members: [String] = []
+                var headers: [String: Any] = [:]
+                for j in 0..<(1 + int(3)) {
+                    let header = pick(["Authorization", "X-Api-Key", "Cookie"]) + String(j)
+                    let (t, v) = secretValue(depth: 3)
+                    members.append(encode(header) + ":" + space() + t)
+                    headers[header] = v
+                }
+                (text, value) = ("{" + members.joined(separator: ",") + "}", headers)
+            default:
+                name = pick(Self.plainNames)
+                (text, value) = plainValue(depth: depth)
+            }
+            name += String(i)
+            texts.append(space() + encode(name) + space() + ":" + space() + text)
+            values[name] = value
+        }
+        return ("{" + texts.joined(separator: ",") + space() + "}", values)
+    }
+
+    mutating func configuration() -> (String, [String: Any]) {
+        secrets = []
+        return object(depth: 0)
+    }
+}
+
+/// Secrets from files and systemd credentials, resolved before any plugin sees them.
+@Suite struct SecretReferenceTests {
+    @Test func credentialsAndFilesAreReadAndTheirValuesAreSecrets() throws {
+        let directory = scratchDirectory("creds")
+        try "wk-from-credential\n".write(toFile: directory + "/analytics-key", atomically: true, encoding: .utf8)
+        try "tok \"quoted\"\n".write(toFile: directory + "/token", atomically: true, encoding: .utf8)
+        let json = #"{"write_key": "$credential:analytics-key", "nested": [{"x": "$file:\#(directory)/token"}]}"#
+        let (resolved, secrets) = try Secrets.resolveReferences(
+            json, environment: ["CREDENTIALS_DIRECTORY": directory])
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(resolved.utf8)) as? [String: Any])
+        #expect(object["write_key"] as? String == "wk-from-credential")
+        #expect(((object["nested"] as? [[String: Any]])?.first?["x"] as? String) == "tok \"quoted\"")
+        #expect(secrets == ["wk-from-credential", "tok \"quoted\""])
+        // Printed, both are stars, the one under a member that does not look secret too.
+        let shown = try #require(Secrets.redact(resolved, hiding: secrets))
+        #expect(!shown.contains("wk-from") && !shown.contains("quoted"))
+    }
+
+    @Test func aReferenceThatCannotBeReadSaysWhatToDo() throws {
+        func failure(_ json: String) -> String {
+            do {
+                _ = try Secrets.resolveReferences(json, environment: [:])
+                return "resolved"
+            } catch {
+                return error.description
+            }
+        }
+        #expect(failure(#"{"token": "$credential:t"}"#).contains("LoadCredential=t:"))
+        #expect(failure(#"{"token": "$credential:../etc/shadow"}"#).contains("file name"))
+        #expect(failure(#"{"token": "$file:/nonexistent/t"}"#).contains("cannot read /nonexistent/t"))
+        #expect(failure(#"{"token": "$file:relative"}"#).contains("absolute"))
+        // Without a reference, nothing is read.
+        #expect(failure(#"{"token": "plain"}"#) == "resolved")
+    }
+}
