@@ -21,9 +21,9 @@ package enum DurableFile {
     /// Replaces `path` with `bytes`: written beside (`path.tmp`), synced, renamed over `path`,
     /// and the directory synced, so that afterwards `path` holds the old bytes or the new ones,
     /// never a mix, and the rename itself survives a power cut. Every step is checked.
-    package static func replace(_ path: String, with bytes: [UInt8]) throws(DurableFileError) {
+    package static func replace(_ path: String, with bytes: [UInt8], mode: mode_t = 0o644) throws(DurableFileError) {
         let temporary = path + ".tmp"
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
         guard fd >= 0 else { throw DurableFileError(operation: "create", path: temporary, code: errno) }
         do throws(DurableFileError) {
             try writeAll(fd, bytes, path: temporary)
@@ -72,6 +72,14 @@ package enum DurableFile {
         } catch {
             if length >= 0 { _ = ftruncate(fd, length) }
             throw error
+        }
+    }
+
+    /// Makes what was written to `fd` durable (`fdatasync`: the data and the length, not the
+    /// times). A plugin that appends without a sync calls it once per `flush`, not per write.
+    package static func syncData(_ fd: Int32, path: String) throws(DurableFileError) {
+        while fdatasync(fd) != 0 {
+            guard errno == EINTR else { throw DurableFileError(operation: "sync", path: path, code: errno) }
         }
     }
 
