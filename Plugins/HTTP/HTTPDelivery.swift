@@ -92,7 +92,9 @@ package final class HTTPDelivery: @unchecked Sendable {
             var hops = 0
             var problem: String?
             while let status = answer.status, (300..<400).contains(status) {
-                let target = answer.location.flatMap { URL(string: $0, relativeTo: answer.url ?? endpoint)?.absoluteURL }
+                let target = answer.location.flatMap {
+                    URL(string: $0, relativeTo: answer.url ?? endpoint)?.absoluteURL
+                }
                 let sameOrigin = target.flatMap(Origin.init) == origin
                 guard let target, sameOrigin, status == 307 || status == 308, hops < Self.maxRedirects else {
                     let whither = target.flatMap(Origin.init)?.description ?? "no usable Location"
