@@ -41,7 +41,8 @@ final class Analytics: WhendPlugin {
             throw PluginError.fail(#"analytics: nowhere to send: set "file" or "endpoint""#)
         }
         spool = try AnalyticsSpool(
-            path: host.stateDirectory + "/spool.ndjson", maxBytes: c["spool_max_bytes"] as? Int ?? 64 << 20)
+            path: host.stateDirectory + "/spool.ndjson", maxBytes: c["spool_max_bytes"] as? Int ?? 64 << 20,
+            compactBytes: c["spool_compact_bytes"] as? Int ?? 1 << 20)
         sender = AnalyticsSender(
             spool: spool, host: host, file: file, delivery: delivery, writeKey: writeKey,
             batchEvents: c["batch_events"] as? Int ?? 100, batchBytes: c["batch_max_bytes"] as? Int ?? 500_000,
@@ -173,7 +174,9 @@ struct AnalyticsFilter {
 }
 
 /// Encoded events not yet delivered: in memory for the sender, and in a file so that a restart
-/// sends them still.
+/// sends them still. The file is the durable half of the promise the pipeline's cursor relies
+/// on: `flush()` syncs it before the cursor passes its events, and delivered events leave it
+/// only when it is compacted, after the destination holding them was synced (`compact`).
 final class AnalyticsSpool: @unchecked Sendable {
     // Unchecked: all state is guarded by `condition`.
     private let condition = NSCondition()
@@ -182,22 +185,34 @@ final class AnalyticsSpool: @unchecked Sendable {
     private var events: [[UInt8]] = []
     private var head = 0
     private var bytes = 0
-    private let file: Int32
+    private var file: Int32
     /// The spool file's length: this plugin is its only writer, so no `lseek` per write.
     private var fileLength: off_t
     /// Lines spooled in memory, not yet written to the file.
     private var unwritten: [UInt8] = []
+    /// Written to the file since its last sync.
+    private var unsynced = false
+    /// The spool file's name is not durable yet (it was just created).
+    private var directoryUnsynced = false
+    /// Bytes of the spool file (newlines included) that hold delivered events: what a restart
+    /// would send again. Compaction drops them.
+    private var deliveredBytes = 0
     let maxBytes: Int
+    /// Delivered bytes that make a compaction due, at least: the spool file holds at most
+    /// `maxBytes` undelivered bytes and fewer than `max(compactBytes, undelivered)` delivered
+    /// ones (plus a batch, and a newline per event).
+    let compactBytes: Int
     private let path: String
     /// The events the sender waits for to make a batch, while it waits.
     private var batchWaiter: Int?
     private var stopping = false
 
-    init(path: String, maxBytes: Int) throws {
+    init(path: String, maxBytes: Int, compactBytes: Int = 1 << 20) throws {
         self.path = path
         self.maxBytes = maxBytes
-        let existing = FileManager.default.contents(atPath: path) ?? Data()
-        for line in existing.split(separator: 0x0A) {
+        self.compactBytes = max(1, compactBytes)
+        let existing = FileManager.default.contents(atPath: path)
+        for line in (existing ?? Data()).split(separator: 0x0A) {
             events.append(Array(line))
             bytes += line.count
         }
@@ -205,6 +220,7 @@ final class AnalyticsSpool: @unchecked Sendable {
         guard file >= 0 else {
             throw PluginError.fail("analytics: cannot open the spool \(path): \(String(cString: strerror(errno)))")
         }
+        directoryUnsynced = existing == nil
         fileLength = lseek(file, 0, SEEK_END)
     }
 
@@ -216,7 +232,7 @@ final class AnalyticsSpool: @unchecked Sendable {
     /// Spools one event, in memory and in the spool file's write buffer. False when the spool
     /// is full; throws when the buffer, full, cannot be written (the pipeline then retries the
     /// record). The worker calls `flush()` before its cursor passes the record: an event is
-    /// never passed without being in the spool file.
+    /// never passed without being in the spool file, synced.
     func append(_ line: [UInt8]) throws -> Bool {
         condition.lock()
         defer { condition.unlock() }
@@ -244,11 +260,24 @@ final class AnalyticsSpool: @unchecked Sendable {
         return true
     }
 
-    /// Writes the spool file's buffer (one write where there was one per event).
+    /// Writes the spool file's buffer (one write where there was one per event) and makes the
+    /// file durable: one `fdatasync` per flush, none when nothing was written since the last.
     func flush() throws {
         condition.lock()
         defer { condition.unlock() }
         try writeUnwritten()
+        do {
+            if unsynced {
+                try DurableFile.syncData(file, path: path)
+                unsynced = false
+            }
+            if directoryUnsynced {
+                try DurableFile.syncDirectory(of: path)
+                directoryUnsynced = false
+            }
+        } catch {
+            throw PluginError.fail("analytics: \(error)")
+        }
     }
 
     private func writeUnwritten() throws {
@@ -260,6 +289,7 @@ final class AnalyticsSpool: @unchecked Sendable {
         }
         fileLength += off_t(unwritten.count)
         unwritten.removeAll(keepingCapacity: true)
+        unsynced = true
     }
 
     /// Waits until `events` events wait (or half the spool's bytes), or `seconds` passed, or
@@ -294,29 +324,74 @@ final class AnalyticsSpool: @unchecked Sendable {
 
     var count: Int { condition.withLock { events.count - head } }
 
-    /// The first `n` events are delivered.
+    /// The spool file's length, what is buffered for it included.
+    var fileBytes: Int { condition.withLock { Int(fileLength) + unwritten.count } }
+
+    /// The first `n` events are delivered: they leave memory (making room for appends), and
+    /// stay in the file until the next compaction.
     func remove(_ n: Int) {
         condition.lock()
         defer { condition.unlock() }
         let end = min(head + n, events.count)
         for i in head..<end {
             bytes -= events[i].count
+            deliveredBytes += events[i].count + 1
             events[i] = []
         }
         head = end
         if head == events.count {
             events.removeAll(keepingCapacity: true)
             head = 0
-            // Rewritten only when it empties: what stays in it after a crash is sent again, and
-            // messageId makes that harmless. Every event is delivered: what was not written is
-            // not needed.
-            unwritten.removeAll(keepingCapacity: true)
-            if ftruncate(file, 0) == 0 { fileLength = 0 }
         } else if head > 4096 && head * 2 > events.count {
             events.removeFirst(head)
             head = 0
         }
         condition.broadcast()  // room for an append waiting on a full spool
+    }
+
+    /// Whether the file holds delivered events.
+    var holdsDelivered: Bool { condition.withLock { deliveredBytes > 0 } }
+
+    /// Whether the delivered part of the file is worth rewriting it for: at least
+    /// `compactBytes`, and at least what the rewrite copies (the undelivered events), so that
+    /// the copying costs at most once more what was delivered.
+    var compactionDue: Bool {
+        condition.withLock { deliveredBytes >= max(compactBytes, bytes + events.count - head) }
+    }
+
+    /// Drops the delivered events from the file: `syncDestination` first makes them durable
+    /// where they were delivered (the file destination's `fdatasync`), then the undelivered ones
+    /// replace the spool file (written beside, synced, renamed, the directory synced). Called by
+    /// the sender, the only one to deliver, so nothing is delivered meanwhile. A failure leaves
+    /// the file as it was: the delivered events are sent again after a restart, never lost.
+    func compact(syncDestination: () throws -> Void) throws {
+        try syncDestination()
+        condition.lock()
+        defer { condition.unlock() }
+        var kept: [UInt8] = []
+        kept.reserveCapacity(bytes + events.count - head)
+        for e in events[head...] {
+            kept += e
+            kept.append(0x0A)
+        }
+        do {
+            // The spool's own mode, as it was created.
+            try DurableFile.replace(path, with: kept, mode: 0o600)
+        } catch {
+            throw PluginError.fail("analytics: cannot compact the spool: \(error)")
+        }
+        let reopened = open(path, O_WRONLY | O_APPEND | O_CLOEXEC)
+        guard reopened >= 0 else {
+            throw PluginError.fail("analytics: cannot open the spool \(path): \(String(cString: strerror(errno)))")
+        }
+        close(file)
+        file = reopened
+        fileLength = off_t(kept.count)
+        // Every event in memory is in the new file, synced.
+        unwritten.removeAll(keepingCapacity: true)
+        unsynced = false
+        directoryUnsynced = false
+        deliveredBytes = 0
     }
 
     /// Ends every wait, for good: the plugin stops.
@@ -328,6 +403,76 @@ final class AnalyticsSpool: @unchecked Sendable {
     }
 }
 
+/// The NDJSON destination as the sender appends to it: one descriptor kept open while the path
+/// names the same file (a destination rotated away is followed at the next batch, the old file
+/// synced first), and `sync()` makes what was appended durable, once per spool compaction.
+final class AnalyticsFileDestination {
+    let path: String
+    private var fd: Int32 = -1
+    private var identity: (dev: UInt, ino: UInt) = (0, 0)
+    private var unsynced = false
+    /// The file was created and its name is not durable yet.
+    private var directoryUnsynced = false
+
+    init(path: String) { self.path = path }
+
+    deinit { if fd >= 0 { close(fd) } }
+
+    /// Appends to the destination; throws (and the batch is written again later) when it
+    /// cannot, so that no batch is counted sent that is not in the file.
+    func append(_ bytes: [UInt8]) throws {
+        try reopenIfRotated()
+        try DurableFile.append(bytes, to: fd, path: path)
+        unsynced = true
+    }
+
+    /// Makes every append so far durable.
+    func sync() throws {
+        if unsynced, fd >= 0 {
+            try DurableFile.syncData(fd, path: path)
+            unsynced = false
+        }
+        if directoryUnsynced {
+            try DurableFile.syncDirectory(of: path)
+            directoryUnsynced = false
+        }
+    }
+
+    private func reopenIfRotated() throws {
+        var status = stat()
+        if fd >= 0, stat(path, &status) == 0, UInt(status.st_dev) == identity.dev,
+            UInt(status.st_ino) == identity.ino
+        {
+            return
+        }
+        // Readable by whend's group (DurableFile.fileMode): the local tools meant to read an
+        // NDJSON destination join it.
+        var created = false
+        var next = open(path, O_WRONLY | O_APPEND | O_CLOEXEC)
+        if next < 0, errno == ENOENT {
+            try DurableFile.createDirectory((path as NSString).deletingLastPathComponent)
+            next = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, DurableFile.fileMode)
+            created = true
+        }
+        guard next >= 0 else { throw DurableFileError(operation: "open", path: path, code: errno) }
+        // What went to the file rotated away must be as durable as the rest before its
+        // descriptor goes.
+        if fd >= 0 {
+            do {
+                try sync()
+            } catch {
+                close(next)
+                throw error
+            }
+            close(fd)
+        }
+        fd = next
+        fstat(fd, &status)
+        identity = (UInt(status.st_dev), UInt(status.st_ino))
+        directoryUnsynced = directoryUnsynced || created
+    }
+}
+
 /// The thread that forms batches and delivers them: the file first, then the endpoint, with
 /// exponential backoff and jitter on 5xx, 429 and timeouts, `Retry-After` honoured; other 4xx
 /// answers drop the batch and report it.
@@ -335,7 +480,7 @@ final class AnalyticsSender: @unchecked Sendable {
     // Unchecked: configuration is immutable; `stopping` guards itself.
     let spool: AnalyticsSpool
     let host: PluginHost
-    let file: String?
+    let file: AnalyticsFileDestination?
     let delivery: HTTPDelivery?
     let writeKey: String?
     let batchEvents: Int
@@ -351,7 +496,7 @@ final class AnalyticsSender: @unchecked Sendable {
     ) {
         self.spool = spool
         self.host = host
-        self.file = file
+        self.file = file.map(AnalyticsFileDestination.init)
         self.delivery = delivery
         self.writeKey = writeKey
         // Segment takes at most 2,500 events and 500 KB in a batch.
@@ -382,10 +527,10 @@ final class AnalyticsSender: @unchecked Sendable {
             }
             if let file, fileDone < batch.count {
                 do {
-                    try Self.append(Self.batchBody(Array(batch[fileDone...]), writeKey: nil) + [0x0A], to: file)
+                    try file.append(Self.batchBody(Array(batch[fileDone...]), writeKey: nil) + [0x0A])
                     fileDone = batch.count
                 } catch {
-                    host.log(.error, "analytics: cannot write \(file): \(error); retrying")
+                    host.log(.error, "analytics: cannot write \(file.path): \(error); retrying")
                     stopping.sleep(1)
                     continue
                 }
@@ -402,7 +547,19 @@ final class AnalyticsSender: @unchecked Sendable {
             spool.remove(batch.count)
             fileDone = 0
             host.count("events_sent", by: Int64(batch.count))
+            if spool.compactionDue {
+                do {
+                    try spool.compact { try file?.sync() }
+                    host.count("spool_compactions")
+                } catch {
+                    // Nothing is lost: the delivered events stay in the spool, sent again
+                    // after a restart; the next batch tries again.
+                    host.log(.error, "\(error)")
+                }
+            }
         }
+        // Stopping: what was delivered leaves the spool, so that a restart sends none of it again.
+        if spool.holdsDelivered { try? spool.compact { try file?.sync() } }
     }
 
     /// A batch as Segment's libraries post it: `{"batch":[…],"sentAt":…,"writeKey":…}`, `sentAt`
@@ -425,20 +582,6 @@ final class AnalyticsSender: @unchecked Sendable {
         }
         body.append(UInt8(ascii: "}"))
         return body
-    }
-
-    /// Appends to the NDJSON destination; throws (and the batch is written again later) when it
-    /// cannot, so that no batch is counted sent that is not in the file.
-    static func append(_ bytes: [UInt8], to path: String) throws {
-        // Readable by whend's group (DurableFile.fileMode): the local tools meant to read an
-        // NDJSON destination join it. Opened for each batch, so that a destination rotated away
-        // is followed.
-        do {
-            try DurableFile.append(bytes, to: path)
-        } catch  where error.code == ENOENT {
-            try DurableFile.createDirectory((path as NSString).deletingLastPathComponent)
-            try DurableFile.append(bytes, to: path)
-        }
     }
 }
 

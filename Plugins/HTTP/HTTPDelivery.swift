@@ -7,13 +7,21 @@ import WhendPluginSDK
 #endif
 
 /// One HTTP endpoint that a plugin POSTs batches to, with the built-in plugins' policy: a batch
-/// is sent again after a failure the endpoint calls temporary (a status `retryable` accepts, or
-/// no answer at all), after `Retry-After` or an exponential, jittered backoff up to
-/// `maxBackoff`, until it is accepted, refused for good, or the plugin stops. Used by analytics
-/// and otlp; blocking, from the plugin's own sender thread.
+/// is sent again after a failure the endpoint calls temporary (a status `retryable` accepts, a
+/// redirect not followed, or no answer at all), after `Retry-After` or an exponential, jittered
+/// backoff, either at most `maxBackoff`, until it is accepted, refused for good, or the plugin
+/// stops. Used by analytics and otlp; blocking, from the plugin's own sender thread.
+///
+/// Redirects: the headers carry credentials (a write key, a token), so a request never leaves
+/// the endpoint's origin (scheme, host and port). A `307` or `308` to the same origin is
+/// followed, the same POST with the same body and headers (at most `maxRedirects` hops); any
+/// other redirect — to another origin, or one that would turn the POST into a GET — is not:
+/// it is logged, counted (`redirects_refused`) and the batch retried at the endpoint later, as
+/// after a `503`, so that nothing is lost while the endpoint is misconfigured.
 package final class HTTPDelivery: @unchecked Sendable {
-    // Unchecked: configuration is immutable; `stopping` guards itself.
+    // Unchecked: configuration is immutable; `stopping` and `Exchange` guard themselves.
     package let endpoint: URL
+    private let origin: Origin
     private let plugin: String
     private let host: PluginHost
     private let contentType: String
@@ -23,6 +31,11 @@ package final class HTTPDelivery: @unchecked Sendable {
     private let maxBackoff: Double
     private let retryable: @Sendable (Int) -> Bool
     private let stopping = StopSignal()
+    /// A session of its own: its delegate refuses every redirect URLSession would follow (with
+    /// the headers), so that `deliver` decides; ephemeral, so no cookie or credential is kept.
+    private let session: URLSession
+    private let exchange = Exchange()
+    static let maxRedirects = 5
 
     /// What became of a batch.
     package enum Outcome {
@@ -40,10 +53,12 @@ package final class HTTPDelivery: @unchecked Sendable {
         headers: [String: String] = [:], gzip: Bool, timeout: Double, maxBackoff: Double,
         retryable: @escaping @Sendable (Int) -> Bool
     ) throws {
-        guard let url = URL(string: text), ["http", "https"].contains(url.scheme ?? ""), url.host != nil else {
+        guard let url = URL(string: text), ["http", "https"].contains(url.scheme ?? ""), let origin = Origin(url)
+        else {
             throw PluginError.fail("\(plugin): endpoint must be an http:// or https:// URL, not \(text)")
         }
         endpoint = url
+        self.origin = origin
         self.plugin = plugin
         self.host = host
         self.contentType = contentType
@@ -52,7 +67,15 @@ package final class HTTPDelivery: @unchecked Sendable {
         self.timeout = timeout
         self.maxBackoff = maxBackoff
         self.retryable = retryable
+        let configuration = URLSessionConfiguration.ephemeral
+        configuration.httpShouldSetCookies = false
+        configuration.httpCookieStorage = nil
+        configuration.urlCredentialStorage = nil
+        configuration.urlCache = nil
+        session = URLSession(configuration: configuration, delegate: exchange, delegateQueue: nil)
     }
+
+    deinit { session.invalidateAndCancel() }
 
     /// Ends every wait: a `deliver` under way returns `.stopped` at its next attempt.
     package func stop() { stopping.stop() }
@@ -64,16 +87,39 @@ package final class HTTPDelivery: @unchecked Sendable {
         var attempt = 0
         while !stopping.isStopped {
             attempt += 1
-            let answer = post(body())
-            if let status = answer.status, (200..<300).contains(status) { return .accepted(answer.body) }
-            if let status = answer.status, !retryable(status) {
+            let bytes = body()
+            var answer = post(bytes, to: endpoint)
+            var hops = 0
+            var problem: String?
+            while let status = answer.status, (300..<400).contains(status) {
+                let target = answer.location.flatMap {
+                    URL(string: $0, relativeTo: answer.url ?? endpoint)?.absoluteURL
+                }
+                let sameOrigin = target.flatMap(Origin.init) == origin
+                guard let target, sameOrigin, status == 307 || status == 308, hops < Self.maxRedirects else {
+                    let whither = target.flatMap(Origin.init)?.description ?? "no usable Location"
+                    problem =
+                        "HTTP \(status) to \(sameOrigin ? "" : "another origin, ")\(whither), not followed"
+                        + (sameOrigin ? "" : " (its credentials stay with \(origin))")
+                    host.count("redirects_refused")
+                    break
+                }
+                hops += 1
+                host.count("redirects_followed")
+                answer = post(bytes, to: target)
+            }
+            if problem == nil, let status = answer.status, (200..<300).contains(status) {
+                return .accepted(answer.body)
+            }
+            if problem == nil, let status = answer.status, !retryable(status) {
                 host.log(.error, "\(plugin): \(endpoint.absoluteString) refused \(what) with HTTP \(status); dropped")
                 return .refused(status)
             }
-            let wait = answer.retryAfter ?? min(maxBackoff, backoff * Double.random(in: 0.5...1.5))
+            let advised = problem == nil ? Self.retryAfter(answer.retryAfter, cap: maxBackoff) : nil
+            let wait = advised ?? min(maxBackoff, backoff * Double.random(in: 0.5...1.5))
             host.log(
                 .warning,
-                "\(plugin): \(endpoint.absoluteString) answered \(answer.status.map(String.init) ?? answer.problem); attempt \(attempt), retrying in \(String(format: "%.1f", wait)) s"
+                "\(plugin): \(endpoint.absoluteString) answered \(problem ?? answer.status.map(String.init) ?? answer.problem); attempt \(attempt), retrying in \(String(format: "%.1f", wait)) s"
             )
             host.count("retries")
             stopping.sleep(wait)
@@ -82,8 +128,27 @@ package final class HTTPDelivery: @unchecked Sendable {
         return .stopped
     }
 
-    private func post(_ body: [UInt8]) -> Answer {
-        var request = URLRequest(url: endpoint, timeoutInterval: timeout)
+    /// How long a `Retry-After` asks to wait, in seconds from `now`: delay-seconds or an
+    /// HTTP-date (IMF-fixdate, RFC 850 or asctime), at most `cap`; a date past is 0. Nil for a
+    /// value that is neither, negative or not finite: the backoff applies then.
+    package static func retryAfter(_ value: String?, now: Date = Date(), cap: Double) -> Double? {
+        guard let text = value?.trimmingCharacters(in: .whitespaces), !text.isEmpty else { return nil }
+        if let seconds = Double(text) {
+            guard seconds.isFinite, seconds >= 0 else { return nil }
+            return min(seconds, cap)
+        }
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.timeZone = TimeZone(identifier: "GMT")
+        for format in ["EEE, dd MMM yyyy HH:mm:ss zzz", "EEEE, dd-MMM-yy HH:mm:ss zzz", "EEE MMM d HH:mm:ss yyyy"] {
+            formatter.dateFormat = format
+            if let date = formatter.date(from: text) { return min(max(0, date.timeIntervalSince(now)), cap) }
+        }
+        return nil
+    }
+
+    private func post(_ body: [UInt8], to url: URL) -> Answer {
+        var request = URLRequest(url: url, timeoutInterval: timeout)
         request.httpMethod = "POST"
         if gzip, let compressed = Self.gzipped(body) {
             request.httpBody = Data(compressed)
@@ -93,33 +158,76 @@ package final class HTTPDelivery: @unchecked Sendable {
         }
         request.setValue(contentType, forHTTPHeaderField: "Content-Type")
         for (name, value) in headers { request.setValue(value, forHTTPHeaderField: name) }
-        let result = Answer.Box()
-        let finished = DispatchSemaphore(value: 0)
-        URLSession.shared.dataTask(with: request) { data, response, error in
-            let http = response as? HTTPURLResponse
-            result.set(
-                Answer(
-                    status: http?.statusCode, body: data ?? Data(),
-                    retryAfter: (http?.value(forHTTPHeaderField: "Retry-After")).flatMap(Double.init),
-                    problem: error.map { "\($0.localizedDescription)" } ?? "no answer"))
-            finished.signal()
-        }.resume()
-        finished.wait()
-        return result.value
+        exchange.begin()
+        session.dataTask(with: request).resume()
+        return exchange.wait()
+    }
+
+    /// A request's origin: scheme, host and port (the scheme's default when none is written).
+    struct Origin: Equatable, CustomStringConvertible {
+        var scheme: String
+        var host: String
+        var port: Int
+
+        init?(_ url: URL) {
+            guard let scheme = url.scheme?.lowercased(), let host = url.host?.lowercased(), !host.isEmpty else {
+                return nil
+            }
+            self.scheme = scheme
+            self.host = host
+            guard let port = url.port ?? ["http": 80, "https": 443][scheme] else { return nil }
+            self.port = port
+        }
+
+        var description: String { "\(scheme)://\(host.contains(":") ? "[\(host)]" : host):\(port)" }
     }
 
     private struct Answer {
         var status: Int?
         var body: Data
-        var retryAfter: Double?
+        var retryAfter: String?
+        var location: String?
+        var url: URL?
         var problem: String
+    }
 
-        final class Box: @unchecked Sendable {
-            // Unchecked: written once by the completion handler before the semaphore is signalled.
-            private let lock = NSLock()
-            private var stored = Answer(status: nil, body: Data(), retryAfter: nil, problem: "")
-            func set(_ answer: Answer) { lock.withLock { stored = answer } }
-            var value: Answer { lock.withLock { stored } }
+    /// The one request under way (a delivery posts one at a time), as the session's delegate
+    /// sees it: the answer's body gathered, every redirect refused, the end signalled.
+    private final class Exchange: NSObject, URLSessionDataDelegate, @unchecked Sendable {
+        // Unchecked: `body` is guarded by `lock`; `finished` is a semaphore.
+        private let lock = NSLock()
+        private var body = Data()
+        private var answer = Answer(status: nil, body: Data(), problem: "")
+        private let finished = DispatchSemaphore(value: 0)
+
+        func begin() { lock.withLock { body = Data() } }
+
+        func wait() -> Answer {
+            finished.wait()
+            return lock.withLock { answer }
+        }
+
+        func urlSession(
+            _ session: URLSession, task: URLSessionTask, willPerformHTTPRedirection response: HTTPURLResponse,
+            newRequest request: URLRequest, completionHandler: @escaping (URLRequest?) -> Void
+        ) {
+            // Never with the headers: the redirect itself is the answer `deliver` decides on.
+            completionHandler(nil)
+        }
+
+        func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
+            lock.withLock { body.append(data) }
+        }
+
+        func urlSession(_ session: URLSession, task: URLSessionTask, didCompleteWithError error: (any Error)?) {
+            let http = task.response as? HTTPURLResponse
+            lock.withLock {
+                answer = Answer(
+                    status: http?.statusCode, body: body, retryAfter: http?.value(forHTTPHeaderField: "Retry-After"),
+                    location: http?.value(forHTTPHeaderField: "Location"), url: http?.url ?? task.currentRequest?.url,
+                    problem: error.map { "\($0.localizedDescription)" } ?? "no answer")
+            }
+            finished.signal()
         }
     }
 

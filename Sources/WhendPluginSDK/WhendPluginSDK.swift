@@ -204,9 +204,11 @@ public protocol WhendPlugin: AnyObject {
     init(host: PluginHost, configuration: [String: Any]) throws
     /// Handles one record; calls `next` to pass it (or a changed one) on.
     func handle(_ record: PluginRecord, next: PluginNext) throws
-    /// Makes durable what the plugin holds in memory for the records it has handled: a
-    /// pipeline's worker calls it before it saves its cursor (or a snapshot) past them, and
-    /// retries later if it throws. A plugin may then batch its writes. By default, nothing.
+    /// Makes durable what the plugin wrote or holds for the records it has handled — written
+    /// and synced (`fdatasync`), so that neither a SIGKILL nor a power cut loses it: a
+    /// pipeline's worker calls it before it saves its cursor (or a snapshot) past them, at most
+    /// every tenth of a second while records flow, and retries later if it throws. A plugin may
+    /// then batch its writes and sync once per flush, not per record. By default, nothing.
     func flush() throws
 }
 

@@ -84,6 +84,14 @@ package enum DurableFile {
         }
     }
 
+    /// Makes what was written to `fd` durable (`fdatasync`: the data and the length, not the
+    /// times). A plugin that appends without a sync calls it once per `flush`, not per write.
+    package static func syncData(_ fd: Int32, path: String) throws(DurableFileError) {
+        while fdatasync(fd) != 0 {
+            guard errno == EINTR else { throw DurableFileError(operation: "sync", path: path, code: errno) }
+        }
+    }
+
     /// Creates the directory `path` and whatever parents it lacks, each one durable: a
     /// directory's name is in its parent, so the parent is synced after each one is made (else
     /// a power cut can take a new journal directory away with everything synced inside it).

@@ -1,12 +1,23 @@
 import Foundation
 
 /// A real HTTP/1.1 server on a loopback port, answering POSTs from a script: each request gets
-/// the next scripted answer (the last one repeats). Records every request body.
+/// the next scripted answer (the last one repeats). Records every request body, and what it
+/// answered each one. An answer may come late (`delay`) or not at all (`reset`: the connection
+/// is reset once the request is read).
 final class HTTPTestServer: @unchecked Sendable {
     struct Answer {
         var status: Int
         var headers: [String: String] = [:]
         var body: [UInt8] = Array("{}".utf8)
+        var delay: Double = 0
+        var reset = false
+    }
+
+    /// One request as received, and the status it was answered (nil: reset).
+    struct Exchange {
+        var head: String
+        var body: Data
+        var status: Int?
     }
 
     let port: UInt16
@@ -15,6 +26,7 @@ final class HTTPTestServer: @unchecked Sendable {
     private var script: [Answer]
     private var bodies: [Data] = []
     private var heads: [String] = []
+    private var answered: [Exchange] = []
     private var stopped = false
 
     init(answers: [Answer]) throws {
@@ -61,6 +73,9 @@ final class HTTPTestServer: @unchecked Sendable {
     /// Each request's line and headers, as sent.
     var requestHeads: [String] { lock.withLock { heads } }
 
+    /// Each request, with how it was answered.
+    var exchanges: [Exchange] { lock.withLock { answered } }
+
     /// From the next request on, these answers (the last one repeats).
     func answer(_ answers: [Answer]) { lock.withLock { script = answers } }
 
@@ -92,7 +107,19 @@ final class HTTPTestServer: @unchecked Sendable {
                 let answer = lock.withLock {
                     bodies.append(body)
                     heads.append(String(decoding: received[..<end], as: UTF8.self))
-                    return script.count > 1 ? script.removeFirst() : script[0]
+                    let answer = script.count > 1 ? script.removeFirst() : script[0]
+                    answered.append(
+                        Exchange(
+                            head: String(decoding: received[..<end], as: UTF8.self), body: body,
+                            status: answer.reset ? nil : answer.status))
+                    return answer
+                }
+                if answer.delay > 0 { usleep(UInt32(answer.delay * 1e6)) }
+                if answer.reset {
+                    // SO_LINGER of 0: close sends a reset, not a FIN.
+                    var linger = Glibc.linger(l_onoff: 1, l_linger: 0)
+                    setsockopt(client, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))
+                    return
                 }
                 var text =
                     "HTTP/1.1 \(answer.status) X\r\nContent-Length: \(answer.body.count)\r\nConnection: close\r\n"

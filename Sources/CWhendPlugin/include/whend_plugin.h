@@ -124,10 +124,15 @@ typedef struct whend_plugin {
                     void *write_context);
     int (*restore)(void *instance, const uint8_t *bytes, size_t length, char *error, size_t error_capacity);
     /* Added within ABI 1 (read only when struct_size covers it; may be NULL): makes durable
-     * what the instance holds in memory for the records it has handled (buffered writes), and
-     * returns WHEND_OK, or WHEND_FAIL with why in error. A pipeline's worker calls it before it
-     * saves its cursor or a snapshot, and moves neither past those records until it succeeds:
-     * a plugin may then batch its writes and still lose nothing when the worker is killed. */
+     * what the instance wrote or holds for the records it has handled, and returns WHEND_OK,
+     * or WHEND_FAIL with why in error. Durable means on stable storage, as the cursor is: a
+     * buffered write is written AND synced (fdatasync/fsync; a new file's directory synced
+     * too), so that neither a SIGKILL nor a power cut loses it once flush returned WHEND_OK.
+     * A pipeline's worker calls it before it saves its cursor or a snapshot (at most every
+     * tenth of a second while records flow), and moves neither past those records until it
+     * succeeds: a plugin may then batch its writes, and sync once per flush rather than once
+     * per record, and still lose nothing. A plugin whose writes are each durable when made
+     * (written beside, synced, renamed) or that derives only records needs none. */
     int (*flush)(void *instance, char *error, size_t error_capacity);
 } whend_plugin;
 
