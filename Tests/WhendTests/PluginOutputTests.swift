@@ -14,7 +14,8 @@ import WhendWire
     ) {
         let out = directory + "/whenctl.out"
         let err = directory + "/whenctl.err"
-        let r = try runCommand("/bin/sh", ["-c", "exec \"$0\" \"$@\" >'\(out)' 2>'\(err)'", executable("whenctl")] + arguments)
+        let r = try runCommand(
+            "/bin/sh", ["-c", "exec \"$0\" \"$@\" >'\(out)' 2>'\(err)'", executable("whenctl")] + arguments)
         return (
             r.status, (try? String(contentsOfFile: out, encoding: .utf8)) ?? "",
             (try? String(contentsOfFile: err, encoding: .utf8)) ?? ""
@@ -140,7 +141,8 @@ import WhendWire
             .replacingOccurrences(of: "/usr/lib/whend/plugins/", with: plugins + "/")
             .trimmingCharacters(in: .whitespacesAndNewlines)
         #expect(command.hasPrefix("cc -shared"))
-        let built = try runCommand("/bin/sh", ["-c", "cd '\(DocumentationTests.root)' && " + command + " -Wall -Werror"])
+        let built = try runCommand(
+            "/bin/sh", ["-c", "cd '\(DocumentationTests.root)' && " + command + " -Wall -Werror"])
         #expect(built.status == 0, "\(built.error)")
         let config = daemon.directory + "/whend.conf"
         let loading = try Self.readmeBlock(after: "### Loading them", language: "")

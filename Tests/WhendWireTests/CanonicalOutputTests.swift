@@ -83,7 +83,8 @@ struct GeneratedJSON {
         case 3, 4: return string()
         case 5:
             let n = pick(4)
-            return "[" + space() + (0..<n).map { _ in value(depth: depth + 1) + space() }.joined(separator: "," + space())
+            return "[" + space()
+                + (0..<n).map { _ in value(depth: depth + 1) + space() }.joined(separator: "," + space())
                 + "]"
         default: return object(depth: depth + 1, keys: ["a", "b", "c\\u0064", "\\u00e9", "_x", "\\/"])
         }
@@ -156,7 +157,8 @@ func checkPluginOutput(_ text: String, sourceLocation: SourceLocation = #_source
     for stored in [[UInt8(ascii: "{")] + ingest, derived] {
         #expect(!stored.contains(0x0A) && !stored.contains(0x0D), "\(text)", sourceLocation: sourceLocation)
         let got = parsedWithoutTrusted(stored)
-        #expect(got != nil && (expected == nil || got == expected),
+        #expect(
+            got != nil && (expected == nil || got == expected),
             "\(text)\n→ \(String(decoding: stored, as: UTF8.self))", sourceLocation: sourceLocation)
         // Canonical: every member is as the scanner finds canonical, and taking the derived
         // record again changes nothing.
@@ -197,8 +199,8 @@ func checkPluginOutput(_ text: String, sourceLocation: SourceLocation = #_source
     @Test func theIssuesPrettyMemberIsCompacted() throws {
         let output = Array(#"{"type":"when","pretty":{"#.utf8) + Array("\n\t\"a\": [1,\n 2]\n}}".utf8)
         let out = try output.withUnsafeBufferPointer { o in
-                try Array(#"{"_rt":"t"}"#.utf8).withUnsafeBufferPointer { try IngestRewrite.body(output: o, original: $0) }
-            }
+            try Array(#"{"_rt":"t"}"#.utf8).withUnsafeBufferPointer { try IngestRewrite.body(output: o, original: $0) }
+        }
         #expect(String(decoding: out, as: UTF8.self) == #""type":"when","pretty":{"a":[1,2]},"_rt":"t"}"#)
     }
 
@@ -210,7 +212,9 @@ func checkPluginOutput(_ text: String, sourceLocation: SourceLocation = #_source
         }
         #expect(canonical(#""com.example.sp\u0061m""#) == #""com.example.spam""#)
         #expect(canonical(#""\uFEFFa\u2028""#) == "\"\u{FEFF}a\u{2028}\"")
-        #expect(canonical(#""\/\b\f\n\r\t\"\\\u001F\u001f\u00E9\ud83d\ude00""#) == #""/\u0008\u000c\n\r\t\"\\\u001f\u001fé😀""#)
+        #expect(
+            canonical(#""\/\b\f\n\r\t\"\\\u001F\u001f\u00E9\ud83d\ude00""#)
+                == #""/\u0008\u000c\n\r\t\"\\\u001f\u001fé😀""#)
         // A surrogate without its partner has no UTF-8: it stays an escape, in lower case.
         #expect(canonical(#""\uD800x\uDC00""#) == #""\ud800x\udc00""#)
         #expect(canonical("[ 1 ,\n\t{ \"a\" : -0.5E+3 } , true ]") == #"[1,{"a":-0.5E+3},true]"#)
