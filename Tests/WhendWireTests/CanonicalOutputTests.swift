@@ -131,7 +131,9 @@ struct SplitMix {
 func parsedWithoutTrusted(_ bytes: [UInt8]) -> NSDictionary? {
     guard let o = try? JSONSerialization.jsonObject(with: Data(bytes), options: [.fragmentsAllowed]) as? [String: Any]
     else { return nil }
-    return o.filter { !$0.key.hasPrefix("_") } as NSDictionary
+    // By the first byte, as whend decides: "_" and a combining mark after it are one Character,
+    // which `hasPrefix("_")` would not see as beginning with "_".
+    return o.filter { $0.key.utf8.first != UInt8(ascii: "_") } as NSDictionary
 }
 
 /// The property, for one plugin output: refused, or one canonical line that Foundation reads as
@@ -157,18 +159,25 @@ func checkPluginOutput(_ text: String, sourceLocation: SourceLocation = #_source
     for stored in [[UInt8(ascii: "{")] + ingest, derived] {
         #expect(!stored.contains(0x0A) && !stored.contains(0x0D), "\(text)", sourceLocation: sourceLocation)
         let got = parsedWithoutTrusted(stored)
+        // Foundation refuses an unpaired surrogate's escape, in the plugin's output and in ours.
         #expect(
-            got != nil && (expected == nil || got == expected),
+            expected == nil || got == expected,
             "\(text)\n→ \(String(decoding: stored, as: UTF8.self))", sourceLocation: sourceLocation)
         // Canonical: every member is as the scanner finds canonical, and taking the derived
         // record again changes nothing.
+        var again: [UInt8] = []
+        stored.withUnsafeBufferPointer { appendCanonicalJSON($0, to: &again) }
         let allCanonical: Bool = stored.withUnsafeBufferPointer { s in
             var scanner = JSONScanner(s)
             var all = true
             do { try scanner.scanObject { m throws(WireError) in all = all && m.canonical } } catch { return false }
             return all
         }
-        #expect(allCanonical, "\(String(decoding: stored, as: UTF8.self))", sourceLocation: sourceLocation)
+        // The scanner's note is exact but for an unpaired surrogate's escape, which it always
+        // has rewritten (to itself).
+        #expect(
+            again == stored && (allCanonical || text.contains("\\ud")), "\(String(decoding: stored, as: UTF8.self))",
+            sourceLocation: sourceLocation)
     }
     var again: [UInt8] = []
     derived.withUnsafeBufferPointer { d in
@@ -193,6 +202,18 @@ func checkPluginOutput(_ text: String, sourceLocation: SourceLocation = #_source
         await propertyCheck(count: 2000, input: Gen.uint64()) { seed in
             var g = GeneratedJSON(seed: seed)
             checkPluginOutput(g.record())
+        }
+    }
+
+    /// What the fuzz target found, kept (Fuzz/corpus/plugin-output/finding-*).
+    @Test func fuzzFindings() throws {
+        let corpus = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().appendingPathComponent("Fuzz/corpus/plugin-output")
+        let names = try FileManager.default.contentsOfDirectory(atPath: corpus.path).sorted()
+        #expect(names.contains("finding-00.json"))
+        for name in names {
+            let bytes = try Data(contentsOf: corpus.appendingPathComponent(name))
+            checkPluginOutput(String(decoding: bytes, as: UTF8.self))
         }
     }
 
