@@ -161,7 +161,7 @@ struct IngestStage {
         switch outcome {
         case .unchanged:
             return .store
-        case .changed(let output):
+        case .changed(let output, let plugin):
             do {
                 let body = try output.withUnsafeBufferPointer { out in
                     try ingestRecord.withUnsafeBufferPointer { original in
@@ -176,7 +176,7 @@ struct IngestStage {
                 return .discard(
                     .rejected(
                         line: lineNumber,
-                        WireError(.rejected, "an ingest plugin changed the event into something invalid: \(error)")))
+                        WireError(.rejected, "plugin \(plugin) changed the event into something invalid: \(error)")))
             }
         case .dropped:
             batch.bodies.removeSubrange(start...)

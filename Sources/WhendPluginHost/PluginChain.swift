@@ -1,13 +1,14 @@
 import CWhendPlugin
 import Foundation
 import WhendConfiguration
+import WhendWire
 
 /// What a chain of plugins made of one record.
 package enum ChainOutcome {
     /// Passed on as it came.
     case unchanged
-    /// Passed on changed: the last plugin's output, one JSON object.
-    case changed([UInt8])
+    /// Passed on changed: the last plugin's output, one JSON object, and that plugin's name.
+    case changed([UInt8], by: String)
     /// A plugin did not call next: not stored, and acknowledged like a stored event.
     case dropped
     /// Refused: the client gets `rejected` with this message, which names the plugin.
@@ -39,7 +40,7 @@ package final class PluginChain: Sendable {
         if let rejection = call.rejection { return .rejected(rejection) }
         if rc != WHEND_OK { return .rejected("a plugin failed") }
         guard call.reachedEnd else { return .dropped }
-        return call.changed.map { .changed($0) } ?? .unchanged
+        return call.changed.map { .changed($0, by: plugins[call.changedBy].name) } ?? .unchanged
     }
 }
 
@@ -54,6 +55,10 @@ private struct ChainCall {
     var index = 0
     var reachedEnd = false
     var changed: [UInt8]?
+    /// The plugin whose output `changed` is.
+    var changedBy = 0
+    /// A changed record handed from one plugin to the next, in the form it would be stored in.
+    var between: [UInt8] = []
     /// The first refusal, from the plugin that refused: plugins before it only see that the
     /// rest of the chain refused.
     var rejection: String?
@@ -89,10 +94,29 @@ private let ingestNext: whend_next_fn = { context, json, length in
     let call = context.assumingMemoryBound(to: ChainCall.self)
     let following = call.pointee.index + 1
     if following < call.pointee.chain.plugins.count {
-        var record = whend_record(json: json, length: length, seq: call.pointee.seq)
-        return ChainCall.invoke(call, following, &record)
+        guard let json, json != call.pointee.original.baseAddress || length != call.pointee.original.count else {
+            var record = whend_record(json: json, length: length, seq: call.pointee.seq)
+            return ChainCall.invoke(call, following, &record)
+        }
+        // Changed: the next plugin sees it as it would be stored (one line, canonical, whend's
+        // own `_` members), as every plugin sees records, or it goes no further.
+        let output = UnsafeBufferPointer(start: json, count: length)
+        do {
+            let body = try IngestRewrite.body(output: output, original: call.pointee.original)
+            call.pointee.between = [UInt8(ascii: "{")] + body
+        } catch {
+            let name = call.pointee.chain.plugins[call.pointee.index].name
+            call.pointee.rejection = "plugin \(name) passed on something invalid: \(error)"
+            return Int32(WHEND_REJECT)
+        }
+        let between = call.pointee.between
+        return between.withUnsafeBufferPointer { b in
+            var record = whend_record(json: b.baseAddress, length: b.count, seq: call.pointee.seq)
+            return ChainCall.invoke(call, following, &record)
+        }
     }
     call.pointee.reachedEnd = true
+    call.pointee.changedBy = call.pointee.index
     if json == call.pointee.original.baseAddress && length == call.pointee.original.count {
         call.pointee.changed = nil
     } else if let json {

@@ -198,6 +198,7 @@ package struct JSONScanner {
 
     /// Scans the object that starts at the current position (after whitespace), calling `body`
     /// for each member in order, and leaves the position after its closing brace.
+    @inline(__always)
     package mutating func scanObject(depth: Int = 0, _ body: (Member) throws(WireError) -> Void) throws(WireError) {
         skipWhitespace()
         guard peek() == UInt8(ascii: "{") else { throw syntaxError("expected an object") }

@@ -14,7 +14,8 @@ import WhendWire
     ) {
         let out = directory + "/whenctl.out"
         let err = directory + "/whenctl.err"
-        let r = try runCommand("/bin/sh", ["-c", "exec \"$0\" \"$@\" >'\(out)' 2>'\(err)'", executable("whenctl")] + arguments)
+        let r = try runCommand(
+            "/bin/sh", ["-c", "exec \"$0\" \"$@\" >'\(out)' 2>'\(err)'", executable("whenctl")] + arguments)
         return (
             r.status, (try? String(contentsOfFile: out, encoding: .utf8)) ?? "",
             (try? String(contentsOfFile: err, encoding: .utf8)) ?? ""
@@ -140,7 +141,8 @@ import WhendWire
             .replacingOccurrences(of: "/usr/lib/whend/plugins/", with: plugins + "/")
             .trimmingCharacters(in: .whitespacesAndNewlines)
         #expect(command.hasPrefix("cc -shared"))
-        let built = try runCommand("/bin/sh", ["-c", "cd '\(DocumentationTests.root)' && " + command + " -Wall -Werror"])
+        let built = try runCommand(
+            "/bin/sh", ["-c", "cd '\(DocumentationTests.root)' && " + command + " -Wall -Werror"])
         #expect(built.status == 0, "\(built.error)")
         let config = daemon.directory + "/whend.conf"
         let loading = try Self.readmeBlock(after: "### Loading them", language: "")
@@ -173,5 +175,46 @@ import WhendWire
         #expect(viaHello.errors.map(\.code) == ["rejected"])
         #expect(daemon.stop() == 0)
         #expect(daemon.records().compactMap { $0["name"] as? String } == ["F", "G"])
+    }
+
+    /// A plugin after another that changed the record sees it as it would be stored, canonical:
+    /// the README's filter behind the pretty-printing fixture is not bypassed either.
+    @Test func aPluginAfterOneThatPrettyPrintsSeesTheRecordCanonical() throws {
+        let daemon = DaemonProcess("deny-chain")
+        let plugins = daemon.directory + "/plugins"
+        try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
+        chmod(plugins, 0o755)
+        try Self.readmeBlock(after: "### In C", language: "c")
+            .write(toFile: daemon.directory + "/deny-apps.c", atomically: true, encoding: .utf8)
+        let root = DocumentationTests.root
+        let built = try runCommand(
+            "/usr/bin/cc",
+            [
+                "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-I", root + "/Sources/CWhendPlugin/include",
+                daemon.directory + "/deny-apps.c", "-o", plugins + "/libdeny-apps.so",
+            ])
+        #expect(built.status == 0, "\(built.error)")
+        _ = try buildTestPlugin("pretty", into: plugins, name: "pretty")
+        let config = daemon.directory + "/whend.conf"
+        try """
+        plugin_dirs = \(plugins)
+        ingest = pretty, deny-apps
+        plugin.deny-apps = {"apps": ["com.example.spam"]}
+        """.write(toFile: config, atomically: true, encoding: .utf8)
+        daemon.environment = ["WHEND_CONFIG": config]
+        try daemon.start()
+        let answers = try exchange(
+            daemon.socketPath,
+            [
+                helloWithAcks, #"{"type":"screen","name":"A","app": "com.example.spam"}"#,
+                #"{"type":"screen","name":"B","app":"com.example.ok"}"#,
+            ])
+        #expect(answers.errors.map(\.code) == ["rejected"], "\(answers.errors)")
+        #expect(answers.errors.first?.message.contains("plugin deny-apps rejected the event") == true)
+        #expect(answers.acks.last == 2)
+        #expect(daemon.stop() == 0)
+        let records = daemon.records()
+        #expect(records.compactMap { $0["name"] as? String } == ["B"])
+        #expect((records.first?["pretty"] as? [String: Any])?["s"] as? String == "café / 😀")
     }
 }

@@ -83,7 +83,8 @@ struct GeneratedJSON {
         case 3, 4: return string()
         case 5:
             let n = pick(4)
-            return "[" + space() + (0..<n).map { _ in value(depth: depth + 1) + space() }.joined(separator: "," + space())
+            return "[" + space()
+                + (0..<n).map { _ in value(depth: depth + 1) + space() }.joined(separator: "," + space())
                 + "]"
         default: return object(depth: depth + 1, keys: ["a", "b", "c\\u0064", "\\u00e9", "_x", "\\/"])
         }
@@ -130,7 +131,9 @@ struct SplitMix {
 func parsedWithoutTrusted(_ bytes: [UInt8]) -> NSDictionary? {
     guard let o = try? JSONSerialization.jsonObject(with: Data(bytes), options: [.fragmentsAllowed]) as? [String: Any]
     else { return nil }
-    return o.filter { !$0.key.hasPrefix("_") } as NSDictionary
+    // By the first byte, as whend decides: "_" and a combining mark after it are one Character,
+    // which `hasPrefix("_")` would not see as beginning with "_".
+    return o.filter { $0.key.utf8.first != UInt8(ascii: "_") } as NSDictionary
 }
 
 /// The property, for one plugin output: refused, or one canonical line that Foundation reads as
@@ -156,17 +159,25 @@ func checkPluginOutput(_ text: String, sourceLocation: SourceLocation = #_source
     for stored in [[UInt8(ascii: "{")] + ingest, derived] {
         #expect(!stored.contains(0x0A) && !stored.contains(0x0D), "\(text)", sourceLocation: sourceLocation)
         let got = parsedWithoutTrusted(stored)
-        #expect(got != nil && (expected == nil || got == expected),
+        // Foundation refuses an unpaired surrogate's escape, in the plugin's output and in ours.
+        #expect(
+            expected == nil || got == expected,
             "\(text)\n→ \(String(decoding: stored, as: UTF8.self))", sourceLocation: sourceLocation)
         // Canonical: every member is as the scanner finds canonical, and taking the derived
         // record again changes nothing.
+        var again: [UInt8] = []
+        stored.withUnsafeBufferPointer { appendCanonicalJSON($0, to: &again) }
         let allCanonical: Bool = stored.withUnsafeBufferPointer { s in
             var scanner = JSONScanner(s)
             var all = true
             do { try scanner.scanObject { m throws(WireError) in all = all && m.canonical } } catch { return false }
             return all
         }
-        #expect(allCanonical, "\(String(decoding: stored, as: UTF8.self))", sourceLocation: sourceLocation)
+        // The scanner's note is exact but for an unpaired surrogate's escape, which it always
+        // has rewritten (to itself).
+        #expect(
+            again == stored && (allCanonical || text.contains("\\ud")), "\(String(decoding: stored, as: UTF8.self))",
+            sourceLocation: sourceLocation)
     }
     var again: [UInt8] = []
     derived.withUnsafeBufferPointer { d in
@@ -194,11 +205,23 @@ func checkPluginOutput(_ text: String, sourceLocation: SourceLocation = #_source
         }
     }
 
+    /// What the fuzz target found, kept (Fuzz/corpus/plugin-output/finding-*).
+    @Test func fuzzFindings() throws {
+        let corpus = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().appendingPathComponent("Fuzz/corpus/plugin-output")
+        let names = try FileManager.default.contentsOfDirectory(atPath: corpus.path).sorted()
+        #expect(names.contains("finding-00.json"))
+        for name in names {
+            let bytes = try Data(contentsOf: corpus.appendingPathComponent(name))
+            checkPluginOutput(String(decoding: bytes, as: UTF8.self))
+        }
+    }
+
     @Test func theIssuesPrettyMemberIsCompacted() throws {
         let output = Array(#"{"type":"when","pretty":{"#.utf8) + Array("\n\t\"a\": [1,\n 2]\n}}".utf8)
         let out = try output.withUnsafeBufferPointer { o in
-                try Array(#"{"_rt":"t"}"#.utf8).withUnsafeBufferPointer { try IngestRewrite.body(output: o, original: $0) }
-            }
+            try Array(#"{"_rt":"t"}"#.utf8).withUnsafeBufferPointer { try IngestRewrite.body(output: o, original: $0) }
+        }
         #expect(String(decoding: out, as: UTF8.self) == #""type":"when","pretty":{"a":[1,2]},"_rt":"t"}"#)
     }
 
@@ -210,7 +233,9 @@ func checkPluginOutput(_ text: String, sourceLocation: SourceLocation = #_source
         }
         #expect(canonical(#""com.example.sp\u0061m""#) == #""com.example.spam""#)
         #expect(canonical(#""\uFEFFa\u2028""#) == "\"\u{FEFF}a\u{2028}\"")
-        #expect(canonical(#""\/\b\f\n\r\t\"\\\u001F\u001f\u00E9\ud83d\ude00""#) == #""/\u0008\u000c\n\r\t\"\\\u001f\u001fé😀""#)
+        #expect(
+            canonical(#""\/\b\f\n\r\t\"\\\u001F\u001f\u00E9\ud83d\ude00""#)
+                == #""/\u0008\u000c\n\r\t\"\\\u001f\u001fé😀""#)
         // A surrogate without its partner has no UTF-8: it stays an escape, in lower case.
         #expect(canonical(#""\uD800x\uDC00""#) == #""\ud800x\udc00""#)
         #expect(canonical("[ 1 ,\n\t{ \"a\" : -0.5E+3 } , true ]") == #"[1,{"a":-0.5E+3},true]"#)
