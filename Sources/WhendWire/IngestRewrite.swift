@@ -77,9 +77,14 @@ package enum IngestRewrite {
         var scanner = JSONScanner(output)
         try scanner.scanObject { m throws(WireError) in
             guard !isTrusted(m, in: output) else { return }
-            if equal(UnsafeBufferPointer(rebasing: output[m.key]), "type") {
+            if isType(m, in: output) {
                 guard m.kind == .string else {
                     throw WireError(.invalidField, "the changed record's type is not a string")
+                }
+                // A second type, however its key is spelled, would make readers disagree on
+                // which one counts (the first for some, the last for others).
+                guard !sawType else {
+                    throw WireError(.invalidField, "the changed record has more than one type member")
                 }
                 sawType = true
             }
@@ -111,6 +116,13 @@ package enum IngestRewrite {
         } else {
             appendCanonicalMember(m, of: bytes, to: &body)
         }
+    }
+
+    /// Whether the member's key is `type`, spelled plainly or with escapes (`"typ\u0065"`).
+    private static func isType(_ m: JSONScanner.Member, in bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+        let key = UnsafeBufferPointer(rebasing: bytes[m.key])
+        if m.keyHasEscapes { return decodeJSONString(key).elementsEqual("type".utf8) }
+        return equal(key, "type")
     }
 
     private static func isTrusted(_ m: JSONScanner.Member, in bytes: UnsafeBufferPointer<UInt8>) -> Bool {

@@ -225,6 +225,23 @@ func checkPluginOutput(_ text: String, sourceLocation: SourceLocation = #_source
         #expect(String(decoding: out, as: UTF8.self) == #""type":"when","pretty":{"a":[1,2]},"_rt":"t"}"#)
     }
 
+    /// `type` decides how every reader treats a record: its key is recognised however it is
+    /// spelled, and a record with two is refused (readers disagree on which one counts).
+    @Test func typeIsOneStringMemberHoweverItsKeyIsSpelled() throws {
+        func rewrite(_ text: String) throws(WireError) -> String {
+            let out = try Array(text.utf8).withUnsafeBufferPointer { (o) throws(WireError) -> [UInt8] in
+                try Array(#"{"_rt":"t"}"#.utf8).withUnsafeBufferPointer { (original) throws(WireError) -> [UInt8] in
+                    try IngestRewrite.body(output: o, original: original)
+                }
+            }
+            return String(decoding: out, as: UTF8.self)
+        }
+        #expect(try rewrite(#"{"typ\u0065":"when"}"#) == #""type":"when","_rt":"t"}"#)
+        for twice in [#"{"type":"when","typ\u0065":5}"#, #"{"typ\u0065":5,"type":"when"}"#, #"{"type":"a","type":"b"}"#] {
+            #expect(throws: WireError.self, "\(twice)") { try rewrite(twice) }
+        }
+    }
+
     @Test func escapesAreWrittenOneWay() {
         func canonical(_ s: String) -> String {
             var out: [UInt8] = []
