@@ -165,8 +165,18 @@ func runCommand(_ path: String, _ arguments: [String], environment: [String: Str
     p.standardOutput = out
     p.standardError = err
     try p.run()
+    // Standard error is read on a thread of its own: a command that fills its pipe (64 KiB)
+    // before it closes standard output would otherwise wait on us while we wait on it.
+    final class Box: @unchecked Sendable { var data = Data() }  // written before `done`, read after
+    let errBox = Box()
+    let done = DispatchSemaphore(value: 0)
+    Thread {
+        errBox.data = err.fileHandleForReading.readDataToEndOfFile()
+        done.signal()
+    }.start()
     let outData = out.fileHandleForReading.readDataToEndOfFile()
-    let errData = err.fileHandleForReading.readDataToEndOfFile()
+    done.wait()
+    let errData = errBox.data
     p.waitUntilExit()
     return (p.terminationStatus, String(decoding: outData, as: UTF8.self), String(decoding: errData, as: UTF8.self))
 }
