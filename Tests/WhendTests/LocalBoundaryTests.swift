@@ -366,8 +366,8 @@ import WhendWire
         unlink(filler)
         #expect(
             try exchange(daemon.socketPath, [hello, #"{"type":"error","message":"boom","fatal":true}"#]).errors.isEmpty)
-        // Segments the full disk tore were rewritten or removed, and written anew, under the
-        // pipelines' readers: every pipeline catches up even so.
+        // Under the pipelines, the full disk tore a segment (whend rewrote it) and refused what
+        // they derived: every one catches up even so, a worker started again included.
         let caughtUp = try daemon.whenctl(["plugins", "--wait", "--timeout", "20"])
         #expect(
             caughtUp.status == 0,
