@@ -47,7 +47,8 @@ func seqPrefix(_ line: UnsafeBufferPointer<UInt8>) -> UInt64? {
 /// Sealed segments are entered through their index, so that `fromSeq` and `sinceMicros` start
 /// near the first wanted record instead of decompressing everything before it. The active
 /// segment is read up to its last flushed commit; with `follow`, the reader waits for more and
-/// moves to the next segment once the writer opens it.
+/// moves to the next segment once the writer opens it, and after the last record it saw in the
+/// file that replaced the one it read, when the writer's repair of a failed write replaced it.
 package struct JournalReader: Sendable {
     package let directory: JournalDirectory
     /// How long a following reader waits for a change it is not told of (inotify tells it of
