@@ -47,7 +47,8 @@ func seqPrefix(_ line: UnsafeBufferPointer<UInt8>) -> UInt64? {
 /// Sealed segments are entered through their index, so that `fromSeq` and `sinceMicros` start
 /// near the first wanted record instead of decompressing everything before it. The active
 /// segment is read up to its last flushed commit; with `follow`, the reader waits for more and
-/// moves to the next segment once the writer opens it.
+/// moves to the next segment once the writer opens it, and after the last record it saw in the
+/// file that replaced the one it read, when the writer's repair of a failed write replaced it.
 package struct JournalReader: Sendable {
     package let directory: JournalDirectory
     /// How long a following reader waits for a change it is not told of (inotify tells it of
@@ -79,6 +80,9 @@ package struct JournalReader: Sendable {
         var segments = directory.segments()
         var position = startPosition(segments, fromSeq: fromSeq, sinceMicros: sinceMicros)
         var lastSeqSeen: UInt64 = 0
+        // Records before this are not given: `fromSeq`, then (once a segment was replaced under
+        // the reader) whatever was seen already, as the new file holds those records again.
+        var from = fromSeq
         while true {
             guard let (index, startOffset) = position, index < segments.count else {
                 // Nothing to read yet (an empty journal): wait for a first segment if following.
@@ -112,6 +116,7 @@ package struct JournalReader: Sendable {
             var damaged = false
             var resumeAt: Int64?
             var nextSegmentSeen = false
+            var replaced = false
             reading: while true {
                 let n = chunk.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, offset) }
                 if n > 0 {
@@ -134,7 +139,7 @@ package struct JournalReader: Sendable {
                                 }
                                 if let seq {
                                     lastSeqSeen = max(lastSeqSeen, seq)
-                                    if let fromSeq, seq < fromSeq { return }
+                                    if let from, seq < from { return }
                                 }
                                 let record = JournalRecord(
                                     line: line, seq: seq, segment: segment.path, frameOffset: frameOffset)
@@ -164,7 +169,15 @@ package struct JournalReader: Sendable {
                     continue
                 }
                 if n < 0 && errno == EINTR { continue }
-                // End of the file as it is now.
+                // End of the file as it is now. The writer's repair of a failed write replaces
+                // the file it tore: rewritten and renamed over it, or removed and (when it held
+                // no whole record) created again under the same name, with the same first
+                // `_seq`, and written on. What is open is then a file nothing writes to any more,
+                // and its name will never change to tell: what is at the name counts.
+                if isReplaced(fd, segment.path) {
+                    replaced = true
+                    break reading
+                }
                 if index < segments.count - 1 || nextSegmentSeen { break reading }
                 guard follow else { break reading }
                 if !onCaughtUp() {
@@ -180,6 +193,12 @@ package struct JournalReader: Sendable {
                 }
             }
             if stop { return }
+            if replaced {
+                from = max(from ?? 0, lastSeqSeen + 1)
+                segments = directory.segments()
+                position = startPosition(segments, fromSeq: from, sinceMicros: sinceMicros)
+                continue
+            }
             if let resumeAt {
                 position = (index, resumeAt)
                 continue
@@ -209,6 +228,15 @@ package struct JournalReader: Sendable {
     }
 
     private struct StopReading: Error {}
+
+    /// Whether the file open as `fd` is no longer the one at `path` (replaced, or removed).
+    private func isReplaced(_ fd: Int32, _ path: String) -> Bool {
+        var opened = stat()
+        var current = stat()
+        guard fstat(fd, &opened) == 0 else { return false }
+        guard stat(path, &current) == 0 else { return errno == ENOENT }
+        return opened.st_ino != current.st_ino || opened.st_dev != current.st_dev
+    }
 
     /// The segment and offset where reading starts.
     func startPosition(_ segments: [SegmentFile], fromSeq: UInt64?, sinceMicros: Int64?) -> (Int, Int64)? {

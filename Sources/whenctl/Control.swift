@@ -214,7 +214,7 @@ struct Plugins: ParsableCommand {
 }
 
 extension Plugins {
-    /// Until every running pipeline's cursor is at the journal's last _seq as it was asked, then
+    /// Until every pipeline's cursor is at the journal's last _seq as it was asked, then
     /// again for what they derived meanwhile (a chain of derivations is short); not until the
     /// lag is 0, which a steady stream of events may never allow.
     func waitUntilCaughtUp() throws {
@@ -225,7 +225,9 @@ extension Plugins {
             let status = reply["status"] as? [String: Any] ?? [:]
             let last = (status["journal"] as? [String: Any])?["last_seq"] as? Int ?? 0
             var cursors: [String: Int] = [:]
-            for p in status["pipelines"] as? [[String: Any]] ?? [] where p["state"] as? String == "running" {
+            // A pipeline whose worker is restarting counts too, at its cursor: it has not
+            // handled what it is behind (after a failed store, say, its worker is started again).
+            for p in status["pipelines"] as? [[String: Any]] ?? [] {
                 cursors[p["name"] as? String ?? "?"] = p["cursor"] as? Int ?? 0
             }
             return (last, cursors)

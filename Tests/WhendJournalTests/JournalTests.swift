@@ -441,3 +441,74 @@ func zstdTestPasses(_ path: String) -> Bool {
         if case .sealed = result.outcome { #expect(JournalVerifier(directory: directory).verify().isClean) }
     }
 }
+
+@Suite struct FollowingReaderTests {
+    /// Writes a segment as the writer does, a commit per record of `whole`, then (if given) the
+    /// commit of `torn`, of which only the first half of the bytes reached the file: a write
+    /// that met a full disk.
+    func writeSegment(
+        _ directory: JournalDirectory, firstSeq: UInt64, whole: [UInt64], torn: UInt64? = nil
+    ) throws {
+        let writer = try SegmentWriter(
+            directory: directory, firstSeq: firstSeq, compressor: ZstdCompressor(level: 3), frameBytes: 1 << 20)
+        func commit(_ seq: UInt64) throws {
+            let line = record(seq) + [0x0A]
+            try line.withUnsafeBytes {
+                try writer.append(lines: $0, firstSeq: seq, lastSeq: seq, minReceived: 0, maxReceived: 0, flush: true)
+            }
+        }
+        for seq in whole { try commit(seq) }
+        guard let torn else { return }
+        let intact = writer.size
+        try commit(torn)
+        #expect(truncate(writer.file.path, off_t(intact + (writer.size - intact) / 2)) == 0)
+    }
+
+    /// The writer's repair of failed writes, as it goes when the disk fills: the torn segment
+    /// is rewritten (sealed, up to its last whole record) and renamed over the file a follower
+    /// has open; the next segment tears at its first write, holds no whole record, and is
+    /// removed, and the writer creates it again under the same name and writes on. Each step
+    /// is taken when the follower has read all there is, so it holds the file the step replaces.
+    @Test func aFollowerCatchesUpAfterTheWriterRepairsTheSegmentsItReads() throws {
+        let directory = JournalDirectory(path: temporaryDirectory("follow-repair"))
+        try directory.create()
+        try writeSegment(directory, firstSeq: 1, whole: [1], torn: 2)
+        var seqs: [UInt64] = []
+        var problems: [JournalProblem] = []
+        var caughtUp = 0
+        var giveUp = Date.distantFuture
+        JournalReader(directory: directory).read(follow: true) { r, _ in
+            if let seq = r.seq { seqs.append(seq) }
+            return true
+        } onCaughtUp: {
+            caughtUp += 1
+            do {
+                switch caughtUp {
+                case 1:
+                    #expect(seqs == [1])
+                    let torn = SegmentFile(firstSeq: 1, path: directory.segmentPath(firstSeq: 1))
+                    let result = try SegmentRecovery.recover(torn)
+                    #expect(result.lastSeq == 1)
+                    try writeSegment(directory, firstSeq: 2, whole: [], torn: 2)
+                case 2:
+                    #expect(seqs == [1])
+                    let torn = SegmentFile(firstSeq: 2, path: directory.segmentPath(firstSeq: 2))
+                    let result = try SegmentRecovery.recover(torn)
+                    #expect(result.outcome == .removedEmpty)
+                    try writeSegment(directory, firstSeq: 2, whole: [2, 3])
+                    giveUp = Date().addingTimeInterval(5)
+                default:
+                    if seqs.last == 3 { return false }
+                }
+            } catch {
+                Issue.record("\(error)")
+                return false
+            }
+            return Date() < giveUp
+        } onProblem: {
+            problems.append($0)
+        }
+        #expect(seqs == [1, 2, 3])
+        #expect(problems.isEmpty, "\(problems)")
+    }
+}

@@ -50,6 +50,27 @@ import Testing
         #expect(took < 2, "the stop took \(took) s")
     }
 
+    /// `whenctl plugins --wait` waits for a pipeline whose worker is being restarted too: it
+    /// has not handled the journal (a worker is stopped and started again after a store of its
+    /// derived records failed, and a script or test waiting for it went on while it was down).
+    @Test func waitingForThePipelinesCountsOneWhoseWorkerIsRestarting() throws {
+        let directory = scratchDirectory("wait-conf")
+        // Nowhere to send: analytics will not start, so its worker exits at once, again and again.
+        try """
+        pipeline.failing = analytics
+        plugin.analytics = {"file": null}
+        """.write(toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
+        let daemon = DaemonProcess("wait", arguments: ["--config", directory + "/whend.conf"])
+        try daemon.start()
+        defer { daemon.stop() }
+        let hello = #"{"hello":{"protocol":1,"app":"com.example.wait","acks":true}}"#
+        _ = try exchange(daemon.socketPath, [hello, #"{"type":"when","name":"n","id":"w1"}"#])
+        #expect(daemon.waitForLog("restarting in", seconds: 20), "\(daemon.log)")
+        let wait = try daemon.whenctl(["plugins", "--wait", "--timeout", "1"])
+        #expect(wait.status != 0, "\(wait.output)")
+        #expect(wait.error.contains("still behind _seq 1") && wait.error.contains("failing at 0"), "\(wait.error)")
+    }
+
     /// Every directory whend and its workers create is the daemon user's alone to write and can
     /// be entered, and each socket has its own mode, however the start-up's threads interleave
     /// (binding a socket once changed the whole process's umask, and the pipelines' directories
