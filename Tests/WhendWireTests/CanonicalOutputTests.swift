@@ -237,7 +237,9 @@ func checkPluginOutput(_ text: String, sourceLocation: SourceLocation = #_source
             return String(decoding: out, as: UTF8.self)
         }
         #expect(try rewrite(#"{"typ\u0065":"when"}"#) == #""type":"when","_rt":"t"}"#)
-        for twice in [#"{"type":"when","typ\u0065":5}"#, #"{"typ\u0065":5,"type":"when"}"#, #"{"type":"a","type":"b"}"#] {
+        for twice in [
+            #"{"type":"when","typ\u0065":5}"#, #"{"typ\u0065":5,"type":"when"}"#, #"{"type":"a","type":"b"}"#,
+        ] {
             #expect(throws: WireError.self, "\(twice)") { try rewrite(twice) }
         }
     }
