@@ -51,9 +51,17 @@ import WhendWire
         #expect(reload.status == 0, "\(reload.error)")
         #expect(reload.output.contains("plugin.otlp") && reload.output.contains("***"), "\(reload.output)")
         #expect(reload.output.contains("plugin.analytics"), "a rotated credential is a change: \(reload.output)")
+        // The plugin refuses an ftp endpoint, quoting it: the reload and --check-config are
+        // refused with the plugin's message, which must not carry the URL's password.
         try write(token: token2, password: password2, endpointUserInfo: "user:\(password1)")
-        #expect(try daemon.whenctl(["reload"]).status == 0)
-        #expect(daemon.waitForLog("would not start"), "\(daemon.log)")
+        let refused = try daemon.whenctl(["reload"])
+        #expect(refused.status != 0, "\(refused.output)")
+        #expect((refused.output + refused.error).contains("analytics"), "\(refused.output) \(refused.error)")
+        let refusedCheck = try runCommand(
+            executable("whend"), ["--config", config, "--check-config"],
+            environment: ["CREDENTIALS_DIRECTORY": credentials])
+        #expect(refusedCheck.status != 0, "\(refusedCheck.output)")
+        try write(token: token2, password: password2, endpointUserInfo: nil)
         let status = try daemon.whenctl(["status", "--json"])
         let check = try runCommand(
             executable("whend"), ["--config", config, "--check-config"],
@@ -63,8 +71,9 @@ import WhendWire
         #expect(check.output.contains(#"\"write_key\": \"***\""#), "\(check.output)")
 
         let shown = [
-            ("reload", reload.output + reload.error), ("log", daemon.log), ("status", status.output),
-            ("check-config", check.output + check.error),
+            ("reload", reload.output + reload.error), ("refused reload", refused.output + refused.error),
+            ("log", daemon.log), ("status", status.output), ("check-config", check.output + check.error),
+            ("refused check-config", refusedCheck.output + refusedCheck.error),
         ]
         for (place, text) in shown {
             for secret in [writeKey, rotated, token1, token2, password1, password2, other] {
