@@ -28,6 +28,14 @@ final class PipelineSupervisor: @unchecked Sendable {
         /// A restarted worker handles again the records after its saved cursor, and derives
         /// again what was derived from them: those are not appended twice.
         var appendedThrough: (cause: UInt64, ordinal: Int) = (0, 0)
+        /// How far derived records are known stored, in the same terms: `appendedThrough`
+        /// runs ahead of it while batches are in the journal's hands.
+        var storedThrough: (cause: UInt64, ordinal: Int) = (0, 0)
+        /// Batches handed to the journal and not yet answered.
+        var appending = 0
+        /// A batch was not stored: the generation whose worker is stopped for it, so that the
+        /// next one derives its records again and they are appended then.
+        var failedGeneration: UInt64?
         /// The current worker's position in the same terms.
         var runCause: UInt64 = 0
         var runOrdinal = 0
@@ -100,6 +108,19 @@ final class PipelineSupervisor: @unchecked Sendable {
             logger.notice(
                 "pipeline \(spec.name): records after its cursor \(cursor) already have their derived records, through _cause \(last.cause)"
             )
+        }
+        state.withLockedValue { $0.storedThrough = $0.appendedThrough }
+    }
+
+    /// After a batch was not stored, the next worker must derive its records again and have
+    /// them appended: once every batch in the journal's hands is answered, what counts as
+    /// appended goes back to what is known stored.
+    private func rewindAfterFailedStore() {
+        guard state.withLockedValue({ $0.failedGeneration != nil }) else { return }
+        while state.withLockedValue({ $0.appending > 0 && !$0.stopping }) { usleep(10_000) }
+        state.withLockedValue {
+            $0.appendedThrough = $0.storedThrough
+            $0.failedGeneration = nil
         }
     }
 
@@ -199,6 +220,7 @@ final class PipelineSupervisor: @unchecked Sendable {
         // Nothing else of the daemon's: an inherited client or control connection would stay
         // open in the worker after the daemon closed it, and its peer would never see the end.
         _ = whend_spawn_file_actions_addclosefrom(&actions, 3)
+        rewindAfterFailedStore()
         var pid: pid_t = 0
         let rc = posix_spawn(&pid, executable, &actions, nil, argv, envp)
         close(fds[1])
@@ -282,9 +304,16 @@ final class PipelineSupervisor: @unchecked Sendable {
         case .derived(let batch, let records):
             // Each record's place as (its cause, its ordinal among that cause's): what was
             // appended before (by this daemon, or found in the journal at start) is not again.
-            let fresh = state.withLockedValue { s -> [DerivedRecord] in
+            enum Take {
+                /// The worker is being stopped for a batch that was not stored: dropped, unanswered.
+                case refused
+                case fresh([DerivedRecord], through: (cause: UInt64, ordinal: Int))
+            }
+            let take = state.withLockedValue { s -> Take in
                 s.lastReport = Date()
-                return records.filter { r in
+                // Its successor derives it all again, and it is appended then.
+                guard s.failedGeneration != generation else { return .refused }
+                let fresh = records.filter { r in
                     if r.cause != s.runCause {
                         s.runCause = r.cause
                         s.runOrdinal = 0
@@ -294,12 +323,36 @@ final class PipelineSupervisor: @unchecked Sendable {
                     s.appendedThrough = (r.cause, s.runOrdinal)
                     return true
                 }
+                if !fresh.isEmpty { s.appending += 1 }
+                return .fresh(fresh, through: s.appendedThrough)
             }
+            guard case .fresh(let fresh, let through) = take else { return }
             if fresh.isEmpty {
                 acknowledge(generation: generation, batch: batch)
-            } else {
-                appendDerived(fresh) { [self] stored in
-                    if stored { acknowledge(generation: generation, batch: batch) }
+                return
+            }
+            appendDerived(fresh) { [self] stored in
+                // Answered in the order appended: what is known stored moves on only while
+                // nothing before it failed.
+                let stop = state.withLockedValue { s -> pid_t? in
+                    s.appending -= 1
+                    if stored {
+                        if s.failedGeneration == nil, through > s.storedThrough { s.storedThrough = through }
+                        return nil
+                    }
+                    guard s.failedGeneration == nil else { return nil }
+                    // The worker running now (this batch's, or one started since, which passed
+                    // these records as appended) stops; the next one starts from what is stored.
+                    s.failedGeneration = s.generation
+                    return s.pid
+                }
+                if stored {
+                    acknowledge(generation: generation, batch: batch)
+                } else if let pid = stop {
+                    logger.error(
+                        "pipeline \(spec.name): derived records were not stored; its worker restarts and derives them again"
+                    )
+                    if pid > 0 { kill(pid, SIGKILL) }
                 }
             }
         }
