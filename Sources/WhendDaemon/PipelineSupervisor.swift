@@ -86,19 +86,7 @@ final class PipelineSupervisor: @unchecked Sendable {
     /// cursor): the worker will derive them again, and they must not be appended twice.
     private func recallDerived() {
         let cursor = PipelineSpec.savedCursor(at: spec.cursorPath)
-        var marker = Array(#""_pipeline":"#.utf8)
-        appendJSONString(Array(spec.name.utf8), to: &marker)
-        var last: (cause: UInt64, ordinal: Int) = (0, 0)
-        JournalReader(directory: JournalDirectory(path: spec.journalDirectory)).read(fromSeq: cursor + 1) {
-            record, _ in
-            guard bytesContain(record.line, marker),
-                let object = try? JSONSerialization.jsonObject(with: Data(buffer: record.line)) as? [String: Any],
-                let cause = (object["_cause"] as? NSNumber)?.uint64Value, cause > cursor
-            else { return true }
-            last = cause == last.cause ? (cause, last.ordinal + 1) : (cause, 1)
-            return true
-        } onProblem: { _ in
-        }
+        let last = lastDerived(after: cursor)
         // Everything derived from records up to the cursor is stored (the cursor passes a
         // record only then): a worker that resumes from an older snapshot, or rebuilds its
         // plugins' state from further back, derives them again, and they are not appended.
@@ -112,9 +100,31 @@ final class PipelineSupervisor: @unchecked Sendable {
         state.withLockedValue { $0.storedThrough = $0.appendedThrough }
     }
 
+    /// The last record in the journal this pipeline derived from a record after `cursor`, as
+    /// (its cause, its ordinal among that cause's).
+    private func lastDerived(after cursor: UInt64) -> (cause: UInt64, ordinal: Int) {
+        var marker = Array(#""_pipeline":"#.utf8)
+        appendJSONString(Array(spec.name.utf8), to: &marker)
+        var last: (cause: UInt64, ordinal: Int) = (0, 0)
+        JournalReader(directory: JournalDirectory(path: spec.journalDirectory)).read(fromSeq: cursor + 1) {
+            record, _ in
+            guard bytesContain(record.line, marker),
+                let object = try? JSONSerialization.jsonObject(with: Data(buffer: record.line)) as? [String: Any],
+                let cause = (object["_cause"] as? NSNumber)?.uint64Value, cause > cursor
+            else { return true }
+            last = cause == last.cause ? (cause, last.ordinal + 1) : (cause, 1)
+            return true
+        } onProblem: { _ in
+        }
+        return last
+    }
+
     /// After a batch was not stored, the next worker must derive its records again and have
     /// them appended: once every batch in the journal's hands is answered, what counts as
-    /// appended goes back to what is known stored.
+    /// appended goes back to what is known stored. A failed write may still have left the first
+    /// records of its group in the journal (recovery keeps what was written whole), and those are
+    /// then appended twice: at least once, never skipped. (The journal cannot be asked which
+    /// they are before its recovery, which the next write does.)
     private func rewindAfterFailedStore() {
         guard state.withLockedValue({ $0.failedGeneration != nil }) else { return }
         while state.withLockedValue({ $0.appending > 0 && !$0.stopping }) { usleep(10_000) }

@@ -35,29 +35,45 @@ private struct PipelineOutput {
             sessions: sessions(in: daemon.stateDirectory + "/plugins/session-recorder/sessions.json"))
     }
 
-    /// What `whenctl replay` of each pipeline derives and writes from `daemon`'s journal in one go.
-    static func replayed(_ daemon: DaemonProcess, config: String) throws -> PipelineOutput {
-        var output = PipelineOutput()
-        for pipeline in ["screens", "crashes", "sessions"] {
-            let out = scratchDirectory("replay-\(pipeline)")
-            defer { try? FileManager.default.removeItem(atPath: out) }
-            let replay = try runToFiles(
-                executable("whenctl"),
-                [
-                    "replay", "--state-dir", daemon.stateDirectory, "--pipeline", pipeline, "--config", config,
-                    "--state-out", out,
-                ])
-            guard replay.status == 0 else { throw TestFailure(description: "replay \(pipeline): \(replay.error)") }
-            switch pipeline {
-            case "screens":
-                output.derived = replay.output.split(separator: "\n").compactMap { derivedPart(String($0)) }.map {
-                    "\($0.cause) \($0.text)"
-                }
-            case "crashes": output.reports = reports(in: out + "/crash-reports/reports")
-            default: output.sessions = sessions(in: out + "/session-recorder/sessions.json")
+    /// What `whenctl replay` of each pipeline derives and writes from `daemon`'s journal in one go
+    /// (the three at once).
+    static func replayed(
+        _ daemon: DaemonProcess, config: String, pipelines: [String] = ["screens", "crashes", "sessions"]
+    ) throws -> PipelineOutput {
+        let directory = scratchDirectory("replays")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var running: [Process] = []
+        for pipeline in pipelines {
+            let p = Process()
+            p.executableURL = URL(fileURLWithPath: executable("whenctl"))
+            p.arguments = [
+                "replay", "--state-dir", daemon.stateDirectory, "--pipeline", pipeline, "--config", config,
+                "--state-out", directory + "/" + pipeline,
+            ]
+            // Files, not pipes: a replay logs a line per crash report, more than a pipe holds.
+            for name in ["out", "err"] {
+                _ = FileManager.default.createFile(atPath: directory + "/\(pipeline).\(name)", contents: nil)
+            }
+            p.standardOutput = try FileHandle(forWritingTo: URL(fileURLWithPath: directory + "/\(pipeline).out"))
+            p.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: directory + "/\(pipeline).err"))
+            try p.run()
+            running.append(p)
+        }
+        func text(_ name: String) -> String {
+            (try? String(contentsOfFile: directory + "/" + name, encoding: .utf8)) ?? ""
+        }
+        for (pipeline, p) in zip(pipelines, running) {
+            p.waitUntilExit()
+            guard p.terminationStatus == 0 else {
+                throw TestFailure(description: "replay \(pipeline): \(text(pipeline + ".err"))")
             }
         }
-        return output
+        return PipelineOutput(
+            derived: text("screens.out").split(separator: "\n").compactMap { derivedPart(String($0)) }.map {
+                "\($0.cause) \($0.text)"
+            },
+            reports: reports(in: directory + "/crashes/crash-reports/reports"),
+            sessions: sessions(in: directory + "/sessions/session-recorder/sessions.json"))
     }
 
     /// Each way `self` (live) differs from `replay`, said briefly; empty if none.
@@ -85,25 +101,6 @@ private struct PipelineOutput {
         }
         return found
     }
-}
-
-/// Runs a command with its output in files, not pipes: a replay logs a line per crash report on
-/// standard error, more than a pipe holds while the other one is read.
-private func runToFiles(_ path: String, _ arguments: [String]) throws -> (
-    status: Int32, output: String, error: String
-) {
-    let directory = scratchDirectory("run")
-    defer { try? FileManager.default.removeItem(atPath: directory) }
-    let p = Process()
-    p.executableURL = URL(fileURLWithPath: path)
-    p.arguments = arguments
-    for name in ["out", "err"] { _ = FileManager.default.createFile(atPath: directory + "/" + name, contents: nil) }
-    p.standardOutput = try FileHandle(forWritingTo: URL(fileURLWithPath: directory + "/out"))
-    p.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: directory + "/err"))
-    try p.run()
-    p.waitUntilExit()
-    func text(_ name: String) -> String { (try? String(contentsOfFile: directory + "/" + name, encoding: .utf8)) ?? "" }
-    return (p.terminationStatus, text("out"), text("err"))
 }
 
 /// The pid of `pipeline`'s worker once one other than `previous` runs; 0 if none within `seconds`.
@@ -138,6 +135,70 @@ private func writeConfiguration(_ directory: String, _ settings: String) throws 
     return file
 }
 
+/// App sessions that go on across a schedule's kills, sent a chunk at a time (each event
+/// acknowledged): navigation and lifecycle that keep screen-tracking's state busy (rule breaks
+/// included, which it reports), app-sent screens, other events, errors, fatal or not.
+struct Journeys {
+    var random: KillSchedule.SplitMix
+    var stacks: [[String]] = Array(repeating: [], count: 8)
+    var sent = 0
+    static let screens = ["Home", "CharacterList", "CharacterDetail", "Comics", "Settings", "Email", "Practice"]
+
+    init(seed: UInt64) { random = KillSchedule.SplitMix(state: seed) }
+
+    mutating func pick<T>(_ from: [T]) -> T { from[Int(random.next() % UInt64(from.count))] }
+
+    /// About 20 events for each session.
+    mutating func sendChunk(to daemon: DaemonProcess) throws {
+        for session in stacks.indices {
+            var events: [String] = []
+            func lifecycle(_ screen: String, _ status: String) {
+                events.append(#"{"type":"lifecycle","screen":"\#(screen)","status":"\#(status)"}"#)
+            }
+            if stacks[session].isEmpty {
+                stacks[session] = ["Home"]
+                events.append(#"{"type":"navigation","action":"root","screen":"Home"}"#)
+                lifecycle("Home", "willAppear")
+                lifecycle("Home", "didAppear")
+            }
+            for _ in 0..<(15 + Int(random.next() % 10)) {
+                let top = stacks[session].last ?? "Home"
+                switch random.next() % 12 {
+                case 0...3:
+                    let screen = pick(Self.screens)
+                    events.append(#"{"type":"navigation","action":"push","screen":"\#(screen)"}"#)
+                    lifecycle(top, "willDisappear")
+                    lifecycle(screen, "willAppear")
+                    if random.next() % 8 != 0 { lifecycle(screen, "didAppear") }
+                    lifecycle(top, "didDisappear")
+                    stacks[session].append(screen)
+                case 4, 5:
+                    guard stacks[session].count > 1 else { continue }
+                    stacks[session].removeLast()
+                    let under = stacks[session].last ?? "Home"
+                    events.append(#"{"type":"navigation","action":"pop"}"#)
+                    lifecycle(top, "willDisappear")
+                    lifecycle(under, "willAppear")
+                    lifecycle(under, "didAppear")
+                    lifecycle(top, "didDisappear")
+                case 6:
+                    lifecycle(pick(Self.screens), pick(["willAppear", "didAppear", "willDisappear", "didDisappear"]))
+                case 7: events.append(#"{"type":"screen","name":"\#(pick(Self.screens))"}"#)
+                case 8, 9: events.append(#"{"type":"when","name":"tap","params":{"n":\#(random.next() % 100)}}"#)
+                default:
+                    let fatal = random.next() % 3 == 0
+                    events.append(
+                        #"{"type":"error","fatal":\#(fatal),"message":"failure \#(random.next() % 1000)","screen":"\#(top)"}"#
+                    )
+                }
+            }
+            let app = ["com.example.marvel", "com.example.mail", "uk.nhs.gp-onboarding"][session % 3]
+            try sendSession(daemon, app: app, session: "s\(session)", events)
+            sent += events.count
+        }
+    }
+}
+
 /// One generated schedule of kills: the seed gives the snapshot interval, the journeys and
 /// each step, so that a failing seed names the same schedule again (its moments are real
 /// time, so it reproduces the phases, not the exact instants).
@@ -165,7 +226,7 @@ struct KillSchedule: CustomStringConvertible {
 
     var seed: UInt64
     var snapshotInterval: Double
-    var demoSeed: UInt64
+    var journeySeed: UInt64
     var steps: [Step]
 
     static let pipelines = ["screens", "crashes", "sessions"]
@@ -175,21 +236,21 @@ struct KillSchedule: CustomStringConvertible {
         self.seed = seed
         var random = SplitMix(state: seed)
         snapshotInterval = [0.05, 0.2, 1, 5][Int(random.next() % 4)]
-        demoSeed = random.next() % 1000 + 1
+        journeySeed = random.next()
         steps = (0..<(3 + Int(random.next() % 4))).map { _ in
             let pipeline = Self.pipelines[Int(random.next() % 3)]
             let delay = Double(random.next() % 1000) / 1000
             switch random.next() % 10 {
             case 0...4: return .point(pipeline: pipeline, point: Self.points[Int(random.next() % 5)])
             case 5, 6: return .young(pipeline: pipeline, after: delay)
-            case 7, 8: return .worker(pipeline: pipeline, after: delay / 2)
-            default: return .daemon(after: delay / 2)
+            case 7, 8: return .worker(pipeline: pipeline, after: delay / 4)
+            default: return .daemon(after: delay / 4)
             }
         }
     }
 
     var description: String {
-        "seed \(seed): pipeline_snapshot_interval \(snapshotInterval), journeys of seed \(demoSeed), kills: "
+        "seed \(seed): pipeline_snapshot_interval \(snapshotInterval), kills: "
             + steps.map(\.description).joined(separator: "; ")
     }
 
@@ -221,11 +282,11 @@ struct KillSchedule: CustomStringConvertible {
         daemon.environment = ["WHEND_TEST_KILL_POINTS": points]
         try daemon.start()
         defer { daemon.crash() }
-        let demo = try startDemo(
-            daemon, ["--rate", "2000", "--duration", "2.5", "--seed", "\(demoSeed)", "--fatal-one-in", "2"])
-        defer { if demo.isRunning { demo.terminate() } }
+        var journeys = Journeys(seed: journeySeed)
         var kills = 0
         for step in steps {
+            // Sessions go on across the kills: what a worker restores is never empty.
+            try journeys.sendChunk(to: daemon)
             switch step {
             case .point(let pipeline, let point):
                 let file = points + "/" + pipeline + "." + point
@@ -235,7 +296,7 @@ struct KillSchedule: CustomStringConvertible {
                     if pid > 0 { kill(pid_t(pid), SIGKILL) }
                 }
                 // Points passed only now and then (a snapshot) may not come: then it is left.
-                if eventually(3, { !FileManager.default.fileExists(atPath: file) }) { kills += 1 }
+                if eventually(2, { !FileManager.default.fileExists(atPath: file) }) { kills += 1 }
                 unlink(file)
             case .young(let pipeline, let after):
                 let old = workerPid(daemon, pipeline)
@@ -254,13 +315,13 @@ struct KillSchedule: CustomStringConvertible {
                 try daemon.start()
             }
         }
-        demo.waitUntilExit()
+        try journeys.sendChunk(to: daemon)
         guard settle(daemon) else {
             throw TestFailure(description: "\(self): the pipelines did not catch up: \(daemon.log.suffix(3000))")
         }
         guard daemon.stop() == 0 else { throw TestFailure(description: "\(self): whend did not stop cleanly") }
         let live = PipelineOutput.live(daemon)
-        guard live.derived.count > 100 else {
+        guard live.derived.count > 50 else {
             throw TestFailure(description: "\(self): only \(live.derived.count) derived records")
         }
         let differences = live.differences(from: try PipelineOutput.replayed(daemon, config: config))
@@ -311,7 +372,7 @@ struct KillSchedule: CustomStringConvertible {
     /// what a replay of the same journal makes. A failure names its seed; `make soak` runs
     /// WHEND_KILL_SCHEDULES of them (1000).
     @Test func noKillScheduleChangesWhatPipelinesDeriveOrWrite() async throws {
-        let count = Int(ProcessInfo.processInfo.environment["WHEND_KILL_SCHEDULES"] ?? "") ?? 12
+        let count = Int(ProcessInfo.processInfo.environment["WHEND_KILL_SCHEDULES"] ?? "") ?? 16
         var round = 0
         var kills = 0
         await propertyCheck(count: count, input: Gen.uint64()) { seed in
@@ -329,7 +390,7 @@ struct KillSchedule: CustomStringConvertible {
     }
 
     /// Seeds the property once failed with, kept as fixed cases.
-    @Test(arguments: [UInt64(1), 2]) func aKillScheduleThatOnceFailed(seed: UInt64) throws {
+    @Test(arguments: [UInt64(2_692_973_052_129_837_411), 0]) func aKillScheduleThatOnceFailed(seed: UInt64) throws {
         let schedule = KillSchedule(seed: seed)
         let outcome = try schedule.run()
         #expect(outcome.differences.isEmpty, "\(schedule)\n\(outcome.differences.joined(separator: "\n"))")
@@ -373,7 +434,21 @@ struct KillSchedule: CustomStringConvertible {
         if pid > 0 { kill(pid_t(pid), SIGKILL) }
         #expect(settle(daemon))
         #expect(daemon.stop() == 0)
-        try expectReplayDerivesWhatWasLive(daemon, config: config, atLeast: 3)
+        // Nothing skipped: what a replay derives is all there, in order. (Records the failed
+        // write left whole in the journal may be there twice: at least once.)
+        let live = PipelineOutput.live(daemon).derived
+        let replay = try PipelineOutput.replayed(daemon, config: config, pipelines: ["screens"]).derived
+        #expect(replay.count > 600, "\(replay.count) derived in the replay")
+        var position = live.startIndex
+        var missing = 0
+        for record in replay {
+            if let found = live[position...].firstIndex(of: record) {
+                position = found + 1
+            } else {
+                missing += 1
+            }
+        }
+        #expect(missing == 0, "\(missing) of \(replay.count) derived records missing (\(live.count) stored)")
     }
 
     /// Retention follows the cursor a restarted worker resumes from — its plugins' snapshot —
