@@ -325,7 +325,10 @@ struct KillSchedule: CustomStringConvertible {
             throw TestFailure(description: "\(self): only \(live.derived.count) derived records")
         }
         let differences = live.differences(from: try PipelineOutput.replayed(daemon, config: config))
-        if differences.isEmpty { try? FileManager.default.removeItem(atPath: daemon.directory) }
+        if differences.isEmpty {
+            try? FileManager.default.removeItem(atPath: daemon.directory)
+            try? FileManager.default.removeItem(atPath: (config as NSString).deletingLastPathComponent)
+        }
         return (differences, kills)
     }
 }
