@@ -240,15 +240,18 @@ final class PipelineSupervisor: @unchecked Sendable {
             close(ackFds[1])
             return "could not start (\(String(cString: strerror(rc))))"
         }
-        let generation = state.withLockedValue {
+        let (generation, failed) = state.withLockedValue {
             $0.pid = pid
             $0.running = true
             $0.lastReport = Date()
             $0.runCause = 0
             $0.runOrdinal = 0
             $0.generation += 1
-            return $0.generation
+            return ($0.generation, $0.failedGeneration != nil)
         }
+        // A batch failed after the rewind above: this worker would take its records for
+        // appended. The next one starts after the rewind.
+        if failed { kill(pid, SIGKILL) }
         let start = SupervisorMessage.start(
             generation: generation, spec: Array((try? JSONEncoder().encode(spec)) ?? Data()))
         acknowledgementQueue.sync {
@@ -315,14 +318,14 @@ final class PipelineSupervisor: @unchecked Sendable {
             // Each record's place as (its cause, its ordinal among that cause's): what was
             // appended before (by this daemon, or found in the journal at start) is not again.
             enum Take {
-                /// The worker is being stopped for a batch that was not stored: dropped, unanswered.
+                /// A batch was not stored and the worker is being stopped: dropped, unanswered.
                 case refused
                 case fresh([DerivedRecord], through: (cause: UInt64, ordinal: Int))
             }
             let take = state.withLockedValue { s -> Take in
                 s.lastReport = Date()
                 // Its successor derives it all again, and it is appended then.
-                guard s.failedGeneration != generation else { return .refused }
+                guard s.failedGeneration == nil else { return .refused }
                 let fresh = records.filter { r in
                     if r.cause != s.runCause {
                         s.runCause = r.cause

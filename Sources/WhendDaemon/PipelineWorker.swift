@@ -242,6 +242,11 @@ package enum PipelineWorker {
         }
         var chain = buildChain()
         let keepsState = spec.snapshotInterval > 0 && chain.plugins.contains { $0.keepsState }
+        // A snapshot left from when the pipeline kept state is never resumed from now: it must
+        // not hold retention back (retention waits for the cursor of any snapshot it finds).
+        if !keepsState {
+            for path in [spec.snapshotPath, spec.snapshotPath + ".previous"] { unlink(path) }
+        }
         // whend acknowledges each batch of derived records once stored, on standard input;
         // the end of it means whend is gone.
         Thread {

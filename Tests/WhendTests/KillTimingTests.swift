@@ -494,6 +494,42 @@ struct KillSchedule: CustomStringConvertible {
         #expect(daemon.stop() == 0)
     }
 
+    /// A pipeline that no longer keeps state (`pipeline_snapshot_interval = 0`) never resumes
+    /// from the snapshot it saved before: the snapshot goes, and retention does not wait for it.
+    @Test func aSnapshotNoLongerUsedHoldsNoRecords() throws {
+        let config = try writeConfiguration(
+            scratchDirectory("ret-old-conf"),
+            """
+            segment_max_bytes = 4096
+            retention_max_bytes = 12000
+            pipeline.analytics =
+            pipeline.crashes =
+            pipeline.sessions =
+            """)
+        let daemon = DaemonProcess(
+            "ret-old",
+            arguments: ["--builtin-pipelines", "true", "--config", config, "--pipeline-snapshot-interval", "0.05"])
+        try daemon.start()
+        let snapshot = daemon.stateDirectory + "/pipelines/screens/snapshot"
+        try sendSession(
+            daemon, app: "com.example.marvel", session: "a",
+            [#"{"type":"navigation","action":"root","screen":"CharacterList"}"#])
+        #expect(eventually { (PipelineSnapshotCursor.read(snapshot) ?? 0) >= 1 })
+        #expect(daemon.stop() == 0)
+        let again = DaemonProcess(
+            "ret-old",
+            arguments: ["--builtin-pipelines", "true", "--config", config, "--pipeline-snapshot-interval", "0"],
+            stateDirectory: daemon.stateDirectory)
+        try again.start()
+        #expect(eventually { !FileManager.default.fileExists(atPath: snapshot) })
+        for part in 0..<16 {
+            try sendNoisyParts(again, part..<(part + 1))
+            #expect(try again.waitForPipeline("screens", cursor: 1 + (part + 1) * 30))
+        }
+        #expect(again.journal.segments().first?.firstSeq != 1, "nothing deleted: \(again.log.suffix(1500))")
+        #expect(again.stop() == 0)
+    }
+
     /// A built-in pipeline that is off (its plugin is nowhere to be found) needs no record:
     /// retention does not wait for it at cursor 0.
     @Test func aBuiltinPipelineThatIsOffHoldsNoRecords() throws {
