@@ -54,6 +54,14 @@ extension Daemon {
     func runPipelines(_ specs: [String: PipelineSpec], watchdog: TimeInterval) {
         let executable =
             (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        let configuration = self.configuration
+        let unloaded = self.unloaded.withLockedValue { $0 }
+        offPipelines.withLockedValue {
+            $0 = Set(
+                configuration.effectivePipelines.filter { name, plugins in
+                    specs[name] == nil && configuration.isImplicitBuiltin(name) && unloaded.isDisjoint(with: plugins)
+                }.keys)
+        }
         var stopping: [PipelineSupervisor] = []
         var starting: [PipelineSupervisor] = []
         supervisors.withLockedValue { running in
@@ -129,14 +137,29 @@ extension Daemon {
     }
 
     /// Each configured pipeline's durable cursor, for retention: its worker's last report,
-    /// else the cursor it saved (a pipeline waiting on an unloaded plugin still needs its records).
+    /// else the cursor it saved (a pipeline waiting on an unloaded plugin still needs its records),
+    /// and never past the cursor of its plugins' saved state — a restarted worker resumes from
+    /// there, and needs the records after it to rebuild that state. A built-in pipeline that is
+    /// off (its plugin missing) holds nothing.
     func pipelineCursors() -> [(name: String, cursor: UInt64)] {
         let configuration = self.configuration
         let running = supervisors.withLockedValue { $0 }
-        return configuration.effectivePipelines.keys.sorted().map { name in
-            if let supervisor = running[name] { return (name, supervisor.state.withLockedValue { $0.cursor }) }
-            let path = configuration.stateDirectory + "/pipelines/" + name + "/cursor"
-            return (name, PipelineSpec.savedCursor(at: path))
+        let off = offPipelines.withLockedValue { $0 }
+        return configuration.effectivePipelines.keys.sorted().compactMap { name in
+            let directory = configuration.stateDirectory + "/pipelines/" + name
+            var cursor: UInt64
+            if let supervisor = running[name] {
+                cursor = supervisor.state.withLockedValue { $0.cursor }
+            } else if off.contains(name) {
+                return nil
+            } else {
+                cursor = PipelineSpec.savedCursor(at: directory + "/cursor")
+            }
+            // Both: between the two renames of a save, the previous one is all there is.
+            for path in [directory + "/snapshot", directory + "/snapshot.previous"] {
+                if let saved = PipelineSnapshot.cursor(at: path) { cursor = min(cursor, saved) }
+            }
+            return (name, cursor)
         }
     }
 

@@ -28,6 +28,14 @@ final class PipelineSupervisor: @unchecked Sendable {
         /// A restarted worker handles again the records after its saved cursor, and derives
         /// again what was derived from them: those are not appended twice.
         var appendedThrough: (cause: UInt64, ordinal: Int) = (0, 0)
+        /// How far derived records are known stored, in the same terms: `appendedThrough`
+        /// runs ahead of it while batches are in the journal's hands.
+        var storedThrough: (cause: UInt64, ordinal: Int) = (0, 0)
+        /// Batches handed to the journal and not yet answered.
+        var appending = 0
+        /// A batch was not stored: the generation whose worker is stopped for it, so that the
+        /// next one derives its records again and they are appended then.
+        var failedGeneration: UInt64?
         /// The current worker's position in the same terms.
         var runCause: UInt64 = 0
         var runOrdinal = 0
@@ -78,6 +86,23 @@ final class PipelineSupervisor: @unchecked Sendable {
     /// cursor): the worker will derive them again, and they must not be appended twice.
     private func recallDerived() {
         let cursor = PipelineSpec.savedCursor(at: spec.cursorPath)
+        let last = lastDerived(after: cursor)
+        // Everything derived from records up to the cursor is stored (the cursor passes a
+        // record only then): a worker that resumes from an older snapshot, or rebuilds its
+        // plugins' state from further back, derives them again, and they are not appended.
+        state.withLockedValue { if (cursor, Int.max) > $0.appendedThrough { $0.appendedThrough = (cursor, Int.max) } }
+        if last.cause > 0 {
+            state.withLockedValue { if last > $0.appendedThrough { $0.appendedThrough = last } }
+            logger.notice(
+                "pipeline \(spec.name): records after its cursor \(cursor) already have their derived records, through _cause \(last.cause)"
+            )
+        }
+        state.withLockedValue { $0.storedThrough = $0.appendedThrough }
+    }
+
+    /// The last record in the journal this pipeline derived from a record after `cursor`, as
+    /// (its cause, its ordinal among that cause's).
+    private func lastDerived(after cursor: UInt64) -> (cause: UInt64, ordinal: Int) {
         var marker = Array(#""_pipeline":"#.utf8)
         appendJSONString(Array(spec.name.utf8), to: &marker)
         var last: (cause: UInt64, ordinal: Int) = (0, 0)
@@ -91,15 +116,21 @@ final class PipelineSupervisor: @unchecked Sendable {
             return true
         } onProblem: { _ in
         }
-        // Everything derived from records up to the cursor is stored (the cursor passes a
-        // record only then): a worker that resumes from an older snapshot, or rebuilds its
-        // plugins' state from further back, derives them again, and they are not appended.
-        state.withLockedValue { if (cursor, Int.max) > $0.appendedThrough { $0.appendedThrough = (cursor, Int.max) } }
-        if last.cause > 0 {
-            state.withLockedValue { if last > $0.appendedThrough { $0.appendedThrough = last } }
-            logger.notice(
-                "pipeline \(spec.name): records after its cursor \(cursor) already have their derived records, through _cause \(last.cause)"
-            )
+        return last
+    }
+
+    /// After a batch was not stored, the next worker must derive its records again and have
+    /// them appended: once every batch in the journal's hands is answered, what counts as
+    /// appended goes back to what is known stored. A failed write may still have left the first
+    /// records of its group in the journal (recovery keeps what was written whole), and those are
+    /// then appended twice: at least once, never skipped. (The journal cannot be asked which
+    /// they are before its recovery, which the next write does.)
+    private func rewindAfterFailedStore() {
+        guard state.withLockedValue({ $0.failedGeneration != nil }) else { return }
+        while state.withLockedValue({ $0.appending > 0 && !$0.stopping }) { usleep(10_000) }
+        state.withLockedValue {
+            $0.appendedThrough = $0.storedThrough
+            $0.failedGeneration = nil
         }
     }
 
@@ -198,6 +229,7 @@ final class PipelineSupervisor: @unchecked Sendable {
         // Nothing else of the daemon's: an inherited client or control connection would stay
         // open in the worker after the daemon closed it, and its peer would never see the end.
         _ = whend_spawn_file_actions_addclosefrom(&actions, WorkerFrame.commandDescriptor + 1)
+        rewindAfterFailedStore()
         var pid: pid_t = 0
         let rc = posix_spawn(&pid, executable, &actions, nil, argv, envp)
         close(fds[1])
@@ -207,15 +239,18 @@ final class PipelineSupervisor: @unchecked Sendable {
             close(ackFds[1])
             return "could not start (\(String(cString: strerror(rc))))"
         }
-        let generation = state.withLockedValue {
+        let (generation, failed) = state.withLockedValue {
             $0.pid = pid
             $0.running = true
             $0.lastReport = Date()
             $0.runCause = 0
             $0.runOrdinal = 0
             $0.generation += 1
-            return $0.generation
+            return ($0.generation, $0.failedGeneration != nil)
         }
+        // A batch failed after the rewind above: this worker would take its records for
+        // appended. The next one starts after the rewind.
+        if failed { kill(pid, SIGKILL) }
         let start = SupervisorMessage.start(
             generation: generation, spec: Array((try? JSONEncoder().encode(spec)) ?? Data()))
         acknowledgementQueue.sync {
@@ -304,9 +339,16 @@ final class PipelineSupervisor: @unchecked Sendable {
         case .derived(let batch, let records):
             // Each record's place as (its cause, its ordinal among that cause's): what was
             // appended before (by this daemon, or found in the journal at start) is not again.
-            let fresh = state.withLockedValue { s -> [DerivedRecord] in
+            enum Take {
+                /// A batch was not stored and the worker is being stopped: dropped, unanswered.
+                case refused
+                case fresh([DerivedRecord], through: (cause: UInt64, ordinal: Int))
+            }
+            let take = state.withLockedValue { s -> Take in
                 s.lastReport = Date()
-                return records.filter { r in
+                // Its successor derives it all again, and it is appended then.
+                guard s.failedGeneration == nil else { return .refused }
+                let fresh = records.filter { r in
                     if r.cause != s.runCause {
                         s.runCause = r.cause
                         s.runOrdinal = 0
@@ -316,12 +358,36 @@ final class PipelineSupervisor: @unchecked Sendable {
                     s.appendedThrough = (r.cause, s.runOrdinal)
                     return true
                 }
+                if !fresh.isEmpty { s.appending += 1 }
+                return .fresh(fresh, through: s.appendedThrough)
             }
+            guard case .fresh(let fresh, let through) = take else { return }
             if fresh.isEmpty {
                 acknowledge(generation: generation, batch: batch)
-            } else {
-                appendDerived(fresh) { [self] stored in
-                    if stored { acknowledge(generation: generation, batch: batch) }
+                return
+            }
+            appendDerived(fresh) { [self] stored in
+                // Answered in the order appended: what is known stored moves on only while
+                // nothing before it failed.
+                let stop = state.withLockedValue { s -> pid_t? in
+                    s.appending -= 1
+                    if stored {
+                        if s.failedGeneration == nil, through > s.storedThrough { s.storedThrough = through }
+                        return nil
+                    }
+                    guard s.failedGeneration == nil else { return nil }
+                    // The worker running now (this batch's, or one started since, which passed
+                    // these records as appended) stops; the next one starts from what is stored.
+                    s.failedGeneration = s.generation
+                    return s.pid
+                }
+                if stored {
+                    acknowledge(generation: generation, batch: batch)
+                } else if let pid = stop {
+                    logger.error(
+                        "pipeline \(spec.name): derived records were not stored; its worker restarts and derives them again"
+                    )
+                    if pid > 0 { kill(pid, SIGKILL) }
                 }
             }
         }

@@ -246,6 +246,11 @@ package enum PipelineWorker {
         }
         var chain = buildChain()
         let keepsState = spec.snapshotInterval > 0 && chain.plugins.contains { $0.keepsState }
+        // A snapshot left from when the pipeline kept state is never resumed from now: it must
+        // not hold retention back (retention waits for the cursor of any snapshot it finds).
+        if !keepsState {
+            for path in [spec.snapshotPath, spec.snapshotPath + ".previous"] { unlink(path) }
+        }
         // whend acknowledges each batch of derived records once stored; the end of its pipe
         // means whend is gone.
         Thread {
@@ -273,15 +278,29 @@ package enum PipelineWorker {
             }
         }.start()
         var cursor = PipelineSpec.savedCursor(at: spec.cursorPath)
+        let firstStart = !FileManager.default.fileExists(atPath: spec.cursorPath)
+        killPoint(.started, spec)
+        // The cursor resumed from never runs ahead of the state restored: the plugins' state is
+        // that of the records through the snapshot's cursor, so the records after it are handled
+        // again (what they derive again is not stored twice), whatever cursor was saved since.
         if keepsState {
             switch restoreState(spec, chain, logger: logger) {
             case .restored(let at):
                 cursor = at
-            case .nothingSaved:
-                break
-            case .unusable:
+            case .nothingSaved where firstStart || cursor == 0:
+                // A new pipeline: the plugins' fresh state is its state before the first record.
+                // Saved before the cursor, so that no later worker finds a cursor without state.
+                do {
+                    try takeSnapshot(chain, cursor: 0).save(to: spec.snapshotPath)
+                } catch {
+                    logger.error("pipeline \(spec.name): its plugins' first state was not saved: \(error)")
+                }
+            case .nothingSaved, .unusable:
                 // Plugins may hold part of a state that was not used: start them afresh, from
-                // far enough back to rebuild it. What they derive again is not stored twice.
+                // far enough back to rebuild it. What they derive again is not stored twice. A
+                // cursor without any snapshot (a worker killed before its first, or one from
+                // before snapshots) is no state either: resuming at it would handle the records
+                // after it against empty state.
                 chain = PluginChain([])
                 chain = buildChain()
                 let from = cursor > spec.snapshotRebuild ? cursor - spec.snapshotRebuild : 0
@@ -292,7 +311,9 @@ package enum PipelineWorker {
             }
         }
         var savedCursor = cursor
-        var lastSnapshot = Date()
+        // A worker's first snapshot comes early (within half a second): workers that keep dying
+        // young still move on the point their successors resume from.
+        var lastSnapshot = Date().addingTimeInterval(-max(0, spec.snapshotInterval - 0.5))
         var snapshotCursor = cursor
         // At least `snapshotInterval`, and at least twenty times what the last snapshot took:
         // a large state costs its pipeline no more than a twentieth of its time to save.
@@ -366,7 +387,10 @@ package enum PipelineWorker {
                 if completions.watermark(acceptedThrough: cursor) != cursor { completions.drain(seconds: 2) }
                 if completions.watermark(acceptedThrough: cursor) == cursor {
                     do {
-                        try takeSnapshot(chain, cursor: cursor).save(to: spec.snapshotPath)
+                        try takeSnapshot(chain, cursor: cursor).save(to: spec.snapshotPath) {
+                            killPoint(.writingSnapshot, spec)
+                        }
+                        killPoint(.snapshotSaved, spec)
                         snapshotCursor = cursor
                         snapshotSpacing = max(spec.snapshotInterval, 20 * Date().timeIntervalSince(now))
                     } catch {
@@ -383,6 +407,7 @@ package enum PipelineWorker {
                 do {
                     try save(durable, to: spec.cursorPath)
                     savedCursor = durable
+                    killPoint(.cursorSaved, spec)
                 } catch {
                     // The old cursor stands (records are handled again, never skipped); tried
                     // again at the next save.
@@ -490,6 +515,32 @@ package enum PipelineWorker {
         exit(0)
     }
 
+    /// Moments at which a test can have the worker SIGKILL itself, to reach each phase of its
+    /// life reliably: with `WHEND_TEST_KILL_POINTS` naming a directory, the worker dies at
+    /// point P if it can remove `<directory>/<pipeline>.<P>` (so one worker dies per file).
+    /// Without the variable, nothing is looked at.
+    enum KillPoint: String {
+        /// Its plugins loaded, before any state is restored.
+        case started
+        /// A stage's state restored, before the next stage's and before the resume.
+        case restoring
+        /// The newest snapshot moved aside, the new one not yet in its place.
+        case writingSnapshot = "writing-snapshot"
+        /// A snapshot saved, the cursor not yet saved with it.
+        case snapshotSaved = "snapshot-saved"
+        /// A cursor saved (after the last snapshot, before the next).
+        case cursorSaved = "cursor-saved"
+    }
+
+    private static let killPointDirectory = ProcessInfo.processInfo.environment["WHEND_TEST_KILL_POINTS"]
+
+    static func killPoint(_ point: KillPoint, _ spec: PipelineSpec) {
+        guard let directory = killPointDirectory, !directory.isEmpty,
+            unlink(directory + "/" + spec.name + "." + point.rawValue) == 0
+        else { return }
+        kill(getpid(), SIGKILL)
+    }
+
     enum Restored {
         case restored(at: UInt64)
         case nothingSaved
@@ -524,6 +575,7 @@ package enum PipelineWorker {
                     } catch {
                         throw PipelineSnapshot.Unusable(description: error.description)
                     }
+                    killPoint(.restoring, spec)
                 }
                 logger.notice(
                     "pipeline \(spec.name): restored its plugins' state saved at _seq \(snapshot.cursor) (\(which) snapshot); resuming after it"
