@@ -16,6 +16,7 @@ extension Daemon {
         // A pipeline with an unloaded plugin waits at its cursor: it never skips a stage.
         pipelines: for (name, plugins) in configuration.effectivePipelines where unloaded.isDisjoint(with: plugins) {
             var stages: [PipelineSpec.Stage] = []
+            var origins: [String] = []
             for plugin in plugins {
                 let library: PluginLibrary
                 do {
@@ -34,6 +35,7 @@ extension Daemon {
                         description:
                             "plugin \(plugin) finishes records later, so it must be the last stage of pipeline \(name)")
                 }
+                origins.append(library.name)
                 stages.append(
                     PipelineSpec.Stage(
                         plugin: plugin, configuration: configuration.pluginConfigurations[plugin] ?? "{}"))
@@ -44,7 +46,7 @@ extension Daemon {
                 pluginStateRoot: configuration.stateDirectory + "/plugins",
                 pluginDirectories: configuration.pluginDirectories,
                 retryLimit: configuration.pipelineRetryLimit, snapshotInterval: configuration.pipelineSnapshotInterval,
-                snapshotRebuild: UInt64(configuration.pipelineSnapshotRebuild))
+                snapshotRebuild: UInt64(configuration.pipelineSnapshotRebuild), origins: origins)
         }
         return specs
     }
@@ -71,7 +73,8 @@ extension Daemon {
             }
             for (name, spec) in specs where running[name] == nil {
                 let supervisor = PipelineSupervisor(
-                    spec: spec, executable: executable, watchdog: watchdog, logger: logger
+                    spec: spec, executable: executable, watchdog: watchdog, logger: logger,
+                    journalLastSeq: { [weak self] in self?.writer.statistics.lastSeq ?? 0 }
                 ) { [weak self] records, stored in
                     self?.appendDerived(records, pipeline: name, stored: stored)
                 }

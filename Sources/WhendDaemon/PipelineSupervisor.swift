@@ -42,12 +42,21 @@ final class PipelineSupervisor: @unchecked Sendable {
         /// The current worker's generation: acknowledgements carry it, and one meant for an
         /// earlier worker is never counted for a later one.
         var generation: UInt64 = 0
+        /// The record workers last died on, and how many times in a row.
+        var deaths: (seq: UInt64, count: Int) = (0, 0)
+        /// The record the next workers write to the dead letters rather than handle, and why.
+        var poison: (seq: UInt64, why: String)?
+        /// The worker was stopped for no fault of the record in hand (a failed store, a restart
+        /// asked for): its death is not counted against that record.
+        var excused = false
     }
 
     let spec: PipelineSpec
     private let executable: String
     private let watchdog: TimeInterval
     private let logger: Logger
+    /// The journal's last committed `_seq`: no worker can have derived from a later record.
+    private let journalLastSeq: @Sendable () -> UInt64
     /// Appends derived records as one journal batch, then says whether they were stored.
     private let appendDerived:
         @Sendable (_ records: [DerivedRecord], _ stored: @escaping @Sendable (Bool) -> Void) -> Void
@@ -62,12 +71,14 @@ final class PipelineSupervisor: @unchecked Sendable {
 
     init(
         spec: PipelineSpec, executable: String, watchdog: TimeInterval, logger: Logger,
+        journalLastSeq: @escaping @Sendable () -> UInt64,
         appendDerived: @escaping @Sendable ([DerivedRecord], @escaping @Sendable (Bool) -> Void) -> Void
     ) {
         self.spec = spec
         self.executable = executable
         self.watchdog = watchdog
         self.logger = logger
+        self.journalLastSeq = journalLastSeq
         self.appendDerived = appendDerived
         state.withLockedValue { $0.cursor = PipelineSpec.savedCursor(at: spec.cursorPath) }
     }
@@ -112,6 +123,18 @@ final class PipelineSupervisor: @unchecked Sendable {
                 let object = try? JSONSerialization.jsonObject(with: Data(buffer: record.line)) as? [String: Any],
                 let cause = (object["_cause"] as? NSNumber)?.uint64Value, cause > cursor
             else { return true }
+            // A cause at or after the record itself, or from no stage of the pipeline, was forged
+            // (stored before whend checked what workers send): believed, it would have every
+            // later derived record taken for one already appended.
+            guard let seq = record.seq, cause < seq,
+                spec.origins.isEmpty || spec.origins.contains(object["_origin"] as? String ?? "")
+            else {
+                logger.error(
+                    "pipeline \(spec.name): _seq \(record.seq ?? 0) claims to be derived from _seq \(cause) by \(object["_origin"] ?? "nothing"), which it cannot be; it is not taken into account"
+                )
+                return true
+            }
+            guard cause >= last.cause else { return true }
             last = cause == last.cause ? (cause, last.ordinal + 1) : (cause, 1)
             return true
         } onProblem: { _ in
@@ -164,7 +187,10 @@ final class PipelineSupervisor: @unchecked Sendable {
 
     /// Kills the worker; the supervisor starts it again from its cursor.
     func restart() {
-        let pid = state.withLockedValue { $0.pid }
+        let pid = state.withLockedValue {
+            $0.excused = true
+            return $0.pid
+        }
         if pid > 0 { kill(pid, SIGKILL) }
     }
 
@@ -181,6 +207,7 @@ final class PipelineSupervisor: @unchecked Sendable {
                 return ($0.stopping, $0.cursor)
             }
             if stopping { break }
+            countDeath(exit)
             // A worker that ran a good while, or moved its cursor on, is no crash loop: it
             // earns a fresh backoff. One that dies on the same record again waits longer each time.
             if Date().timeIntervalSince(started) > 60 || cursorAfter > cursorBefore { backoff = 0.1 }
@@ -191,6 +218,30 @@ final class PipelineSupervisor: @unchecked Sendable {
             backoff = min(10, backoff * 2)
         }
         finished.signal()
+    }
+
+    /// A worker that died while handling a record: the same record `retryLimit` times in a row
+    /// (its cursor never passing it) and the next workers write it to the dead letters rather
+    /// than die on it for ever. (With `retryLimit` 0, they try for ever, as with any failure.)
+    private func countDeath(_ exit: String) {
+        let seq = HandlingMarker.read(spec.handlingPath)
+        let poisoned: (UInt64, Int)? = state.withLockedValue { s in
+            if let poison = s.poison, s.cursor >= poison.seq { s.poison = nil }
+            defer { s.excused = false }
+            guard seq > 0, seq > s.cursor, !s.excused else {
+                s.deaths = (0, 0)
+                return nil
+            }
+            s.deaths = s.deaths.seq == seq ? (seq, s.deaths.count + 1) : (seq, 1)
+            guard spec.retryLimit > 0, s.deaths.count >= spec.retryLimit, s.poison?.seq != seq else { return nil }
+            s.poison = (seq, "the worker died \(s.deaths.count) times handling it (last: \(exit))")
+            return (seq, s.deaths.count)
+        }
+        if let (seq, count) = poisoned {
+            logger.error(
+                "pipeline \(spec.name): its worker died \(count) times handling _seq \(seq) (pipeline_retry_limit \(spec.retryLimit)); the next one writes it to the dead letters and goes on"
+            )
+        }
     }
 
     /// Starts the worker, reads its reports until it exits, and says how it ended.
@@ -251,8 +302,13 @@ final class PipelineSupervisor: @unchecked Sendable {
         // A batch failed after the rewind above: this worker would take its records for
         // appended. The next one starts after the rewind.
         if failed { kill(pid, SIGKILL) }
+        var told = spec
+        if let poison = state.withLockedValue({ $0.poison }) {
+            told.poison = poison.seq
+            told.poisonReason = poison.why
+        }
         let start = SupervisorMessage.start(
-            generation: generation, spec: Array((try? JSONEncoder().encode(spec)) ?? Data()))
+            generation: generation, spec: Array((try? JSONEncoder().encode(told)) ?? Data()))
         acknowledgementQueue.sync {
             acknowledgements = (ackFds[1], generation)
             writeAll(ackFds[1], WorkerFrame.encode(start))
@@ -325,6 +381,17 @@ final class PipelineSupervisor: @unchecked Sendable {
         }
     }
 
+    /// Whether `seq` is committed within two seconds (a worker reads a record as soon as it
+    /// is written, maybe before its group's sync is counted).
+    private func committed(_ seq: UInt64) -> Bool {
+        let deadline = Date().addingTimeInterval(2)
+        while journalLastSeq() < seq {
+            guard Date() < deadline else { return false }
+            usleep(2_000)
+        }
+        return true
+    }
+
     private func handle(_ message: WorkerMessage, generation: UInt64) {
         switch message {
         case .progress(let cursor, let failures, let deadLetters, let skipped):
@@ -343,6 +410,38 @@ final class PipelineSupervisor: @unchecked Sendable {
                 /// A batch was not stored and the worker is being stopped: dropped, unanswered.
                 case refused
                 case fresh([DerivedRecord], through: (cause: UInt64, ordinal: Int))
+            }
+            // The worker's word, checked: each record's cause is one this worker can have
+            // handled (in the journal, in order) and its origin one of the pipeline's stages. A
+            // forged one (a plugin writing frames of its own) is not stored, and the worker that
+            // sent it is killed: a cause believed past the journal's end would have every later
+            // derived record taken for one already appended.
+            // A record just written may be read before its commit is counted: waited for, briefly.
+            let highest = records.map(\.cause).max() ?? 0
+            let lastSeq = committed(highest) ? highest : journalLastSeq()
+            let forged = state.withLockedValue { s -> String? in
+                var previous = s.runCause
+                for r in records {
+                    if r.cause == 0 || r.cause < previous {
+                        return "_cause \(r.cause) after _cause \(previous)"
+                    }
+                    if r.cause > lastSeq {
+                        return "_cause \(r.cause), past the journal's last _seq \(lastSeq)"
+                    }
+                    if !spec.origins.isEmpty && !spec.origins.contains(r.origin) {
+                        return "_origin \(r.origin), not one of the pipeline's plugins \(spec.origins)"
+                    }
+                    previous = r.cause
+                }
+                return nil
+            }
+            if let forged {
+                logger.error(
+                    "pipeline \(spec.name): its worker sent a derived record it cannot have derived (\(forged)); nothing of its batch is stored; killing it"
+                )
+                let pid = state.withLockedValue { $0.generation == generation ? $0.pid : 0 }
+                if pid > 0 { kill(pid, SIGKILL) }
+                return
             }
             let take = state.withLockedValue { s -> Take in
                 s.lastReport = Date()
@@ -379,6 +478,7 @@ final class PipelineSupervisor: @unchecked Sendable {
                     // The worker running now (this batch's, or one started since, which passed
                     // these records as appended) stops; the next one starts from what is stored.
                     s.failedGeneration = s.generation
+                    s.excused = true
                     return s.pid
                 }
                 if stored {
