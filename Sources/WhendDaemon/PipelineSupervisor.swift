@@ -127,7 +127,7 @@ final class PipelineSupervisor: @unchecked Sendable {
             // (stored before whend checked what workers send): believed, it would have every
             // later derived record taken for one already appended.
             guard let seq = record.seq, cause < seq,
-                spec.origins.isEmpty || spec.origins.contains(object["_origin"] as? String ?? "")
+                spec.origins?.contains(object["_origin"] as? String ?? "") ?? true
             else {
                 logger.error(
                     "pipeline \(spec.name): _seq \(record.seq ?? 0) claims to be derived from _seq \(cause) by \(object["_origin"] ?? "nothing"), which it cannot be; it is not taken into account"
@@ -428,8 +428,8 @@ final class PipelineSupervisor: @unchecked Sendable {
                     if r.cause > lastSeq {
                         return "_cause \(r.cause), past the journal's last _seq \(lastSeq)"
                     }
-                    if !spec.origins.isEmpty && !spec.origins.contains(r.origin) {
-                        return "_origin \(r.origin), not one of the pipeline's plugins \(spec.origins)"
+                    if let origins = spec.origins, !origins.contains(r.origin) {
+                        return "_origin \(r.origin), not one of the pipeline's plugins \(origins)"
                     }
                     previous = r.cause
                 }

@@ -27,8 +27,9 @@ package struct PipelineSpec: Codable, Sendable, Equatable {
     package var snapshotInterval: Double = 0
     /// Records before its cursor the pipeline starts from when no saved state can be used.
     package var snapshotRebuild: UInt64 = 0
-    /// The names the stages' plugins give themselves: the only `_origin`s of its derived records.
-    package var origins: [String] = []
+    /// The names the stages' plugins give themselves: the only `_origin`s of its derived records
+    /// (none given: not checked).
+    package var origins: [String]?
     /// A record on which workers kept dying (`retryLimit` deaths without passing it), and why:
     /// this worker writes it to the dead letters rather than handle it again.
     package var poison: UInt64?
