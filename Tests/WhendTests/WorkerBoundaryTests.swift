@@ -1,5 +1,7 @@
 import Foundation
 import Testing
+import WhendJournal
+import WhendWire
 
 /// The boundary between whend and a pipeline's worker, tried from the plugin's side: a real C
 /// plugin (Tests/Fixtures/chatty.c) that prints to its standard output, derives more than a
@@ -173,6 +175,44 @@ import Testing
         #expect(!records.contains { $0["_origin"] as? String == "screen-tracking" })
         let derived = records.filter { $0["_origin"] as? String == "chatty" }
         #expect(derived.map { $0["_cause"] as? Int ?? 0 } == [1, 3, 4, 8], "\(daemon.log.suffix(3000))")
+    }
+
+    /// A forged derived record already in the journal (stored before whend checked what workers
+    /// send), of cause 2^64 - 2: at start, whend does not take it for what the pipeline derived,
+    /// and the records after it derive as before. (It believed the cause, and took every later
+    /// derived record for one already appended.)
+    @Test func aForgedCauseInTheJournalIsNotBelievedAtStart() throws {
+        let daemon = try chattyDaemon("w-forged-journal", configuration: #"{"quiet": true}"#)
+        let rt = #""_rt":"2026-11-24T10:00:00.000000Z"}"#
+        let bodies = [
+            #""type":"when","name":"derive","#,
+            #""type":"when","name":"derived","params":{"from":"chatty"},"_origin":"chatty","_pipeline":"chat","_cause":1,"#,
+            #""type":"screen","name":"FORGED","_origin":"screen-tracking","_pipeline":"chat","_cause":18446744073709551614,"#,
+            #""type":"when","name":"derive","#,
+        ].map { $0 + rt }
+        var batch = JournalBatch()
+        for body in bodies {
+            batch.bodies += Array(body.utf8)
+            batch.ends.append(batch.bodies.count)
+        }
+        try DurableFile.createDirectory(daemon.journal.path)
+        let writer = try JournalWriter(configuration: JournalConfiguration(directory: daemon.journal))
+        writer.start()
+        let done = DispatchSemaphore(value: 0)
+        writer.submit(batch) { _ in done.signal() }
+        done.wait()
+        writer.shutdown()
+        try daemon.start()
+        #expect(
+            daemon.waitForLog("claims to be derived from _seq 18446744073709551614", seconds: 20),
+            "\(daemon.log.suffix(3000))")
+        // The four records and what the last one derives.
+        #expect(try daemon.waitForPipeline("chat", cursor: 5, seconds: 30), "\(daemon.log.suffix(3000))")
+        #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"when","name":"derive"}"#]).acks == [1])
+        #expect(try daemon.waitForPipeline("chat", cursor: 7, seconds: 30), "\(daemon.log.suffix(3000))")
+        #expect(daemon.stop() == 0)
+        let derived = daemon.records().filter { $0["_origin"] as? String == "chatty" }
+        #expect(derived.map { $0["_cause"] as? Int ?? 0 } == [1, 4, 6], "\(daemon.log.suffix(3000))")
     }
 
     /// A plugin that writes to descriptor 3 and closes 3 and 4 (where the worker's frames were)
