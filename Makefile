@@ -58,14 +58,17 @@ test: test-deps
 		echo "warnings in whend's code are errors: fix the above"; exit 1; fi
 	$(SWIFT) test --skip-build
 
-# Longer variants of the reliability tests: SOAK_ROUNDS SIGKILL rounds instead of 20, and
-# POWERCUT_ROUNDS power cuts instead of 10.
+# Longer variants of the reliability tests: SOAK_ROUNDS SIGKILL rounds instead of 20,
+# POWERCUT_ROUNDS power cuts instead of 10, and KILL_SCHEDULES generated kill schedules of the
+# pipelines' workers and whend instead of 16.
 SOAK_ROUNDS ?= 300
 POWERCUT_ROUNDS ?= 200
+KILL_SCHEDULES ?= 1000
 soak: test-deps
 	$(SWIFT) build --build-tests
-	WHEND_SOAK_ROUNDS=$(SOAK_ROUNDS) WHEND_POWERCUT_ROUNDS=$(POWERCUT_ROUNDS) $(SWIFT) test --skip-build \
-		--filter "CrashConsistencyTests|HostileClientTests|FaultTests|PowerCutTests"
+	WHEND_SOAK_ROUNDS=$(SOAK_ROUNDS) WHEND_POWERCUT_ROUNDS=$(POWERCUT_ROUNDS) WHEND_KILL_SCHEDULES=$(KILL_SCHEDULES) \
+		$(SWIFT) test --skip-build \
+		--filter "CrashConsistencyTests|HostileClientTests|FaultTests|PowerCutTests|KillTimingTests"
 
 # The ingest benchmark: release builds of whend and of Benchmarks/, rsyslog unpacked beside them,
 # one corpus of BENCH_EVENTS events sent to each. Prints the table and the bars. BENCH_ONLY=shipped

@@ -104,6 +104,8 @@ package final class Daemon: Sendable {
     let retentionLosses = NIOLockedValueBox<[String: UInt64]>([:])
     /// Plugins `whenctl plugins unload` took out of routing, until `load` puts them back.
     let unloaded = NIOLockedValueBox<Set<String>>([])
+    /// Built-in pipelines nobody asked for whose plugin is missing: off, they hold no records.
+    let offPipelines = NIOLockedValueBox<Set<String>>([])
 
     /// The configuration in force (it changes on reload).
     package var configuration: DaemonConfiguration { live.current }

@@ -16,6 +16,7 @@ extension Daemon {
         // A pipeline with an unloaded plugin waits at its cursor: it never skips a stage.
         pipelines: for (name, plugins) in configuration.effectivePipelines where unloaded.isDisjoint(with: plugins) {
             var stages: [PipelineSpec.Stage] = []
+            var origins: [String] = []
             for plugin in plugins {
                 let library: PluginLibrary
                 do {
@@ -34,6 +35,7 @@ extension Daemon {
                         description:
                             "plugin \(plugin) finishes records later, so it must be the last stage of pipeline \(name)")
                 }
+                origins.append(library.name)
                 stages.append(
                     PipelineSpec.Stage(
                         plugin: plugin, configuration: configuration.pluginConfigurations[plugin] ?? "{}"))
@@ -44,7 +46,7 @@ extension Daemon {
                 pluginStateRoot: configuration.stateDirectory + "/plugins",
                 pluginDirectories: configuration.pluginDirectories,
                 retryLimit: configuration.pipelineRetryLimit, snapshotInterval: configuration.pipelineSnapshotInterval,
-                snapshotRebuild: UInt64(configuration.pipelineSnapshotRebuild))
+                snapshotRebuild: UInt64(configuration.pipelineSnapshotRebuild), origins: origins)
         }
         return specs
     }
@@ -54,6 +56,14 @@ extension Daemon {
     func runPipelines(_ specs: [String: PipelineSpec], watchdog: TimeInterval) {
         let executable =
             (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        let configuration = self.configuration
+        let unloaded = self.unloaded.withLockedValue { $0 }
+        offPipelines.withLockedValue {
+            $0 = Set(
+                configuration.effectivePipelines.filter { name, plugins in
+                    specs[name] == nil && configuration.isImplicitBuiltin(name) && unloaded.isDisjoint(with: plugins)
+                }.keys)
+        }
         var stopping: [PipelineSupervisor] = []
         var starting: [PipelineSupervisor] = []
         supervisors.withLockedValue { running in
@@ -63,7 +73,8 @@ extension Daemon {
             }
             for (name, spec) in specs where running[name] == nil {
                 let supervisor = PipelineSupervisor(
-                    spec: spec, executable: executable, watchdog: watchdog, logger: logger
+                    spec: spec, executable: executable, watchdog: watchdog, logger: logger,
+                    journalLastSeq: { [weak self] in self?.writer.statistics.lastSeq ?? 0 }
                 ) { [weak self] records, stored in
                     self?.appendDerived(records, pipeline: name, stored: stored)
                 }
@@ -129,14 +140,29 @@ extension Daemon {
     }
 
     /// Each configured pipeline's durable cursor, for retention: its worker's last report,
-    /// else the cursor it saved (a pipeline waiting on an unloaded plugin still needs its records).
+    /// else the cursor it saved (a pipeline waiting on an unloaded plugin still needs its records),
+    /// and never past the cursor of its plugins' saved state — a restarted worker resumes from
+    /// there, and needs the records after it to rebuild that state. A built-in pipeline that is
+    /// off (its plugin missing) holds nothing.
     func pipelineCursors() -> [(name: String, cursor: UInt64)] {
         let configuration = self.configuration
         let running = supervisors.withLockedValue { $0 }
-        return configuration.effectivePipelines.keys.sorted().map { name in
-            if let supervisor = running[name] { return (name, supervisor.state.withLockedValue { $0.cursor }) }
-            let path = configuration.stateDirectory + "/pipelines/" + name + "/cursor"
-            return (name, PipelineSpec.savedCursor(at: path))
+        let off = offPipelines.withLockedValue { $0 }
+        return configuration.effectivePipelines.keys.sorted().compactMap { name in
+            let directory = configuration.stateDirectory + "/pipelines/" + name
+            var cursor: UInt64
+            if let supervisor = running[name] {
+                cursor = supervisor.state.withLockedValue { $0.cursor }
+            } else if off.contains(name) {
+                return nil
+            } else {
+                cursor = PipelineSpec.savedCursor(at: directory + "/cursor")
+            }
+            // Both: between the two renames of a save, the previous one is all there is.
+            for path in [directory + "/snapshot", directory + "/snapshot.previous"] {
+                if let saved = PipelineSnapshot.cursor(at: path) { cursor = min(cursor, saved) }
+            }
+            return (name, cursor)
         }
     }
 

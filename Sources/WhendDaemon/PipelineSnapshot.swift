@@ -97,13 +97,27 @@ package struct PipelineSnapshot: Equatable {
         return v
     }
 
-    /// Saves `self` as the newest snapshot; the one it replaces becomes the previous.
-    func save(to path: String) throws(DurableFileError) {
+    /// Saves `self` as the newest snapshot; the one it replaces becomes the previous. Between
+    /// the two (`midway`), a worker that dies leaves only the previous one, and resumes from it.
+    func save(to path: String, midway: () -> Void = {}) throws(DurableFileError) {
         if FileManager.default.fileExists(atPath: path) {
             guard rename(path, path + ".previous") == 0 else {
                 throw DurableFileError(operation: "rename \(path) to", path: path + ".previous", code: errno)
             }
         }
+        midway()
         try DurableFile.replace(path, with: encoded())
+    }
+
+    /// The cursor a snapshot file says it goes with, from its first bytes alone (unchecked):
+    /// for retention, which must keep the records after it.
+    static func cursor(at path: String) -> UInt64? {
+        guard let handle = FileHandle(forReadingAtPath: path) else { return nil }
+        defer { try? handle.close() }
+        guard let head = try? handle.read(upToCount: magic.count + 8), head.count == magic.count + 8,
+            Array(head.prefix(magic.count)) == magic
+        else { return nil }
+        var at = magic.count
+        return take(Array(head), &at)
     }
 }

@@ -28,18 +28,35 @@ final class PipelineSupervisor: @unchecked Sendable {
         /// A restarted worker handles again the records after its saved cursor, and derives
         /// again what was derived from them: those are not appended twice.
         var appendedThrough: (cause: UInt64, ordinal: Int) = (0, 0)
+        /// How far derived records are known stored, in the same terms: `appendedThrough`
+        /// runs ahead of it while batches are in the journal's hands.
+        var storedThrough: (cause: UInt64, ordinal: Int) = (0, 0)
+        /// Batches handed to the journal and not yet answered.
+        var appending = 0
+        /// A batch was not stored: the generation whose worker is stopped for it, so that the
+        /// next one derives its records again and they are appended then.
+        var failedGeneration: UInt64?
         /// The current worker's position in the same terms.
         var runCause: UInt64 = 0
         var runOrdinal = 0
         /// The current worker's generation: acknowledgements carry it, and one meant for an
         /// earlier worker is never counted for a later one.
         var generation: UInt64 = 0
+        /// The record workers last died on, and how many times in a row.
+        var deaths: (seq: UInt64, count: Int) = (0, 0)
+        /// The record the next workers write to the dead letters rather than handle, and why.
+        var poison: (seq: UInt64, why: String)?
+        /// The worker was stopped for no fault of the record in hand (a failed store, a restart
+        /// asked for): its death is not counted against that record.
+        var excused = false
     }
 
     let spec: PipelineSpec
     private let executable: String
     private let watchdog: TimeInterval
     private let logger: Logger
+    /// The journal's last committed `_seq`: no worker can have derived from a later record.
+    private let journalLastSeq: @Sendable () -> UInt64
     /// Appends derived records as one journal batch, then says whether they were stored.
     private let appendDerived:
         @Sendable (_ records: [DerivedRecord], _ stored: @escaping @Sendable (Bool) -> Void) -> Void
@@ -54,12 +71,14 @@ final class PipelineSupervisor: @unchecked Sendable {
 
     init(
         spec: PipelineSpec, executable: String, watchdog: TimeInterval, logger: Logger,
+        journalLastSeq: @escaping @Sendable () -> UInt64,
         appendDerived: @escaping @Sendable ([DerivedRecord], @escaping @Sendable (Bool) -> Void) -> Void
     ) {
         self.spec = spec
         self.executable = executable
         self.watchdog = watchdog
         self.logger = logger
+        self.journalLastSeq = journalLastSeq
         self.appendDerived = appendDerived
         state.withLockedValue { $0.cursor = PipelineSpec.savedCursor(at: spec.cursorPath) }
     }
@@ -78,19 +97,7 @@ final class PipelineSupervisor: @unchecked Sendable {
     /// cursor): the worker will derive them again, and they must not be appended twice.
     private func recallDerived() {
         let cursor = PipelineSpec.savedCursor(at: spec.cursorPath)
-        var marker = Array(#""_pipeline":"#.utf8)
-        appendJSONString(Array(spec.name.utf8), to: &marker)
-        var last: (cause: UInt64, ordinal: Int) = (0, 0)
-        JournalReader(directory: JournalDirectory(path: spec.journalDirectory)).read(fromSeq: cursor + 1) {
-            record, _ in
-            guard bytesContain(record.line, marker),
-                let object = try? JSONSerialization.jsonObject(with: Data(buffer: record.line)) as? [String: Any],
-                let cause = (object["_cause"] as? NSNumber)?.uint64Value, cause > cursor
-            else { return true }
-            last = cause == last.cause ? (cause, last.ordinal + 1) : (cause, 1)
-            return true
-        } onProblem: { _ in
-        }
+        let last = lastDerived(after: cursor)
         // Everything derived from records up to the cursor is stored (the cursor passes a
         // record only then): a worker that resumes from an older snapshot, or rebuilds its
         // plugins' state from further back, derives them again, and they are not appended.
@@ -100,6 +107,53 @@ final class PipelineSupervisor: @unchecked Sendable {
             logger.notice(
                 "pipeline \(spec.name): records after its cursor \(cursor) already have their derived records, through _cause \(last.cause)"
             )
+        }
+        state.withLockedValue { $0.storedThrough = $0.appendedThrough }
+    }
+
+    /// The last record in the journal this pipeline derived from a record after `cursor`, as
+    /// (its cause, its ordinal among that cause's).
+    private func lastDerived(after cursor: UInt64) -> (cause: UInt64, ordinal: Int) {
+        var marker = Array(#""_pipeline":"#.utf8)
+        appendJSONString(Array(spec.name.utf8), to: &marker)
+        var last: (cause: UInt64, ordinal: Int) = (0, 0)
+        JournalReader(directory: JournalDirectory(path: spec.journalDirectory)).read(fromSeq: cursor + 1) {
+            record, _ in
+            guard bytesContain(record.line, marker),
+                let object = try? JSONSerialization.jsonObject(with: Data(buffer: record.line)) as? [String: Any],
+                let cause = (object["_cause"] as? NSNumber)?.uint64Value, cause > cursor
+            else { return true }
+            // A cause at or after the record itself, or from no stage of the pipeline, was forged
+            // (stored before whend checked what workers send): believed, it would have every
+            // later derived record taken for one already appended.
+            guard let seq = record.seq, cause < seq,
+                spec.origins?.contains(object["_origin"] as? String ?? "") ?? true
+            else {
+                logger.error(
+                    "pipeline \(spec.name): _seq \(record.seq ?? 0) claims to be derived from _seq \(cause) by \(object["_origin"] ?? "nothing"), which it cannot be; it is not taken into account"
+                )
+                return true
+            }
+            guard cause >= last.cause else { return true }
+            last = cause == last.cause ? (cause, last.ordinal + 1) : (cause, 1)
+            return true
+        } onProblem: { _ in
+        }
+        return last
+    }
+
+    /// After a batch was not stored, the next worker must derive its records again and have
+    /// them appended: once every batch in the journal's hands is answered, what counts as
+    /// appended goes back to what is known stored. A failed write may still have left the first
+    /// records of its group in the journal (recovery keeps what was written whole), and those are
+    /// then appended twice: at least once, never skipped. (The journal cannot be asked which
+    /// they are before its recovery, which the next write does.)
+    private func rewindAfterFailedStore() {
+        guard state.withLockedValue({ $0.failedGeneration != nil }) else { return }
+        while state.withLockedValue({ $0.appending > 0 && !$0.stopping }) { usleep(10_000) }
+        state.withLockedValue {
+            $0.appendedThrough = $0.storedThrough
+            $0.failedGeneration = nil
         }
     }
 
@@ -133,7 +187,10 @@ final class PipelineSupervisor: @unchecked Sendable {
 
     /// Kills the worker; the supervisor starts it again from its cursor.
     func restart() {
-        let pid = state.withLockedValue { $0.pid }
+        let pid = state.withLockedValue {
+            $0.excused = true
+            return $0.pid
+        }
         if pid > 0 { kill(pid, SIGKILL) }
     }
 
@@ -150,6 +207,7 @@ final class PipelineSupervisor: @unchecked Sendable {
                 return ($0.stopping, $0.cursor)
             }
             if stopping { break }
+            countDeath(exit)
             // A worker that ran a good while, or moved its cursor on, is no crash loop: it
             // earns a fresh backoff. One that dies on the same record again waits longer each time.
             if Date().timeIntervalSince(started) > 60 || cursorAfter > cursorBefore { backoff = 0.1 }
@@ -160,6 +218,30 @@ final class PipelineSupervisor: @unchecked Sendable {
             backoff = min(10, backoff * 2)
         }
         finished.signal()
+    }
+
+    /// A worker that died while handling a record: the same record `retryLimit` times in a row
+    /// (its cursor never passing it) and the next workers write it to the dead letters rather
+    /// than die on it for ever. (With `retryLimit` 0, they try for ever, as with any failure.)
+    private func countDeath(_ exit: String) {
+        let seq = HandlingMarker.read(spec.handlingPath)
+        let poisoned: (UInt64, Int)? = state.withLockedValue { s in
+            if let poison = s.poison, s.cursor >= poison.seq { s.poison = nil }
+            defer { s.excused = false }
+            guard seq > 0, seq > s.cursor, !s.excused else {
+                s.deaths = (0, 0)
+                return nil
+            }
+            s.deaths = s.deaths.seq == seq ? (seq, s.deaths.count + 1) : (seq, 1)
+            guard spec.retryLimit > 0, s.deaths.count >= spec.retryLimit, s.poison?.seq != seq else { return nil }
+            s.poison = (seq, "the worker died \(s.deaths.count) times handling it (last: \(exit))")
+            return (seq, s.deaths.count)
+        }
+        if let (seq, count) = poisoned {
+            logger.error(
+                "pipeline \(spec.name): its worker died \(count) times handling _seq \(seq) (pipeline_retry_limit \(spec.retryLimit)); the next one writes it to the dead letters and goes on"
+            )
+        }
     }
 
     /// Starts the worker, reads its reports until it exits, and says how it ended.
@@ -198,6 +280,7 @@ final class PipelineSupervisor: @unchecked Sendable {
         // Nothing else of the daemon's: an inherited client or control connection would stay
         // open in the worker after the daemon closed it, and its peer would never see the end.
         _ = whend_spawn_file_actions_addclosefrom(&actions, WorkerFrame.commandDescriptor + 1)
+        rewindAfterFailedStore()
         var pid: pid_t = 0
         let rc = posix_spawn(&pid, executable, &actions, nil, argv, envp)
         close(fds[1])
@@ -207,17 +290,25 @@ final class PipelineSupervisor: @unchecked Sendable {
             close(ackFds[1])
             return "could not start (\(String(cString: strerror(rc))))"
         }
-        let generation = state.withLockedValue {
+        let (generation, failed) = state.withLockedValue {
             $0.pid = pid
             $0.running = true
             $0.lastReport = Date()
             $0.runCause = 0
             $0.runOrdinal = 0
             $0.generation += 1
-            return $0.generation
+            return ($0.generation, $0.failedGeneration != nil)
+        }
+        // A batch failed after the rewind above: this worker would take its records for
+        // appended. The next one starts after the rewind.
+        if failed { kill(pid, SIGKILL) }
+        var told = spec
+        if let poison = state.withLockedValue({ $0.poison }) {
+            told.poison = poison.seq
+            told.poisonReason = poison.why
         }
         let start = SupervisorMessage.start(
-            generation: generation, spec: Array((try? JSONEncoder().encode(spec)) ?? Data()))
+            generation: generation, spec: Array((try? JSONEncoder().encode(told)) ?? Data()))
         acknowledgementQueue.sync {
             acknowledgements = (ackFds[1], generation)
             writeAll(ackFds[1], WorkerFrame.encode(start))
@@ -290,6 +381,17 @@ final class PipelineSupervisor: @unchecked Sendable {
         }
     }
 
+    /// Whether `seq` is committed within two seconds (a worker reads a record as soon as it
+    /// is written, maybe before its group's sync is counted).
+    private func committed(_ seq: UInt64) -> Bool {
+        let deadline = Date().addingTimeInterval(2)
+        while journalLastSeq() < seq {
+            guard Date() < deadline else { return false }
+            usleep(2_000)
+        }
+        return true
+    }
+
     private func handle(_ message: WorkerMessage, generation: UInt64) {
         switch message {
         case .progress(let cursor, let failures, let deadLetters, let skipped):
@@ -304,9 +406,48 @@ final class PipelineSupervisor: @unchecked Sendable {
         case .derived(let batch, let records):
             // Each record's place as (its cause, its ordinal among that cause's): what was
             // appended before (by this daemon, or found in the journal at start) is not again.
-            let fresh = state.withLockedValue { s -> [DerivedRecord] in
+            enum Take {
+                /// A batch was not stored and the worker is being stopped: dropped, unanswered.
+                case refused
+                case fresh([DerivedRecord], through: (cause: UInt64, ordinal: Int))
+            }
+            // The worker's word, checked: each record's cause is one this worker can have
+            // handled (in the journal, in order) and its origin one of the pipeline's stages. A
+            // forged one (a plugin writing frames of its own) is not stored, and the worker that
+            // sent it is killed: a cause believed past the journal's end would have every later
+            // derived record taken for one already appended.
+            // A record just written may be read before its commit is counted: waited for, briefly.
+            let highest = records.map(\.cause).max() ?? 0
+            let lastSeq = committed(highest) ? highest : journalLastSeq()
+            let forged = state.withLockedValue { s -> String? in
+                var previous = s.runCause
+                for r in records {
+                    if r.cause == 0 || r.cause < previous {
+                        return "_cause \(r.cause) after _cause \(previous)"
+                    }
+                    if r.cause > lastSeq {
+                        return "_cause \(r.cause), past the journal's last _seq \(lastSeq)"
+                    }
+                    if let origins = spec.origins, !origins.contains(r.origin) {
+                        return "_origin \(r.origin), not one of the pipeline's plugins \(origins)"
+                    }
+                    previous = r.cause
+                }
+                return nil
+            }
+            if let forged {
+                logger.error(
+                    "pipeline \(spec.name): its worker sent a derived record it cannot have derived (\(forged)); nothing of its batch is stored; killing it"
+                )
+                let pid = state.withLockedValue { $0.generation == generation ? $0.pid : 0 }
+                if pid > 0 { kill(pid, SIGKILL) }
+                return
+            }
+            let take = state.withLockedValue { s -> Take in
                 s.lastReport = Date()
-                return records.filter { r in
+                // Its successor derives it all again, and it is appended then.
+                guard s.failedGeneration == nil else { return .refused }
+                let fresh = records.filter { r in
                     if r.cause != s.runCause {
                         s.runCause = r.cause
                         s.runOrdinal = 0
@@ -316,12 +457,37 @@ final class PipelineSupervisor: @unchecked Sendable {
                     s.appendedThrough = (r.cause, s.runOrdinal)
                     return true
                 }
+                if !fresh.isEmpty { s.appending += 1 }
+                return .fresh(fresh, through: s.appendedThrough)
             }
+            guard case .fresh(let fresh, let through) = take else { return }
             if fresh.isEmpty {
                 acknowledge(generation: generation, batch: batch)
-            } else {
-                appendDerived(fresh) { [self] stored in
-                    if stored { acknowledge(generation: generation, batch: batch) }
+                return
+            }
+            appendDerived(fresh) { [self] stored in
+                // Answered in the order appended: what is known stored moves on only while
+                // nothing before it failed.
+                let stop = state.withLockedValue { s -> pid_t? in
+                    s.appending -= 1
+                    if stored {
+                        if s.failedGeneration == nil, through > s.storedThrough { s.storedThrough = through }
+                        return nil
+                    }
+                    guard s.failedGeneration == nil else { return nil }
+                    // The worker running now (this batch's, or one started since, which passed
+                    // these records as appended) stops; the next one starts from what is stored.
+                    s.failedGeneration = s.generation
+                    s.excused = true
+                    return s.pid
+                }
+                if stored {
+                    acknowledge(generation: generation, batch: batch)
+                } else if let pid = stop {
+                    logger.error(
+                        "pipeline \(spec.name): derived records were not stored; its worker restarts and derives them again"
+                    )
+                    if pid > 0 { kill(pid, SIGKILL) }
                 }
             }
         }

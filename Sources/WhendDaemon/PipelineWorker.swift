@@ -27,10 +27,20 @@ package struct PipelineSpec: Codable, Sendable, Equatable {
     package var snapshotInterval: Double = 0
     /// Records before its cursor the pipeline starts from when no saved state can be used.
     package var snapshotRebuild: UInt64 = 0
+    /// The names the stages' plugins give themselves: the only `_origin`s of its derived records
+    /// (none given: not checked).
+    package var origins: [String]?
+    /// A record on which workers kept dying (`retryLimit` deaths without passing it), and why:
+    /// this worker writes it to the dead letters rather than handle it again.
+    package var poison: UInt64?
+    package var poisonReason: String?
 
     var cursorPath: String { directory + "/cursor" }
     var snapshotPath: String { directory + "/snapshot" }
     var deadLetterPath: String { directory + "/dead-letter.jsonl" }
+    /// Eight bytes, shared between the worker and whend: the `_seq` the worker is handling, 0
+    /// between records. A worker that dies tells no one which record it died on; this does.
+    var handlingPath: String { directory + "/handling" }
 
     /// The last `_seq` the pipeline finished, as it was last saved.
     static func savedCursor(at path: String) -> UInt64 {
@@ -157,6 +167,45 @@ final class CompletionTracker: @unchecked Sendable {
     }
 }
 
+/// Where a worker's frames go and come from once it moved them away from 3 and 4.
+enum WorkerChannel {
+    /// Above the descriptors a plugin would pick by hand.
+    static let lowest: Int32 = 100
+    nonisolated(unsafe) static var report: Int32 = WorkerFrame.reportDescriptor
+    nonisolated(unsafe) static var command: Int32 = WorkerFrame.commandDescriptor
+}
+
+/// The record a worker is handling, in `PipelineSpec.handlingPath`, mapped shared: one store
+/// before and after each record, which whend reads once the worker is gone.
+final class HandlingMarker: @unchecked Sendable {
+    // Unchecked: written by the worker's thread only.
+    private let word: UnsafeMutablePointer<UInt64>?
+
+    init(path: String) {
+        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        defer { if fd >= 0 { close(fd) } }
+        guard fd >= 0, ftruncate(fd, 8) == 0,
+            let map = mmap(nil, 8, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), map != MAP_FAILED
+        else {
+            word = nil
+            return
+        }
+        word = map.bindMemory(to: UInt64.self, capacity: 1)
+        word?.pointee = 0
+    }
+
+    func set(_ seq: UInt64) { word?.pointee = seq }
+
+    /// What a worker that is gone left in `path`: the record it was handling, or 0.
+    static func read(_ path: String) -> UInt64 {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return 0 }
+        defer { close(fd) }
+        var value: UInt64 = 0
+        return pread(fd, &value, 8, 0) == 8 ? value : 0
+    }
+}
+
 /// Set by SIGTERM in a worker; read between records.
 nonisolated(unsafe) private var workerStopRequested: sig_atomic_t = 0
 
@@ -175,9 +224,22 @@ nonisolated(unsafe) private var workerStopRequested: sig_atomic_t = 0
 package enum PipelineWorker {
     package static func run(logger: Logger) -> Never {
         signal(SIGPIPE, SIG_IGN)
-        // The daemon's pipes are the worker's alone: a process a plugin starts must not hold
-        // them open after the worker is gone.
-        for fd in [WorkerFrame.reportDescriptor, WorkerFrame.commandDescriptor] { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+        // The daemon's pipes move out of the way of the plugins before any is loaded: a plugin
+        // that writes to, reads from or closes descriptor 3 or 4 (its own idea of a free
+        // descriptor, or a stray write) reaches /dev/null, never the frames. Close-on-exec: a
+        // process a plugin starts must not hold them open after the worker is gone.
+        let report = fcntl(WorkerFrame.reportDescriptor, F_DUPFD_CLOEXEC, WorkerChannel.lowest)
+        let command = fcntl(WorkerFrame.commandDescriptor, F_DUPFD_CLOEXEC, WorkerChannel.lowest)
+        let null = open("/dev/null", O_RDWR | O_CLOEXEC)
+        guard report >= 0, command >= 0, null >= 0 else {
+            logger.error(
+                "whend --pipeline-worker: its pipes to the daemon cannot be moved: \(String(cString: strerror(errno)))")
+            exit(4)
+        }
+        for fd in [WorkerFrame.reportDescriptor, WorkerFrame.commandDescriptor] { dup2(null, fd) }
+        close(null)
+        WorkerChannel.report = report
+        WorkerChannel.command = command
         var frames = WorkerFrameReader()
         let (generation, spec) = readStart(&frames, logger: logger)
         run(spec, generation: generation, frames: frames, logger: logger)
@@ -197,7 +259,7 @@ package enum PipelineWorker {
             } catch {
                 break
             }
-            let n = buffer.withUnsafeMutableBytes { read(WorkerFrame.commandDescriptor, $0.baseAddress, $0.count) }
+            let n = buffer.withUnsafeMutableBytes { read(WorkerChannel.command, $0.baseAddress, $0.count) }
             if n < 0 && errno == EINTR { continue }
             guard n > 0 else { exit(4) }
             buffer.withUnsafeBytes { frames.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
@@ -245,7 +307,13 @@ package enum PipelineWorker {
             }
         }
         var chain = buildChain()
+        let handling = HandlingMarker(path: spec.handlingPath)
         let keepsState = spec.snapshotInterval > 0 && chain.plugins.contains { $0.keepsState }
+        // A snapshot left from when the pipeline kept state is never resumed from now: it must
+        // not hold retention back (retention waits for the cursor of any snapshot it finds).
+        if !keepsState {
+            for path in [spec.snapshotPath, spec.snapshotPath + ".previous"] { unlink(path) }
+        }
         // whend acknowledges each batch of derived records once stored; the end of its pipe
         // means whend is gone.
         Thread {
@@ -265,7 +333,7 @@ package enum PipelineWorker {
                     exit(4)
                 }
                 let n = buffer.withUnsafeMutableBytes {
-                    read(WorkerFrame.commandDescriptor, $0.baseAddress, $0.count)
+                    read(WorkerChannel.command, $0.baseAddress, $0.count)
                 }
                 if n < 0 && errno == EINTR { continue }
                 guard n > 0 else { exit(4) }
@@ -273,15 +341,29 @@ package enum PipelineWorker {
             }
         }.start()
         var cursor = PipelineSpec.savedCursor(at: spec.cursorPath)
+        let firstStart = !FileManager.default.fileExists(atPath: spec.cursorPath)
+        killPoint(.started, spec)
+        // The cursor resumed from never runs ahead of the state restored: the plugins' state is
+        // that of the records through the snapshot's cursor, so the records after it are handled
+        // again (what they derive again is not stored twice), whatever cursor was saved since.
         if keepsState {
             switch restoreState(spec, chain, logger: logger) {
             case .restored(let at):
                 cursor = at
-            case .nothingSaved:
-                break
-            case .unusable:
+            case .nothingSaved where firstStart || cursor == 0:
+                // A new pipeline: the plugins' fresh state is its state before the first record.
+                // Saved before the cursor, so that no later worker finds a cursor without state.
+                do {
+                    try takeSnapshot(chain, cursor: 0).save(to: spec.snapshotPath)
+                } catch {
+                    logger.error("pipeline \(spec.name): its plugins' first state was not saved: \(error)")
+                }
+            case .nothingSaved, .unusable:
                 // Plugins may hold part of a state that was not used: start them afresh, from
-                // far enough back to rebuild it. What they derive again is not stored twice.
+                // far enough back to rebuild it. What they derive again is not stored twice. A
+                // cursor without any snapshot (a worker killed before its first, or one from
+                // before snapshots) is no state either: resuming at it would handle the records
+                // after it against empty state.
                 chain = PluginChain([])
                 chain = buildChain()
                 let from = cursor > spec.snapshotRebuild ? cursor - spec.snapshotRebuild : 0
@@ -292,7 +374,9 @@ package enum PipelineWorker {
             }
         }
         var savedCursor = cursor
-        var lastSnapshot = Date()
+        // A worker's first snapshot comes early (within half a second): workers that keep dying
+        // young still move on the point their successors resume from.
+        var lastSnapshot = Date().addingTimeInterval(-max(0, spec.snapshotInterval - 0.5))
         var snapshotCursor = cursor
         // At least `snapshotInterval`, and at least twenty times what the last snapshot took:
         // a large state costs its pipeline no more than a twentieth of its time to save.
@@ -366,7 +450,10 @@ package enum PipelineWorker {
                 if completions.watermark(acceptedThrough: cursor) != cursor { completions.drain(seconds: 2) }
                 if completions.watermark(acceptedThrough: cursor) == cursor {
                     do {
-                        try takeSnapshot(chain, cursor: cursor).save(to: spec.snapshotPath)
+                        try takeSnapshot(chain, cursor: cursor).save(to: spec.snapshotPath) {
+                            killPoint(.writingSnapshot, spec)
+                        }
+                        killPoint(.snapshotSaved, spec)
                         snapshotCursor = cursor
                         snapshotSpacing = max(spec.snapshotInterval, 20 * Date().timeIntervalSince(now))
                     } catch {
@@ -383,6 +470,7 @@ package enum PipelineWorker {
                 do {
                     try save(durable, to: spec.cursorPath)
                     savedCursor = durable
+                    killPoint(.cursorSaved, spec)
                 } catch {
                     // The old cursor stands (records are handled again, never skipped); tried
                     // again at the next save.
@@ -411,6 +499,24 @@ package enum PipelineWorker {
                     )
                 }
                 expected = seq + 1
+                handling.set(seq)
+                defer { handling.set(0) }
+                if seq == spec.poison {
+                    let why = spec.poisonReason ?? "the worker kept dying on it"
+                    do {
+                        try deadLetter(record.line, seq: seq, why: why, to: spec.deadLetterPath)
+                        deadLetters += 1
+                        logger.error(
+                            "pipeline \(spec.name): _seq \(seq) is not handled again (\(why)); written to \(spec.deadLetterPath)"
+                        )
+                        cursor = seq
+                        handling.set(0)
+                        report()
+                        return true
+                    } catch {
+                        logger.error("pipeline \(spec.name): _seq \(seq) cannot go to the dead letters: \(error)")
+                    }
+                }
                 var attempt = 0
                 while true {
                     output.begin(seq)
@@ -429,6 +535,9 @@ package enum PipelineWorker {
                     case .rejected: break
                     }
                     if case .rejected(let why) = outcome {
+                        // What an attempt that failed derived is not stored: only the attempt that
+                        // passes the record derives, as a run without the failure would.
+                        output.discardCurrentRecord()
                         attempt += 1
                         failures += 1
                         if oversized != nil || (spec.retryLimit > 0 && attempt >= spec.retryLimit) {
@@ -464,6 +573,8 @@ package enum PipelineWorker {
                     break
                 }
                 cursor = seq
+                // What fails from here (a plugin's flush) is not this record's doing.
+                handling.set(0)
                 report()
                 return true
             },
@@ -488,6 +599,32 @@ package enum PipelineWorker {
         completions.drain(seconds: 1)
         report(force: true)
         exit(0)
+    }
+
+    /// Moments at which a test can have the worker SIGKILL itself, to reach each phase of its
+    /// life reliably: with `WHEND_TEST_KILL_POINTS` naming a directory, the worker dies at
+    /// point P if it can remove `<directory>/<pipeline>.<P>` (so one worker dies per file).
+    /// Without the variable, nothing is looked at.
+    enum KillPoint: String {
+        /// Its plugins loaded, before any state is restored.
+        case started
+        /// A stage's state restored, before the next stage's and before the resume.
+        case restoring
+        /// The newest snapshot moved aside, the new one not yet in its place.
+        case writingSnapshot = "writing-snapshot"
+        /// A snapshot saved, the cursor not yet saved with it.
+        case snapshotSaved = "snapshot-saved"
+        /// A cursor saved (after the last snapshot, before the next).
+        case cursorSaved = "cursor-saved"
+    }
+
+    private static let killPointDirectory = ProcessInfo.processInfo.environment["WHEND_TEST_KILL_POINTS"]
+
+    static func killPoint(_ point: KillPoint, _ spec: PipelineSpec) {
+        guard let directory = killPointDirectory, !directory.isEmpty,
+            unlink(directory + "/" + spec.name + "." + point.rawValue) == 0
+        else { return }
+        kill(getpid(), SIGKILL)
     }
 
     enum Restored {
@@ -524,6 +661,7 @@ package enum PipelineWorker {
                     } catch {
                         throw PipelineSnapshot.Unusable(description: error.description)
                     }
+                    killPoint(.restoring, spec)
                 }
                 logger.notice(
                     "pipeline \(spec.name): restored its plugins' state saved at _seq \(snapshot.cursor) (\(which) snapshot); resuming after it"
@@ -632,6 +770,13 @@ final class WorkerOutput: @unchecked Sendable {
         return true
     }
 
+    /// Forgets what the current record derived so far (its attempt failed).
+    func discardCurrentRecord() {
+        if oversized == nil { _ = pending.takeCurrentRecord() }
+        oversized = nil
+        emitted = 0
+    }
+
     /// Sends what was derived since the last flush as one batch.
     func flush() {
         guard !pending.isEmpty else { return }
@@ -642,7 +787,7 @@ final class WorkerOutput: @unchecked Sendable {
         }
         let frame = pending.finish(batch: batch)
         // The daemon is gone: nothing to report to.
-        if frame.withUnsafeBytes({ writeFully(WorkerFrame.reportDescriptor, $0) }) != nil { exit(4) }
+        if frame.withUnsafeBytes({ writeFully(WorkerChannel.report, $0) }) != nil { exit(4) }
         pending.reset()
     }
 
@@ -654,6 +799,6 @@ final class WorkerOutput: @unchecked Sendable {
 
     private func send(_ frame: [UInt8]) {
         // The daemon is gone: nothing to report to.
-        if !writeAll(WorkerFrame.reportDescriptor, frame) { exit(4) }
+        if !writeAll(WorkerChannel.report, frame) { exit(4) }
     }
 }

@@ -52,9 +52,10 @@ package enum SupervisorMessage: Equatable, Sendable {
 package enum WorkerFrame {
     /// A frame longer than this is a broken peer, not a message.
     package static let maxLength = 64 << 20
-    /// In the worker: where it writes its messages to the daemon.
+    /// In the worker, as it starts: where it writes its messages to the daemon. It moves both
+    /// descriptors higher before it loads a plugin (`WorkerChannel`), leaving /dev/null here.
     package static let reportDescriptor: Int32 = 3
-    /// In the worker: where it reads the daemon's messages.
+    /// In the worker, as it starts: where it reads the daemon's messages.
     package static let commandDescriptor: Int32 = 4
     /// The fewest bytes a derived record takes in a frame: its cause, its origin (a plugin's
     /// name, never empty) and its bytes, each run with its length.

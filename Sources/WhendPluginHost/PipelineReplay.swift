@@ -51,7 +51,10 @@ package final class PipelineReplay {
     /// Runs one stored record (with its `_seq` and `_rt`) through the chain.
     package func handle(_ record: UnsafeBufferPointer<UInt8>, seq: UInt64) -> Outcome {
         derived.begin(cause: seq, record: record)
-        switch chain.run(record, seq: seq) {
+        let outcome = chain.run(record, seq: seq)
+        // As a live worker: what a record that failed derived is not stored.
+        derived.end(keep: { if case .rejected = outcome { false } else { true } }())
+        switch outcome {
         case .unchanged, .changed: return .passed
         case .dropped: return .dropped
         case .rejected(let why): return .failed(why)
@@ -114,6 +117,24 @@ private final class DerivedSink: @unchecked Sendable {
     private var receivedAt: [UInt8]?
     /// The record being built, kept between records: one allocation for the whole replay.
     private var building: [UInt8] = []
+    /// What the record in hand derived, each record's end in `ends`: it goes out only once the
+    /// record is through the chain, and not if it failed.
+    private var held: [UInt8] = []
+    private var ends: [Int] = []
+
+    package func end(keep: Bool) {
+        if keep {
+            var start = 0
+            held.withUnsafeBufferPointer { all in
+                for end in ends {
+                    output(UnsafeBufferPointer(rebasing: all[start..<end]))
+                    start = end
+                }
+            }
+        }
+        held.removeAll(keepingCapacity: held.count <= 1 << 20)
+        ends.removeAll(keepingCapacity: true)
+    }
 
     package func emit(_ json: UnsafeBufferPointer<UInt8>, origin: String) -> Bool {
         if receivedAt == nil { receivedAt = PipelineReplay.receivedAt(self.record) }
@@ -124,7 +145,8 @@ private final class DerivedSink: @unchecked Sendable {
         } catch {
             return false
         }
-        building.withUnsafeBufferPointer { output($0) }
+        held += building
+        ends.append(held.count)
         return true
     }
 }

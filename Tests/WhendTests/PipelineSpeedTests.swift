@@ -52,8 +52,9 @@ import WhendPluginHost
             "snapshotInterval": 0, "snapshotRebuild": 0,
         ]
         let worker = Process()
-        worker.executableURL = URL(fileURLWithPath: executable("whend"))
-        worker.arguments = ["--pipeline-worker"]
+        // The daemon's frames are on the worker's descriptors 3 (from it) and 4 (to it).
+        worker.executableURL = URL(fileURLWithPath: "/bin/sh")
+        worker.arguments = ["-c", #"exec "$0" --pipeline-worker 3>&1 4<&0 1>&2 0</dev/null"#, executable("whend")]
         let input = Pipe()
         let output = Pipe()
         worker.standardInput = input

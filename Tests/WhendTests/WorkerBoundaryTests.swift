@@ -1,5 +1,7 @@
 import Foundation
 import Testing
+import WhendJournal
+import WhendWire
 
 /// The boundary between whend and a pipeline's worker, tried from the plugin's side: a real C
 /// plugin (Tests/Fixtures/chatty.c) that prints to its standard output, derives more than a
@@ -116,7 +118,7 @@ import Testing
     /// is reserved for it: the worker is killed, with the reason in the log, and restarted;
     /// whend itself neither dies nor grows by gigabytes (it reserved 3.7 GB for it).
     @Test func aForgedFrameKillsTheWorkerNotTheDaemon() throws {
-        let daemon = try chattyDaemon("w-forge", configuration: #"{"quiet": true, "forge_fd": 3}"#)
+        let daemon = try chattyDaemon("w-forge", configuration: #"{"quiet": true, "forge_pipe": true}"#)
         try daemon.start()
         #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"when","name":"tap"}"#]).acks == [1])
         #expect(try daemon.waitForPipeline("chat", cursor: 1, seconds: 20))
@@ -136,13 +138,154 @@ import Testing
     /// Counters past what whend counts in (2^64 - 1 failures) in a worker's progress: whend
     /// goes on, and so does the pipeline. (whend trapped converting them, and died.)
     @Test func aProgressFrameWithAbsurdCountersDoesNotStopTheDaemon() throws {
-        let daemon = try chattyDaemon("w-progress", configuration: #"{"quiet": true, "forge_fd": 3}"#)
+        let daemon = try chattyDaemon("w-progress", configuration: #"{"quiet": true, "forge_pipe": true}"#)
         try daemon.start()
         let events = [#"{"type":"when","name":"counters"}"#, #"{"type":"when","name":"tap"}"#]
         #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 2)
         #expect(try daemon.waitForPipeline("chat", cursor: 2, seconds: 20), "\(daemon.log.suffix(2000))")
         #expect(daemon.process?.isRunning == true, "\(daemon.log.suffix(2000))")
         #expect(daemon.stop() == 0)
+    }
+
+    /// One well-formed derived frame a plugin writes to the worker's pipe itself, of cause
+    /// 2^64 - 2 and the origin of another plugin: not stored, and the worker that sent it is
+    /// killed with the reason in the log. Every later record derives as before, live and after a
+    /// restart of whend. (whend stored it, and took every later derived record of the pipeline
+    /// for one already appended: none was stored again.)
+    @Test func aForgedDerivedRecordIsRefusedAndLaterOnesAreStored() throws {
+        let daemon = try chattyDaemon("w-forge-cause", configuration: #"{"quiet": true, "forge_pipe": true}"#)
+        try daemon.start()
+        let events = [
+            #"{"type":"when","name":"derive","id":"f1"}"#, #"{"type":"when","name":"forge_cause","id":"f2"}"#,
+            #"{"type":"when","name":"derive","id":"f3"}"#, #"{"type":"when","name":"derive","id":"f4"}"#,
+        ]
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 4)
+        #expect(
+            daemon.waitForLog("its worker sent a derived record it cannot have derived", seconds: 20),
+            "\(daemon.log.suffix(3000))")
+        // The four events and the three records derived from the "derive" ones.
+        #expect(try daemon.waitForPipeline("chat", cursor: 7, seconds: 30), "\(daemon.log.suffix(3000))")
+        #expect(daemon.stop() == 0)
+        try daemon.start()
+        #expect(
+            try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"when","name":"derive","id":"f5"}"#]).acks == [1])
+        #expect(try daemon.waitForPipeline("chat", cursor: 9, seconds: 30), "\(daemon.log.suffix(3000))")
+        #expect(daemon.stop() == 0)
+        let records = daemon.records()
+        #expect(!records.contains { $0["_origin"] as? String == "screen-tracking" })
+        let derived = records.filter { $0["_origin"] as? String == "chatty" }
+        #expect(derived.map { $0["_cause"] as? Int ?? 0 } == [1, 3, 4, 8], "\(daemon.log.suffix(3000))")
+    }
+
+    /// A forged derived record already in the journal (stored before whend checked what workers
+    /// send), of cause 2^64 - 2: at start, whend does not take it for what the pipeline derived,
+    /// and the records after it derive as before. (It believed the cause, and took every later
+    /// derived record for one already appended.)
+    @Test func aForgedCauseInTheJournalIsNotBelievedAtStart() throws {
+        let daemon = try chattyDaemon("w-forged-journal", configuration: #"{"quiet": true}"#)
+        let rt = #""_rt":"2026-11-24T10:00:00.000000Z"}"#
+        let bodies = [
+            #""type":"when","name":"derive","#,
+            #""type":"when","name":"derived","params":{"from":"chatty"},"_origin":"chatty","_pipeline":"chat","_cause":1,"#,
+            #""type":"screen","name":"FORGED","_origin":"screen-tracking","_pipeline":"chat","_cause":18446744073709551614,"#,
+            #""type":"when","name":"derive","#,
+        ].map { $0 + rt }
+        var batch = JournalBatch()
+        for body in bodies {
+            batch.bodies += Array(body.utf8)
+            batch.ends.append(batch.bodies.count)
+        }
+        try DurableFile.createDirectory(daemon.journal.path)
+        let writer = try JournalWriter(configuration: JournalConfiguration(directory: daemon.journal))
+        writer.start()
+        let done = DispatchSemaphore(value: 0)
+        writer.submit(batch) { _ in done.signal() }
+        done.wait()
+        writer.shutdown()
+        try daemon.start()
+        #expect(
+            daemon.waitForLog("claims to be derived from _seq 18446744073709551614", seconds: 20),
+            "\(daemon.log.suffix(3000))")
+        // The four records and what the last one derives.
+        #expect(try daemon.waitForPipeline("chat", cursor: 5, seconds: 30), "\(daemon.log.suffix(3000))")
+        #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"when","name":"derive"}"#]).acks == [1])
+        #expect(try daemon.waitForPipeline("chat", cursor: 7, seconds: 30), "\(daemon.log.suffix(3000))")
+        #expect(daemon.stop() == 0)
+        let derived = daemon.records().filter { $0["_origin"] as? String == "chatty" }
+        #expect(derived.map { $0["_cause"] as? Int ?? 0 } == [1, 4, 6], "\(daemon.log.suffix(3000))")
+    }
+
+    /// A plugin that writes to descriptor 3 and closes 3 and 4 (where the worker's frames were)
+    /// disturbs nothing: the worker keeps its pipes elsewhere, never restarts, and every record
+    /// derives what it should. (The worker was killed for the garbage, and again each time it
+    /// came back to the record: the pipeline stalled for good.)
+    @Test func aPluginUsingDescriptorsThreeAndFourStallsNothing() throws {
+        let daemon = try chattyDaemon("w-stray", configuration: #"{"quiet": true}"#)
+        try daemon.start()
+        let events = [
+            #"{"type":"when","name":"derive","id":"d1"}"#, #"{"type":"when","name":"stray","id":"d2"}"#,
+            #"{"type":"when","name":"derive","id":"d3"}"#, #"{"type":"when","name":"derive","id":"d4"}"#,
+        ]
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 4)
+        #expect(try daemon.waitForPipeline("chat", cursor: 7, seconds: 20), "\(daemon.log.suffix(3000))")
+        #expect(try daemon.pipeline("chat")?["restarts"] as? Int == 0, "\(daemon.log.suffix(3000))")
+        #expect(daemon.stop() == 0)
+        let derived = daemon.records().filter { $0["_origin"] as? String == "chatty" }
+        #expect(derived.map { $0["_cause"] as? Int ?? 0 } == [1, 3, 4])
+    }
+
+    /// A record on which the worker dies every time (the plugin aborts) goes to the dead letters
+    /// after `pipeline_retry_limit` deaths, with the reason, and the pipeline goes on. (It
+    /// restarted on that record for ever, and nothing after it was handled.)
+    @Test func aRecordTheWorkerKeepsDyingOnGoesToTheDeadLetters() throws {
+        let daemon = try chattyDaemon(
+            "w-crashloop", configuration: #"{"quiet": true}"#, settings: "pipeline_retry_limit = 3")
+        try daemon.start()
+        let events = [
+            #"{"type":"when","name":"derive","id":"c1"}"#, #"{"type":"when","name":"crash","id":"c2"}"#,
+            #"{"type":"when","name":"derive","id":"c3"}"#,
+        ]
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 3)
+        #expect(try daemon.waitForPipeline("chat", cursor: 5, seconds: 30), "\(daemon.log.suffix(3000))")
+        let pipeline = try daemon.pipeline("chat")
+        #expect(pipeline?["restarts"] as? Int == 3, "\(daemon.log.suffix(3000))")
+        #expect(pipeline?["dead_letters"] as? Int == 1, "\(daemon.log.suffix(3000))")
+        let dead =
+            (try? String(contentsOfFile: daemon.stateDirectory + "/pipelines/chat/dead-letter.jsonl", encoding: .utf8))
+            ?? ""
+        #expect(dead.contains(#""_seq":2"#) && dead.contains("the worker died 3 times handling it"), "\(dead)")
+        #expect(daemon.stop() == 0)
+        let derived = daemon.records().filter { $0["_origin"] as? String == "chatty" }
+        #expect(derived.map { $0["_cause"] as? Int ?? 0 } == [1, 3])
+    }
+
+    /// What a plugin derived in an attempt that failed is not stored: a record that fails twice
+    /// and then passes derives once, as it would without the failures, and a replay stores
+    /// nothing of a record that failed. (Live, each failed attempt's record was stored: three
+    /// where one is derived; the replay printed the failed record's.)
+    @Test func recordsDerivedInAFailedAttemptAreNotStored() throws {
+        let daemon = try chattyDaemon("w-emitfail", configuration: #"{"quiet": true}"#)
+        try daemon.start()
+        let events = [
+            #"{"type":"when","name":"derive","id":"e1"}"#, #"{"type":"when","name":"emitfail","id":"e2"}"#,
+            #"{"type":"when","name":"derive","id":"e3"}"#,
+        ]
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 3)
+        #expect(try daemon.waitForPipeline("chat", cursor: 6, seconds: 30), "\(daemon.log.suffix(3000))")
+        #expect(try daemon.pipeline("chat")?["failures"] as? Int == 2)
+        #expect(daemon.stop() == 0)
+        let derived = daemon.records().filter { $0["_origin"] as? String == "chatty" }
+        #expect(derived.map { $0["_cause"] as? Int ?? 0 } == [1, 2, 3])
+        #expect(derived.filter { $0["name"] as? String == "attempted" }.count == 1)
+        // Offline, once and without retries: the record fails, and derives nothing.
+        let plugins = scratchDirectory("w-emitfail-plugins")
+        let library = try buildTestPlugin("chatty", into: plugins, name: "chatty")
+        let replay = try whenctl([
+            "replay", "--state-dir", daemon.stateDirectory, "--plugin", library, "--plugin-config", #"{"quiet": true}"#,
+        ])
+        #expect(replay.status == 1, "\(replay.error)")
+        #expect(replay.error.contains("1 failed"), "\(replay.error)")
+        #expect(!replay.output.contains("attempted"), "\(replay.output)")
     }
 }
 

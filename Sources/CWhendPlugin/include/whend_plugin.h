@@ -78,7 +78,9 @@ typedef struct whend_host {
     /* Appends a derived record (a JSON object) to the journal with _origin and _cause set by
      * the host. Returns WHEND_OK or WHEND_FAIL. What one record derives may come to at most
      * 64 MiB: past that, emit fails, nothing derived from the record is stored, and the record
-     * goes to the pipeline's dead letters. (A plugin's stdout and stderr go to whend's log.) */
+     * goes to the pipeline's dead letters. What a handle() that returns WHEND_REJECT or
+     * WHEND_FAIL emitted is discarded: only the attempt that passes the record derives. (A
+     * plugin's stdout and stderr go to whend's log; descriptors 3 and 4 are /dev/null.) */
     int (*emit)(void *context, const uint8_t *json, size_t length);
     /* Adds delta to the plugin's counter `name` (shown by whenctl plugins and in metrics). */
     void (*count)(void *context, const char *name, int64_t delta);
