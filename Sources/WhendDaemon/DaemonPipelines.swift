@@ -74,7 +74,7 @@ extension Daemon {
             for (name, spec) in specs where running[name] == nil {
                 let supervisor = PipelineSupervisor(
                     spec: spec, executable: executable, watchdog: watchdog, logger: logger,
-                    journalLastSeq: { [weak self] in self?.writer.statistics.lastSeq ?? 0 }
+                    journalWrittenThrough: { [weak self] in self?.writer.statistics.writtenThrough ?? 0 }
                 ) { [weak self] records, stored in
                     self?.appendDerived(records, pipeline: name, stored: stored)
                 }

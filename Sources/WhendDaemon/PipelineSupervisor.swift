@@ -56,7 +56,7 @@ final class PipelineSupervisor: @unchecked Sendable {
     private let watchdog: TimeInterval
     private let logger: Logger
     /// The journal's last committed `_seq`: no worker can have derived from a later record.
-    private let journalLastSeq: @Sendable () -> UInt64
+    private let journalWrittenThrough: @Sendable () -> UInt64
     /// Appends derived records as one journal batch, then says whether they were stored.
     private let appendDerived:
         @Sendable (_ records: [DerivedRecord], _ stored: @escaping @Sendable (Bool) -> Void) -> Void
@@ -71,14 +71,14 @@ final class PipelineSupervisor: @unchecked Sendable {
 
     init(
         spec: PipelineSpec, executable: String, watchdog: TimeInterval, logger: Logger,
-        journalLastSeq: @escaping @Sendable () -> UInt64,
+        journalWrittenThrough: @escaping @Sendable () -> UInt64,
         appendDerived: @escaping @Sendable ([DerivedRecord], @escaping @Sendable (Bool) -> Void) -> Void
     ) {
         self.spec = spec
         self.executable = executable
         self.watchdog = watchdog
         self.logger = logger
-        self.journalLastSeq = journalLastSeq
+        self.journalWrittenThrough = journalWrittenThrough
         self.appendDerived = appendDerived
         state.withLockedValue { $0.cursor = PipelineSpec.savedCursor(at: spec.cursorPath) }
     }
@@ -381,16 +381,6 @@ final class PipelineSupervisor: @unchecked Sendable {
         }
     }
 
-    /// Whether `seq` is committed within two seconds (a worker reads a record as soon as it
-    /// is written, maybe before its group's sync is counted).
-    private func committed(_ seq: UInt64) -> Bool {
-        let deadline = Date().addingTimeInterval(2)
-        while journalLastSeq() < seq {
-            guard Date() < deadline else { return false }
-            usleep(2_000)
-        }
-        return true
-    }
 
     private func handle(_ message: WorkerMessage, generation: UInt64) {
         switch message {
@@ -416,9 +406,9 @@ final class PipelineSupervisor: @unchecked Sendable {
             // forged one (a plugin writing frames of its own) is not stored, and the worker that
             // sent it is killed: a cause believed past the journal's end would have every later
             // derived record taken for one already appended.
-            // A record just written may be read before its commit is counted: waited for, briefly.
-            let highest = records.map(\.cause).max() ?? 0
-            let lastSeq = committed(highest) ? highest : journalLastSeq()
+            // A worker reads a record as soon as it is written, maybe before its sync: the bound
+            // is what the journal has written, so that a slow disk makes no worker a forger.
+            let lastSeq = journalWrittenThrough()
             let forged = state.withLockedValue { s -> String? in
                 var previous = s.runCause
                 for r in records {

@@ -70,6 +70,9 @@ package enum JournalCommit: Sendable, Equatable {
 /// Live figures of the writer, for status and metrics.
 package struct JournalStatistics: Sendable {
     package var lastSeq: UInt64
+    /// The last `_seq` written to a segment, synced or not: what a reader of the files may have
+    /// seen already (it can be ahead of `lastSeq`, whose records are acknowledged).
+    package var writtenThrough: UInt64 = 0
     package var recordsStored: UInt64
     package var duplicatesSkipped: UInt64
     package var commits: UInt64
@@ -196,7 +199,8 @@ package final class JournalWriter: @unchecked Sendable {
         self.nextSeq = lastSeq + 1
         self.compressor = ZstdCompressor(level: configuration.compressionLevel)
         self.stats = JournalStatistics(
-            lastSeq: lastSeq, recordsStored: 0, duplicatesSkipped: 0, commits: 0, bytesWritten: 0)
+            lastSeq: lastSeq, writtenThrough: lastSeq, recordsStored: 0, duplicatesSkipped: 0, commits: 0,
+            bytesWritten: 0)
     }
 
     /// Starts the writer thread.
@@ -413,6 +417,9 @@ package final class JournalWriter: @unchecked Sendable {
             syncer!.hand(group(of: batches, .failed(message), firstSeq: first))
             return
         }
+        condition.lock()
+        stats.writtenThrough = nextSeq - 1
+        condition.unlock()
         var written = group(of: batches, .stored(lastSeq: nextSeq - 1), firstSeq: first)
         written.records = seq - first
         written.duplicates = duplicates
@@ -491,6 +498,9 @@ package final class JournalWriter: @unchecked Sendable {
         }
         dedup.dropFrom(seq: fromSeq)
         nextSeq = min(nextSeq, fromSeq)
+        condition.lock()
+        stats.writtenThrough = nextSeq - 1
+        condition.unlock()
     }
 
     private func appendRecordPrefix(_ seq: UInt64) {
@@ -543,6 +553,9 @@ package final class JournalWriter: @unchecked Sendable {
                 if let key = record.dedupKey, let seq = record.seq, seq >= nextSeq { dedup.insert(key, seq: seq) }
             }
             nextSeq = result.lastSeq + 1
+            condition.lock()
+            stats.writtenThrough = nextSeq - 1
+            condition.unlock()
             broken = nil
             log("the journal can store again: recovered \(segment.path) up to _seq \(result.lastSeq)")
             madeDurable()
