@@ -381,7 +381,6 @@ final class PipelineSupervisor: @unchecked Sendable {
         }
     }
 
-
     private func handle(_ message: WorkerMessage, generation: UInt64) {
         switch message {
         case .progress(let cursor, let failures, let deadLetters, let skipped):
