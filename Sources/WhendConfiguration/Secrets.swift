@@ -19,6 +19,39 @@ package enum Secrets {
     package static let credentialPrefix = "$credential:"
     package static let filePrefix = "$file:"
 
+    /// How deep a plugin's configuration may nest: the event scanner's limit. The walkers here
+    /// recurse once a level, so a deeper configuration is refused before any of them sees it.
+    package static let maximumDepth = 512
+
+    /// How deep the arrays and objects of JSON text `json` nest, found without recursion.
+    package static func nestingDepth(of json: String) -> Int {
+        var depth = 0
+        var deepest = 0
+        var inString = false
+        var escaped = false
+        for byte in json.utf8 {
+            if inString {
+                if escaped {
+                    escaped = false
+                } else if byte == UInt8(ascii: "\\") {
+                    escaped = true
+                } else if byte == UInt8(ascii: "\"") {
+                    inString = false
+                }
+                continue
+            }
+            switch byte {
+            case UInt8(ascii: "\""): inString = true
+            case UInt8(ascii: "{"), UInt8(ascii: "["):
+                depth += 1
+                deepest = max(deepest, depth)
+            case UInt8(ascii: "}"), UInt8(ascii: "]"): depth -= 1
+            default: break
+            }
+        }
+        return deepest
+    }
+
     /// Whether a member named `name` holds a secret.
     package static func isSecretMember(_ name: String) -> Bool {
         let n = name.lowercased()
@@ -195,19 +228,57 @@ extension Secrets {
                 throw SecretReferenceError(reference: reference, reason: "the path must be absolute")
             }
         }
-        guard let handle = FileHandle(forReadingAtPath: path) else {
-            throw SecretReferenceError(
-                reference: reference,
-                reason: "cannot read \(path): \(String(cString: strerror(errno))); whend's user must be able to read it"
-            )
-        }
-        defer { try? handle.close() }
-        guard var text = String(data: handle.readDataToEndOfFile(), encoding: .utf8) else {
+        guard var text = String(data: try readSecretFile(path, reference: reference), encoding: .utf8) else {
             throw SecretReferenceError(reference: reference, reason: "\(path) is not UTF-8 text")
         }
         if text.hasSuffix("\n") { text.removeLast() }
         guard !text.isEmpty else { throw SecretReferenceError(reference: reference, reason: "\(path) is empty") }
         return text
+    }
+}
+
+extension Secrets {
+    /// The most a file or credential holding a secret may hold.
+    package static let maximumSecretSize = 64 * 1024
+
+    /// The contents of the regular file at `path`, at most `maximumSecretSize` bytes. Opened
+    /// without blocking (a FIFO would hold the reload, and the daemon, until a writer came) and
+    /// checked after opening (`fstat`, so a symlink is followed to what it names, as systemd's
+    /// and container runtimes' secret files are, yet nothing is swapped in between): a device
+    /// (`/dev/zero`), a FIFO or a directory is refused, and so is a file larger than the cap.
+    private static func readSecretFile(_ path: String, reference: String) throws(SecretReferenceError) -> Data {
+        let fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY)
+        guard fd >= 0 else {
+            throw SecretReferenceError(
+                reference: reference,
+                reason: "cannot read \(path): \(String(cString: strerror(errno))); whend's user must be able to read it"
+            )
+        }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {
+            throw SecretReferenceError(
+                reference: reference,
+                reason: "\(path) is not a regular file; put the secret in a file of its own and name that")
+        }
+        let tooLarge = SecretReferenceError(
+            reference: reference,
+            reason: "\(path) holds more than \(maximumSecretSize / 1024) KiB; a secret file holds only the secret")
+        guard info.st_size <= maximumSecretSize else { throw tooLarge }
+        var data = Data()
+        var buffer = [UInt8](repeating: 0, count: 16 * 1024)
+        while true {
+            let n = buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+            if n < 0, errno == EINTR { continue }
+            guard n >= 0 else {
+                throw SecretReferenceError(
+                    reference: reference, reason: "cannot read \(path): \(String(cString: strerror(errno)))")
+            }
+            if n == 0 { return data }
+            data.append(contentsOf: buffer[..<n])
+            // It may grow after fstat: the cap holds for what is read.
+            guard data.count <= maximumSecretSize else { throw tooLarge }
+        }
     }
 }
 
@@ -217,6 +288,7 @@ struct JSONSpanWalker {
     private let bytes: [UInt8]
     private var i = 0
     private var copied = 0
+    private var depth = 0
     private var output: [UInt8] = []
     /// Called for each string value (not member names) with whether it lies within a secret
     /// member; returns its replacement (a string), or nil to keep it.
@@ -251,6 +323,10 @@ struct JSONSpanWalker {
     /// A value within a secret member (`secret`), or the value of a `headers` member.
     private mutating func value(secret: Bool, headers: Bool) -> Bool {
         guard i < bytes.count else { return false }
+        // Deeper than a configuration may be (`Secrets.maximumDepth`): refused, not recursed into.
+        depth += 1
+        defer { depth -= 1 }
+        guard depth <= Secrets.maximumDepth + 1 else { return false }
         switch bytes[i] {
         case UInt8(ascii: "{"):
             if headers { return object(memberSecret: { _ in true }, secret: secret) }

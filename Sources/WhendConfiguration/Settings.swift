@@ -22,6 +22,10 @@ package enum SettingError: Error, CustomStringConvertible, Equatable {
             return
                 "\(source): unknown key \"\(key)\"; the keys are \(Settings.all.map(\.key).joined(separator: ", ")) plugin.<name> and pipeline.<name>"
         case .notAllowed(let source, let key, let value, let allowed):
+            // A plugin's value that is refused is not known to be JSON a redaction understands.
+            guard !key.hasPrefix("plugin.") else {
+                return "\(source): the value of \(key) (not shown: it may hold a secret) is not allowed; \(key) takes \(allowed)"
+            }
             return
                 "\(source): \(key) = \"\(Secrets.shown(key: key, value: value))\" is not allowed; \(key) takes \(allowed)"
         case .unreadableFile(let path, let reason):
@@ -284,14 +288,18 @@ package enum Settings {
     /// `plugin.<name> = {json}`: a plugin's configuration, one key per plugin.
     package static func pluginSetting(_ name: String) -> Setting {
         Setting(
-            key: "plugin.\(name)", allowed: "a JSON object", help: "the configuration of plugin \(name)",
+            key: "plugin.\(name)", allowed: "a JSON object nested at most \(Secrets.maximumDepth) deep",
+            help: "the configuration of plugin \(name)",
             reload: .live, value: { $0.pluginConfigurations[name] ?? "" }
         ) { c, v in
             guard !v.isEmpty else {
                 c.pluginConfigurations[name] = nil
                 return true
             }
-            guard (try? JSONSerialization.jsonObject(with: Data(v.utf8))) is [String: Any] else { return false }
+            // Before anything walks it: every walker of a configuration recurses once a level.
+            guard Secrets.nestingDepth(of: v) <= Secrets.maximumDepth,
+                (try? JSONSerialization.jsonObject(with: Data(v.utf8))) is [String: Any]
+            else { return false }
             c.pluginConfigurations[name] = v
             return true
         }

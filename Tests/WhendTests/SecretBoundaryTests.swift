@@ -1,0 +1,95 @@
+import Foundation
+import Testing
+import WhendConfiguration
+
+/// Plugin configurations and secret references that whend refuses before they can hurt it or
+/// leak: nested too deep, files that are not regular or too large, values that are not objects.
+@Suite(.serialized) struct SecretBoundaryTests {
+    /// A configuration nested deeper than the limit is refused by `--check-config` and by
+    /// `whenctl reload` with a clear error, and the running whend keeps its configuration (every
+    /// walker of a configuration recursed once a level: 10,000 levels overflowed the stack).
+    @Test func aConfigurationNestedTooDeepIsRefusedAndTheDaemonLives() throws {
+        let directory = scratchDirectory("secret-deep")
+        let config = directory + "/whend.conf"
+        try #"plugin.x = {"n": 1}"#.write(toFile: config, atomically: true, encoding: .utf8)
+        let daemon = DaemonProcess("secret-deep-d", arguments: ["--config", config])
+        try daemon.start()
+        defer { daemon.stop() }
+        let depth = 10_000
+        let deep = #"plugin.x = {"x": "# + String(repeating: "[", count: depth) + String(repeating: "]", count: depth) + "}"
+        try deep.write(toFile: config, atomically: true, encoding: .utf8)
+        let check = try runCommand(executable("whend"), ["--config", config, "--check-config"])
+        #expect(check.status == 2, "\(check.output) \(check.error)")
+        #expect(check.error.contains("plugin.x") && check.error.contains("512"), "\(check.error)")
+        let reload = try daemon.whenctl(["reload"])
+        #expect(reload.status != 0, "\(reload.output)")
+        #expect((reload.output + reload.error).contains("512"), "\(reload.output) \(reload.error)")
+        // Alive, with the configuration it had.
+        #expect(daemon.process?.isRunning == true, "\(daemon.log)")
+        let status = try daemon.whenctl(["status"])
+        #expect(status.status == 0, "\(status.error)")
+        // At the limit, it is taken.
+        let limit = Secrets.maximumDepth - 1
+        try (#"plugin.x = {"x": "# + String(repeating: "[", count: limit) + String(repeating: "]", count: limit) + "}")
+            .write(toFile: config, atomically: true, encoding: .utf8)
+        let taken = try daemon.whenctl(["reload"])
+        #expect(taken.status == 0, "\(taken.output) \(taken.error)")
+    }
+
+    /// A plugin's value that is JSON but not an object is refused without quoting it.
+    @Test func aPluginValueThatIsNotAnObjectIsNotQuoted() throws {
+        let directory = scratchDirectory("secret-array")
+        for value in [#"["LEAKME123"]"#, #"[{"a": "LEAKME123"}]"#] {
+            try "plugin.analytics = \(value)\n".write(
+                toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
+            let check = try runCommand(executable("whend"), ["--config", directory + "/whend.conf", "--check-config"])
+            #expect(check.status == 2, "\(check.output)")
+            #expect(check.error.contains("plugin.analytics"), "\(check.error)")
+            #expect(!(check.output + check.error).contains("LEAKME123"), "\(check.error)")
+        }
+    }
+
+    /// `$file:` and `$credential:` read only regular files, at most 64 KiB: a device would be
+    /// read without end, a FIFO would hold the reload until a writer came.
+    @Test func onlyRegularFilesOfBoundedSizeAreRead() throws {
+        let directory = scratchDirectory("secret-special")
+        func failure(_ path: String) -> String {
+            do {
+                _ = try Secrets.resolveReferences(#"{"token": "$file:\#(path)"}"#, environment: [:])
+                return "resolved"
+            } catch {
+                return error.description
+            }
+        }
+        // A FIFO: were it opened blocking, only this writer (after 5 s) would let it go.
+        let fifo = directory + "/fifo"
+        #expect(mkfifo(fifo, 0o600) == 0)
+        let writer = Thread {
+            usleep(5_000_000)
+            let fd = open(fifo, O_WRONLY | O_NONBLOCK)
+            if fd >= 0 { close(fd) }
+        }
+        writer.start()
+        let started = Date()
+        #expect(failure(fifo).contains("not a regular file"))
+        #expect(Date().timeIntervalSince(started) < 4, "the FIFO held the read")
+        #expect(failure("/dev/null").contains("not a regular file"))
+        #expect(failure(directory).contains("not a regular file"))
+        let large = directory + "/large"
+        try String(repeating: "k", count: Secrets.maximumSecretSize + 1).write(
+            toFile: large, atomically: true, encoding: .utf8)
+        #expect(failure(large).contains("64 KiB"))
+        // A symlink to a regular file is followed (systemd and container secrets are often links).
+        let target = directory + "/target"
+        try "s3cret-value\n".write(toFile: target, atomically: true, encoding: .utf8)
+        try FileManager.default.createSymbolicLink(atPath: directory + "/link", withDestinationPath: target)
+        let (resolved, secrets) = try Secrets.resolveReferences(
+            #"{"token": "$file:\#(directory)/link"}"#, environment: [:])
+        #expect(secrets == ["s3cret-value"] && resolved.contains("s3cret-value"))
+        // The same for a credential.
+        let credential = try? Secrets.resolveReferences(
+            #"{"token": "$credential:fifo"}"#, environment: ["CREDENTIALS_DIRECTORY": directory])
+        #expect(credential == nil)
+        while writer.isExecuting { usleep(100_000) }
+    }
+}
