@@ -153,6 +153,15 @@ extension DaemonConfiguration {
         pluginConfigurations.values.reduce(into: secretValues) { $0.formUnion(Secrets.values(in: $1)) }
     }
 
+    /// The secret values in plugin `name`'s configuration: those `redact` finds, and those read
+    /// from files and credentials that it holds anywhere (a worker, which gets its configuration
+    /// resolved, cannot tell them from the rest).
+    package func secrets(of name: String) -> Set<String> {
+        guard let json = pluginConfigurations[name] else { return [] }
+        return Secrets.values(in: json).union(
+            secretValues.filter { value in Secrets.jsonEscaped(value).contains { json.contains($0) } || json.contains(value) })
+    }
+
     /// Replaces each `"$credential:NAME"` and `"$file:/path"` string in a plugin's configuration
     /// by what it names, before any plugin sees it (`Secrets.resolveReferences`).
     package mutating func resolveSecretReferences(

@@ -234,7 +234,7 @@ extension Daemon {
             }
             plugins.append(
                 try PluginInstance(
-                    library: library, configuration: settings,
+                    library: library, configuration: settings, secrets: configuration.secrets(of: name),
                     stateDirectory: configuration.stateDirectory + "/plugins/" + name, logger: logger))
         }
         return PluginChain(plugins)

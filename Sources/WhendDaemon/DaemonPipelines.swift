@@ -38,7 +38,8 @@ extension Daemon {
                 origins.append(library.name)
                 stages.append(
                     PipelineSpec.Stage(
-                        plugin: plugin, configuration: configuration.pluginConfigurations[plugin] ?? "{}"))
+                        plugin: plugin, configuration: configuration.pluginConfigurations[plugin] ?? "{}",
+                        secrets: configuration.secrets(of: plugin).sorted()))
             }
             specs[name] = PipelineSpec(
                 name: name, stages: stages, journalDirectory: configuration.journal.directory.path,

@@ -11,6 +11,9 @@ package struct PipelineSpec: Codable, Sendable, Equatable {
     package struct Stage: Codable, Sendable, Equatable {
         package var plugin: String
         package var configuration: String
+        /// Its secret values (`DaemonConfiguration.secrets(of:)`): what the plugin says prints
+        /// them as `***`.
+        package var secrets: [String]?
     }
 
     package var name: String
@@ -294,7 +297,7 @@ package enum PipelineWorker {
                     }
                     instances.append(
                         try PluginInstance(
-                            library: library, configuration: stage.configuration,
+                            library: library, configuration: stage.configuration, secrets: Set(stage.secrets ?? []),
                             stateDirectory: spec.pluginStateRoot + "/" + stage.plugin, logger: logger,
                             emit: { plugin, json in output.emit(json, origin: plugin) },
                             complete: { seq in completions.complete(seq) },

@@ -49,7 +49,11 @@ package enum PluginCheck {
     /// Every chain of `configuration`: its ingest middleware and each of its pipelines.
     package static func request(for configuration: DaemonConfiguration) -> Request {
         func stages(_ names: [String]) -> [PipelineSpec.Stage] {
-            names.map { PipelineSpec.Stage(plugin: $0, configuration: configuration.pluginConfigurations[$0] ?? "{}") }
+            names.map {
+                PipelineSpec.Stage(
+                    plugin: $0, configuration: configuration.pluginConfigurations[$0] ?? "{}",
+                    secrets: configuration.secrets(of: $0).sorted())
+            }
         }
         var chains: [Chain] = []
         if !configuration.ingestPlugins.isEmpty {
@@ -266,7 +270,7 @@ package enum PluginCheck {
                 do {
                     instances.append(
                         try PluginInstance(
-                            library: library, configuration: stage.configuration,
+                            library: library, configuration: stage.configuration, secrets: Set(stage.secrets ?? []),
                             stateDirectory: "\(scratch)/\(number)/\(stage.plugin)", logger: logger))
                 } catch {
                     refuse("\(chain.what): \(error)")

@@ -22,10 +22,13 @@ package final class PluginInstance: @unchecked Sendable {
     /// The secret values of its configuration: what it says prints them as `***`.
     package var secrets: Set<String> { services.takeUnretainedValue().secrets }
 
-    /// - Parameter emit: where the plugin's derived records go (pipelines only); without it,
-    ///   `emit` fails.
+    /// - Parameters:
+    ///   - secrets: secret values beyond those `Secrets.values` finds in `configuration`: those
+    ///     read from files and credentials, which are secrets wherever they are.
+    ///   - emit: where the plugin's derived records go (pipelines only); without it, `emit` fails.
     package init(
-        library: PluginLibrary, configuration: String, stateDirectory: String, logger: Logger,
+        library: PluginLibrary, configuration: String, secrets: Set<String> = [], stateDirectory: String,
+        logger: Logger,
         emit: (@Sendable (String, UnsafeBufferPointer<UInt8>) -> Bool)? = nil,
         complete: (@Sendable (UInt64) -> Void)? = nil, completeThrough: (@Sendable (UInt64) -> Void)? = nil
     ) throws(PluginLoadError) {
@@ -35,7 +38,7 @@ package final class PluginInstance: @unchecked Sendable {
         let services = Unmanaged.passRetained(
             PluginServices(
                 name: library.name, logger: logger, emit: emit, complete: complete, completeThrough: completeThrough,
-                secrets: Secrets.values(in: configuration)))
+                secrets: Secrets.values(in: configuration).union(secrets)))
         self.services = services
         let host = UnsafeMutablePointer<whend_host>.allocate(capacity: 1)
         self.host = host

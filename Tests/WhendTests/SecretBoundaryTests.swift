@@ -92,4 +92,27 @@ import WhendConfiguration
         #expect(credential == nil)
         while writer.isExecuting { usleep(100_000) }
     }
+
+    /// A value read from a file is a secret wherever it is: here an endpoint carrying its API key
+    /// in the query, quoted by the analytics worker's retry warnings while the endpoint refuses.
+    @Test func aValueFromAFileIsScrubbedFromTheWorkersLog() throws {
+        let server = try HTTPTestServer(answers: [.init(status: 503)])
+        defer { server.stop() }
+        let directory = scratchDirectory("secret-endpoint")
+        let key = "SEKRET" + String(UInt32.random(in: 0...UInt32.max), radix: 36)
+        try "http://127.0.0.1:\(server.port)/v1/batch?api_key=\(key)\n".write(
+            toFile: directory + "/endpoint", atomically: true, encoding: .utf8)
+        let config = directory + "/whend.conf"
+        try """
+        plugin.analytics = {"endpoint": "$file:\(directory)/endpoint", "file": null, "flush_interval": 0.2, "max_backoff": 0.2}
+        """.write(toFile: config, atomically: true, encoding: .utf8)
+        let daemon = DaemonProcess("secret-endpoint-d", arguments: ["--builtin-pipelines", "true", "--config", config])
+        try daemon.start()
+        defer { daemon.stop() }
+        try sendSession(daemon, app: "com.example.k", session: "s", [#"{"type":"when","name":"x"}"#])
+        // The endpoint got the key (the reference was read), and refused twice: warnings logged.
+        #expect(eventually { server.requests.count >= 2 })
+        #expect(eventually { daemon.log.contains("503") }, "\(daemon.log)")
+        #expect(!daemon.log.contains(key), "\(daemon.log)")
+    }
 }
