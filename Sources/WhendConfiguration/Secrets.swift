@@ -3,9 +3,10 @@ import Foundation
 /// The secrets in plugin configurations: which members hold one, how they print (`***`), and
 /// how a string value names a file or a systemd credential to read one from.
 ///
-/// A member holds a secret when its name, in any case, starts with `auth` or contains `token`,
-/// `password`, `passwd`, `passphrase`, `secret`, `write_key`, `api_key`, `apikey` or
-/// `private_key`; every value of a `headers` object (or `extra_headers`…) is one; so is the user-info of any URL
+/// A member holds a secret when its name, in any case and without `_` or `-`, starts with
+/// `auth`, is `pass`, `key`, `pwd` or `pin`, or contains `token`, `password`, `passwd`,
+/// `passphrase`, `secret`, `writekey`, `apikey`, `privatekey`, `bearer`, `cookie`,
+/// `credential`, `signingkey`, `accesskey` or `sessionkey`; every value of a `headers` object (or `extra_headers`…) is one; so is the user-info of any URL
 /// (`https://user:pass@host`), and any value read from a file or a credential. whend prints
 /// configuration only through `redact`: reload output and its log, `--check-config`, status,
 /// and the errors that quote a value.
@@ -53,11 +54,15 @@ package enum Secrets {
     }
 
     /// Whether a member named `name` holds a secret.
+    /// The name is compared in lower case without `_` and `-`: `writeKey`, `write-key` and
+    /// `WRITE_KEY` are one name.
     package static func isSecretMember(_ name: String) -> Bool {
-        let n = name.lowercased()
-        if n.hasPrefix("auth") { return true }
-        return ["token", "password", "passwd", "passphrase", "secret", "write_key", "api_key", "apikey", "private_key"]
-            .contains { n.contains($0) }
+        let n = String(name.lowercased().unicodeScalars.filter { $0 != "_" && $0 != "-" })
+        if n.hasPrefix("auth") || ["pass", "key", "pwd", "pin"].contains(n) { return true }
+        return [
+            "token", "password", "passwd", "passphrase", "secret", "writekey", "apikey", "privatekey", "bearer",
+            "cookie", "credential", "signingkey", "accesskey", "sessionkey",
+        ].contains { n.contains($0) }
     }
 
     /// Whether a member named `name` holds HTTP headers (`headers`, `extra_headers`…), each
@@ -68,6 +73,8 @@ package enum Secrets {
     /// as written; values in `known` (read from files and credentials) are secrets wherever
     /// they are. Nil when `json` is not JSON: then nothing of it may be shown.
     package static func redact(_ json: String, hiding known: Set<String> = []) -> String? {
+        // A secret member's value repeated elsewhere (an endpoint's query) is hidden there too.
+        let hidden = known.union(values(in: json))
         var walker = JSONSpanWalker(Array(json.utf8))
         let ok = walker.walk { string, inSecret in
             if inSecret {
@@ -75,7 +82,9 @@ package enum Secrets {
                 return isReference(string) ? nil : mask
             }
             if known.contains(string) { return mask }
-            return redactUserInfo(string)
+            let text = redactUserInfo(string) ?? string
+            let scrubbed = scrub(text, hidden)
+            return scrubbed == string ? nil : scrubbed
         }
         return ok ? walker.result : nil
     }
@@ -106,49 +115,104 @@ package enum Secrets {
         var text = text
         for secret in secrets.sorted(by: { $0.utf8.count > $1.utf8.count }) where secret.count >= 4 {
             text = text.replacingOccurrences(of: secret, with: mask)
-            // As a JSON string would spell it, should the message quote JSON.
-            for escaped in jsonEscaped(secret) where escaped != secret {
-                text = text.replacingOccurrences(of: escaped, with: mask)
+            // As a JSON string would spell it, should the message quote JSON; as a URL would
+            // (Foundation percent-encodes a URL's parts), and decoded from a URL's spelling.
+            for spelling in spellings(of: secret) where spelling != secret && spelling.count >= 4 {
+                text = text.replacingOccurrences(of: spelling, with: mask)
             }
         }
         return text
+    }
+
+    /// The other ways a message may spell `secret`: JSON-escaped, percent-encoded (as each part
+    /// of a URL allows, or every byte but letters and digits), percent-decoded; longest first.
+    static func spellings(of secret: String) -> [String] {
+        var forms = Set(jsonEscaped(secret))
+        let sets: [CharacterSet] = [
+            .urlUserAllowed, .urlPasswordAllowed, .urlQueryAllowed, .urlPathAllowed, .urlHostAllowed,
+            .urlFragmentAllowed, .alphanumerics,
+        ]
+        for set in sets {
+            guard let encoded = secret.addingPercentEncoding(withAllowedCharacters: set) else { continue }
+            forms.insert(encoded)
+            // Lower-case hex, as some encoders write it.
+            forms.insert(lowercasedPercentEscapes(encoded))
+        }
+        if let decoded = secret.removingPercentEncoding { forms.insert(decoded) }
+        return forms.sorted { $0.utf8.count > $1.utf8.count }
+    }
+
+    private static func lowercasedPercentEscapes(_ string: String) -> String {
+        var result = ""
+        var left = 0
+        for ch in string {
+            if ch == "%" {
+                left = 2
+                result.append(ch)
+            } else if left > 0 {
+                left -= 1
+                result += ch.lowercased()
+            } else {
+                result.append(ch)
+            }
+        }
+        return result
     }
 
     static func isReference(_ string: String) -> Bool {
         string.hasPrefix(credentialPrefix) || string.hasPrefix(filePrefix)
     }
 
-    /// The user-info parts (`user:pass` of `scheme://user:pass@host`) of the URLs in `string`.
-    static func userInfos(in string: String) -> [String] {
-        var found: [String] = []
-        var rest = Substring(string)
-        while let scheme = rest.range(of: "://") {
-            let authority = rest[scheme.upperBound...].prefix { !"/?#".contains($0) && !$0.isWhitespace }
-            if let at = authority.lastIndex(of: "@") {
-                found.append(String(authority[..<at]))
+    /// Where the user-info (`user:pass` of `scheme://user:pass@host`) of each URL in `string`
+    /// is: everything after a scheme's `:` and its slashes (`/` or `\\`, any number) up to the
+    /// last `@` before the next URL. A password may hold anything (`/`, `#`, `?`, spaces), so
+    /// the host part cannot be found first; a path holding `@` is hidden too, on the safe side.
+    static func userInfoRanges(in string: String) -> [Range<String.Index>] {
+        var starts: [(scheme: String.Index, authority: String.Index)] = []
+        var i = string.startIndex
+        while let colon = string[i...].firstIndex(of: ":") {
+            var after = string.index(after: colon)
+            while after < string.endIndex, string[after] == "/" || string[after] == "\\" {
+                after = string.index(after: after)
             }
-            rest = rest[scheme.upperBound...]
+            var scheme = colon
+            while scheme > string.startIndex {
+                let before = string[string.index(before: scheme)]
+                guard before.isASCII, before.isLetter || before.isNumber || "+.-".contains(before) else { break }
+                scheme = string.index(before: scheme)
+            }
+            if after > string.index(after: colon), scheme < colon, string[scheme].isLetter {
+                starts.append((scheme, after))
+            }
+            i = after > colon ? after : string.index(after: colon)
+            if i >= string.endIndex { break }
         }
-        return found.filter { !$0.isEmpty }
+        var ranges: [Range<String.Index>] = []
+        for (n, start) in starts.enumerated() {
+            let end = n + 1 < starts.count ? starts[n + 1].scheme : string.endIndex
+            guard start.authority < end, let at = string[start.authority..<end].lastIndex(of: "@") else { continue }
+            if start.authority < at { ranges.append(start.authority..<at) }
+        }
+        return ranges
+    }
+
+    /// The user-info parts of the URLs in `string` (`userInfoRanges`).
+    static func userInfos(in string: String) -> [String] {
+        userInfoRanges(in: string).map { String(string[$0]) }
     }
 
     /// `string` with the user-info of every URL in it replaced by `***`; nil if it has none.
     static func redactUserInfo(_ string: String) -> String? {
-        guard string.contains("://") else { return nil }
+        let ranges = userInfoRanges(in: string)
+        guard !ranges.isEmpty else { return nil }
         var result = ""
-        var rest = Substring(string)
-        var changed = false
-        while let scheme = rest.range(of: "://") {
-            result += rest[..<scheme.upperBound]
-            rest = rest[scheme.upperBound...]
-            let authority = rest.prefix { !"/?#".contains($0) && !$0.isWhitespace }
-            if let at = authority.lastIndex(of: "@") {
-                result += mask
-                rest = rest[at...]
-                changed = true
-            }
+        var copied = string.startIndex
+        for range in ranges {
+            result += string[copied..<range.lowerBound]
+            result += mask
+            copied = range.upperBound
         }
-        return changed ? result + rest : nil
+        return result + string[copied...]
     }
 
     /// `string` as a JSON string's insides would spell it, slashes escaped or not.

@@ -53,6 +53,50 @@ import WhendConfiguration
         #expect(Secrets.scrub("backoff", ["k"]) == "backoff")
     }
 
+    /// Secret member names however spelled (case, `_`, `-`), and a secret repeated elsewhere.
+    @Test func secretNamesAreNormalisedAndRepeatedValuesHidden() throws {
+        for name in [
+            "writeKey", "write-key", "WRITE_KEY", "api-key", "X-Api-Key", "privateKey", "bearer", "cookie",
+            "credentials", "pass", "key", "Key",
+        ] {
+            let redacted = try #require(Secrets.redact(#"{"\#(name)": "v4lue-\#(name)", "n": "plain"}"#))
+            #expect(!redacted.contains("v4lue"), "\(name): \(redacted)")
+            #expect(redacted.contains("plain"))
+        }
+        // Names that only hold a short word: not secrets.
+        #expect(Secrets.redact(#"{"keys": "k1k1", "monkey": "m1m1"}"#)?.contains("k1k1") == true)
+        let repeated = #"{"write_key": "wk-repeat-1", "endpoint": "https://h/v1?api_key=wk-repeat-1&x=1"}"#
+        let shown = try #require(Secrets.redact(repeated))
+        #expect(!shown.contains("wk-repeat-1") && shown.contains("https://h/v1?api_key=***&x=1"), "\(shown)")
+        #expect(!Secrets.shown(key: "plugin.analytics", value: repeated).contains("wk-repeat-1"))
+    }
+
+    /// User-info holding what ends an authority elsewhere (`/`, `#`, `?`, spaces), after odd
+    /// slashes; and its percent-encoded spelling (as Foundation prints a URL) in free text.
+    @Test func userInfoOfAnySpellingIsHidden() throws {
+        for url in [
+            "http://u:pw 1/2#3?4@h/v1", "http:\\\\u:pw-bs-1@h/v1", "http:/u:pw-one-1@h", "https:///u:pw-3@h",
+            "nats://u:pw-a1@h1, nats://u:pw-b2@h2",
+        ] {
+            let json = #"{"endpoint": \#(String(decoding: try JSONSerialization.data(withJSONObject: url, options: [.fragmentsAllowed]), as: UTF8.self))}"#
+            let redacted = try #require(Secrets.redact(json))
+            #expect(!redacted.contains("pw"), "\(url): \(redacted)")
+            for secret in Secrets.values(in: json) {
+                #expect(!Secrets.scrub("GET \(url) failed", [secret]).contains(secret), "\(url)")
+            }
+            #expect(!Secrets.scrub("GET \(url) failed", Secrets.values(in: json)).contains("pw"), "\(url)")
+        }
+        let json = #"{"endpoint": "http://user:päss{}| x@example.com/v1"}"#
+        let secrets = Secrets.values(in: json)
+        let printed = try #require(URL(string: "http://user:p%C3%A4ss%7B%7D%7C%20x@example.com/v1"))
+        for text in [printed.absoluteString, "user:p%c3%a4ss%7b%7d%7c%20x", "user:päss{}| x"] {
+            let scrubbed = Secrets.scrub("POST \(text): 503", secrets)
+            #expect(!scrubbed.contains("ss") && scrubbed.contains("***"), "\(scrubbed)")
+        }
+        // A secret read from a file, printed percent-encoded in a URL.
+        #expect(Secrets.scrub("GET http://h/?k=a%2Fb%2Bc%3D", ["a/b+c="]) == "GET http://h/?k=***")
+    }
+
     /// For any configuration with secrets at any depth (members of any secret name, headers,
     /// URLs with user-info; values with escapes and any Unicode), no secret's bytes are in the
     /// redacted text, as written or as JSON escapes them, and the rest parses to the same values.
@@ -197,7 +241,9 @@ struct ConfigurationGenerator {
         case 2:
             let (user, host) = (userInfo(), pick(["example.com", "127.0.0.1:4318", "h"]))
             let path = pick(["", "/v1/batch", "/p?q=a@b"])
-            return (encode("https://\(user)@\(host)\(path)"), "https://***@\(host)\(path)")
+            // A password may hold `/`, `?` or `#`: up to the last `@` is hidden, a path's `@` too.
+            let shown = path.contains("@") ? "https://***@" + path.split(separator: "@").last! : "https://***@\(host)\(path)"
+            return (encode("https://\(user)@\(host)\(path)"), shown)
         case 3: return ("true", true)
         case 4:
             var texts: [String] = []
