@@ -159,6 +159,14 @@ package enum Secrets {
         return result
     }
 
+    /// `SWIFT_BACKTRACE` for a process that runs plugin code (`setting`: what whend was given):
+    /// the stack trace stays, the register dump goes — it prints the bytes each register points
+    /// at, and a crash in a plugin holding its configuration prints its secrets.
+    package static func backtraceSetting(_ setting: String?) -> String {
+        // The runtime reads its settings in order: the last one given wins.
+        [setting, "registers=none"].compactMap { $0 }.filter { !$0.isEmpty }.joined(separator: ",")
+    }
+
     static func isReference(_ string: String) -> Bool {
         string.hasPrefix(credentialPrefix) || string.hasPrefix(filePrefix)
     }

@@ -257,6 +257,7 @@ final class PipelineSupervisor: @unchecked Sendable {
         for key in ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"] {
             environment[key] = nil
         }
+        environment["SWIFT_BACKTRACE"] = Secrets.backtraceSetting(environment["SWIFT_BACKTRACE"])
         let envp: [UnsafeMutablePointer<CChar>?] = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
         defer {
             argv.forEach { free($0) }

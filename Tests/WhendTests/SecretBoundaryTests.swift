@@ -115,4 +115,39 @@ import WhendConfiguration
         #expect(eventually { daemon.log.contains("503") }, "\(daemon.log)")
         #expect(!daemon.log.contains(key), "\(daemon.log)")
     }
+
+    /// A plugin that crashes while its configuration is in its registers: the backtrace of the
+    /// processes that run plugin code (`--plugin-check`, pipeline workers) keeps its stack but
+    /// dumps no registers, which printed the bytes they pointed at — the configuration's.
+    @Test func aCrashingPluginsBacktraceDumpsNoRegisters() throws {
+        let directory = scratchDirectory("secret-crash")
+        let plugins = directory + "/plugins"
+        try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
+        chmod(plugins, 0o755)
+        _ = try buildTestPlugin("recorder", into: plugins, name: "recorder")
+        let token = "crashtok" + String(UInt32.random(in: 0...UInt32.max), radix: 36)
+        let config = directory + "/whend.conf"
+        try """
+        plugin_dirs = \(plugins)
+        pipeline.rec = recorder
+        plugin.recorder = {"create_crashes":true, "token": "\(token)"}
+        """.write(toFile: config, atomically: true, encoding: .utf8)
+        let check = try runCommand(executable("whend"), ["--check-config", "--config", config])
+        let checked = check.output + check.error
+        #expect(check.status == 2 && checked.contains("signal 11"), "\(checked)")
+        #expect(!checked.contains("Registers:") && !checked.contains(token), "\(checked)")
+
+        try """
+        plugin_dirs = \(plugins)
+        pipeline.rec = recorder
+        plugin.recorder = {"crash_at": 1, "token": "\(token)"}
+        """.write(toFile: config, atomically: true, encoding: .utf8)
+        let daemon = DaemonProcess("secret-crash-d", arguments: ["--config", config])
+        try daemon.start()
+        defer { daemon.stop() }
+        try sendSession(daemon, app: "com.example.c", session: "s", [#"{"type":"when","name":"x"}"#])
+        // The worker's crash, with its backtrace, is in whend's log.
+        #expect(eventually { daemon.log.contains("crashed") }, "\(daemon.log)")
+        #expect(!daemon.log.contains("Registers:") && !daemon.log.contains(token), "\(daemon.log)")
+    }
 }
