@@ -159,7 +159,9 @@ extension DaemonConfiguration {
     package func secrets(of name: String) -> Set<String> {
         guard let json = pluginConfigurations[name] else { return [] }
         return Secrets.values(in: json).union(
-            secretValues.filter { value in Secrets.jsonEscaped(value).contains { json.contains($0) } || json.contains(value) })
+            secretValues.filter { value in
+                Secrets.jsonEscaped(value).contains { json.contains($0) } || json.contains(value)
+            })
     }
 
     /// Replaces each `"$credential:NAME"` and `"$file:/path"` string in a plugin's configuration

@@ -6,8 +6,9 @@ import Foundation
 /// A member holds a secret when its name, in any case and without `_` or `-`, starts with
 /// `auth`, is `pass`, `key`, `pwd` or `pin`, or contains `token`, `password`, `passwd`,
 /// `passphrase`, `secret`, `writekey`, `apikey`, `privatekey`, `bearer`, `cookie`,
-/// `credential`, `signingkey`, `accesskey` or `sessionkey`; every value of a `headers` object (or `extra_headers`…) is one; so is the user-info of any URL
-/// (`https://user:pass@host`), and any value read from a file or a credential. whend prints
+/// `credential`, `signingkey`, `accesskey` or `sessionkey`; every value of a `headers` object
+/// (or `extra_headers`…) is one; so is the user-info of any URL (`https://user:pass@host`), and
+/// any value read from a file or a credential. whend prints
 /// configuration only through `redact`: reload output and its log, `--check-config`, status,
 /// and the errors that quote a value.
 package enum Secrets {

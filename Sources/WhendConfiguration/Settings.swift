@@ -24,7 +24,8 @@ package enum SettingError: Error, CustomStringConvertible, Equatable {
         case .notAllowed(let source, let key, let value, let allowed):
             // A plugin's value that is refused is not known to be JSON a redaction understands.
             guard !key.hasPrefix("plugin.") else {
-                return "\(source): the value of \(key) (not shown: it may hold a secret) is not allowed; \(key) takes \(allowed)"
+                return
+                    "\(source): the value of \(key) (not shown: it may hold a secret) is not allowed; \(key) takes \(allowed)"
             }
             return
                 "\(source): \(key) = \"\(Secrets.shown(key: key, value: value))\" is not allowed; \(key) takes \(allowed)"

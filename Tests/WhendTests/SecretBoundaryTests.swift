@@ -16,7 +16,8 @@ import WhendConfiguration
         try daemon.start()
         defer { daemon.stop() }
         let depth = 10_000
-        let deep = #"plugin.x = {"x": "# + String(repeating: "[", count: depth) + String(repeating: "]", count: depth) + "}"
+        let deep =
+            #"plugin.x = {"x": "# + String(repeating: "[", count: depth) + String(repeating: "]", count: depth) + "}"
         try deep.write(toFile: config, atomically: true, encoding: .utf8)
         let check = try runCommand(executable("whend"), ["--config", config, "--check-config"])
         #expect(check.status == 2, "\(check.output) \(check.error)")

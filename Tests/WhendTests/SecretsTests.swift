@@ -78,7 +78,8 @@ import WhendConfiguration
             "http://u:pw 1/2#3?4@h/v1", "http:\\\\u:pw-bs-1@h/v1", "http:/u:pw-one-1@h", "https:///u:pw-3@h",
             "nats://u:pw-a1@h1, nats://u:pw-b2@h2",
         ] {
-            let json = #"{"endpoint": \#(String(decoding: try JSONSerialization.data(withJSONObject: url, options: [.fragmentsAllowed]), as: UTF8.self))}"#
+            let json =
+                #"{"endpoint": \#(String(decoding: try JSONSerialization.data(withJSONObject: url, options: [.fragmentsAllowed]), as: UTF8.self))}"#
             let redacted = try #require(Secrets.redact(json))
             #expect(!redacted.contains("pw"), "\(url): \(redacted)")
             for secret in Secrets.values(in: json) {
@@ -242,7 +243,8 @@ struct ConfigurationGenerator {
             let (user, host) = (userInfo(), pick(["example.com", "127.0.0.1:4318", "h"]))
             let path = pick(["", "/v1/batch", "/p?q=a@b"])
             // A password may hold `/`, `?` or `#`: up to the last `@` is hidden, a path's `@` too.
-            let shown = path.contains("@") ? "https://***@" + path.split(separator: "@").last! : "https://***@\(host)\(path)"
+            let shown =
+                path.contains("@") ? "https://***@" + path.split(separator: "@").last! : "https://***@\(host)\(path)"
             return (encode("https://\(user)@\(host)\(path)"), shown)
         case 3: return ("true", true)
         case 4:
