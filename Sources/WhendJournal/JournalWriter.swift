@@ -393,6 +393,12 @@ package final class JournalWriter: @unchecked Sendable {
         }
         let last = seq - 1
         let started = DispatchTime.now().uptimeNanoseconds
+        if seq > first {
+            // Before the write: a reader may see the records as soon as they are in the file.
+            condition.lock()
+            stats.writtenThrough = last
+            condition.unlock()
+        }
         do {
             if seq > first {
                 let segment = try activeSegment()
@@ -413,13 +419,11 @@ package final class JournalWriter: @unchecked Sendable {
             log(message)
             condition.lock()
             stats.failing = "\(error)"
+            stats.writtenThrough = first - 1
             condition.unlock()
             syncer!.hand(group(of: batches, .failed(message), firstSeq: first))
             return
         }
-        condition.lock()
-        stats.writtenThrough = nextSeq - 1
-        condition.unlock()
         var written = group(of: batches, .stored(lastSeq: nextSeq - 1), firstSeq: first)
         written.records = seq - first
         written.duplicates = duplicates
