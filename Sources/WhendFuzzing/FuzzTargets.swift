@@ -41,11 +41,16 @@ public func fuzzSegment(_ input: UnsafeBufferPointer<UInt8>) -> CInt {
     } onProblem: { _ in
     }
     let result = try? SegmentRecovery.recover(SegmentFile(firstSeq: 1, path: path))
-    // A segment recovery rewrote is sealed and clean. (One that ends in a valid index counts as
+    // A segment recovery rewrote is sealed and clean, but for the lines it kept that are no
+    // sound record (it keeps them, and the records after them, rather than lose acknowledged
+    // records): verify names each, and nothing else. (One that ends in a valid index counts as
     // sealed and is left as it is, damaged or not: that is verify's to report.)
-    if case .sealed = result?.outcome {
+    if let result, case .sealed = result.outcome {
         let after = JournalVerifier(directory: directory).verify()
-        precondition(after.isClean, "recovery left a segment that does not verify: \(after.problems)")
+        precondition(
+            after.problems.count <= result.unreadableLines,
+            "recovery left a segment that does not verify (\(result.unreadableLines) unreadable lines kept): \(after.problems)"
+        )
     }
     unlink(path)
     return 0
