@@ -229,10 +229,13 @@ import WhendWire
 
     /// Everything whend and its built-in plugins write under the state directory — segments,
     /// cursors, snapshots, crash reports, the session index, the analytics file and spool, the
-    /// lock — is 0640 at most, every directory 0750 at most: nothing for other users.
+    /// lock — is 0640 at most, every directory 0750 at most: nothing for other users. The spool,
+    /// which holds events on their way to an endpoint, is 0600 from its creation (its compaction,
+    /// which no delivery starts here, leaves it so too).
     @Test func nothingUnderTheStateDirectoryIsForOtherUsers() throws {
         let directory = scratchDirectory("modes-conf")
-        try "pipeline_snapshot_interval = 0.2\n".write(
+        let unreachable = #"plugin.analytics = {"endpoint": "http://127.0.0.1:9/v1/batch", "flush_interval": 0.2}"#
+        try "pipeline_snapshot_interval = 0.2\n\(unreachable)\n".write(
             toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
         let daemon = DaemonProcess(
             "modes", arguments: ["--builtin-pipelines", "true", "--config", directory + "/whend.conf"])
@@ -250,7 +253,7 @@ import WhendWire
         let state = daemon.stateDirectory
         let expected = [
             "/plugins/analytics/events.ndjson", "/pipelines/screens/snapshot", "/pipelines/crashes/snapshot",
-            "/plugins/crash-reports/reports", "/whend.lock",
+            "/plugins/crash-reports/reports", "/whend.lock", "/plugins/analytics/spool.ndjson",
         ]
         #expect(
             eventually(30) { expected.allSatisfy { FileManager.default.fileExists(atPath: state + $0) } },
@@ -271,6 +274,9 @@ import WhendWire
             }
         }
         #expect(looked > 20, "\(paths)")
+        var spool = stat()
+        #expect(lstat(state + "/plugins/analytics/spool.ndjson", &spool) == 0)
+        #expect(spool.st_mode & 0o7777 == 0o600, "the spool has mode 0\(String(spool.st_mode & 0o7777, radix: 8))")
     }
 
     /// whenctl ignores SIGPIPE: a reader that goes away (`whenctl cat | head -1`) ends it with
