@@ -264,7 +264,7 @@ package final class HTTPDelivery: @unchecked Sendable {
             lock.withLock {
                 if expired {
                     self.task = nil
-                    return Answer(status: nil, body: Data(), problem: "no complete answer within the timeout")
+                    return Answer(status: nil, body: Data(), problem: "nothing complete within the timeout")
                 }
                 return result
             }
@@ -285,7 +285,9 @@ package final class HTTPDelivery: @unchecked Sendable {
                 truncated = body.count >= HTTPDelivery.maxBody
                 return truncated
             }
-            // Not one byte more read: an endless body must not keep the exchange, nor grow it.
+            // An endless body must not keep the exchange, nor grow it. URLSession goes on reading
+            // until the cancel reaches its own queue (it cannot be paused: the disposition of
+            // `didReceive response` is ignored here); what it read meanwhile is dropped unkept.
             if full { dataTask.cancel() }
         }
 
