@@ -157,6 +157,7 @@ package enum SegmentRecovery {
         try FileIO.syncDirectory((segment.path as NSString).deletingLastPathComponent)
         let dropped = Int64(data.count) - cut
         return Result(
-            outcome: .sealed(droppedBytes: max(0, dropped)), lastSeq: lastSeq, index: index, unreadableLines: unreadable)
+            outcome: .sealed(droppedBytes: max(0, dropped)), lastSeq: lastSeq, index: index, unreadableLines: unreadable
+        )
     }
 }
