@@ -211,16 +211,21 @@ final class AnalyticsSpool: @unchecked Sendable {
         self.path = path
         self.maxBytes = maxBytes
         self.compactBytes = max(1, compactBytes)
-        let existing = FileManager.default.contents(atPath: path)
+        // Opened before it is read, and not through a symbolic link: one put in its place would
+        // have whend send whatever it points at to the endpoint, and append to it. 0600 from the
+        // start, as every compaction leaves it.
+        var status = stat()
+        let existed = lstat(path, &status) == 0
+        file = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard file >= 0 else {
+            throw PluginError.fail("analytics: cannot open the spool \(path): \(String(cString: strerror(errno)))")
+        }
+        let existing = existed ? FileManager.default.contents(atPath: path) : nil
         for line in (existing ?? Data()).split(separator: 0x0A) {
             events.append(Array(line))
             bytes += line.count
         }
-        file = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, DurableFile.fileMode)
-        guard file >= 0 else {
-            throw PluginError.fail("analytics: cannot open the spool \(path): \(String(cString: strerror(errno)))")
-        }
-        directoryUnsynced = existing == nil
+        directoryUnsynced = !existed
         fileLength = lseek(file, 0, SEEK_END)
     }
 
@@ -380,7 +385,7 @@ final class AnalyticsSpool: @unchecked Sendable {
         } catch {
             throw PluginError.fail("analytics: cannot compact the spool: \(error)")
         }
-        let reopened = open(path, O_WRONLY | O_APPEND | O_CLOEXEC)
+        let reopened = open(path, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW)
         guard reopened >= 0 else {
             throw PluginError.fail("analytics: cannot open the spool \(path): \(String(cString: strerror(errno)))")
         }
@@ -448,10 +453,10 @@ final class AnalyticsFileDestination {
         // Readable by whend's group (DurableFile.fileMode): the local tools meant to read an
         // NDJSON destination join it.
         var created = false
-        var next = open(path, O_WRONLY | O_APPEND | O_CLOEXEC)
+        var next = open(path, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW)
         if next < 0, errno == ENOENT {
             try DurableFile.createDirectory((path as NSString).deletingLastPathComponent)
-            next = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, DurableFile.fileMode)
+            next = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, DurableFile.fileMode)
             created = true
         }
         guard next >= 0 else { throw DurableFileError(operation: "open", path: path, code: errno) }

@@ -18,6 +18,12 @@ import WhendPluginSDK
 /// other redirect — to another origin, or one that would turn the POST into a GET — is not:
 /// it is logged, counted (`redirects_refused`) and the batch retried at the endpoint later, as
 /// after a `503`, so that nothing is lost while the endpoint is misconfigured.
+///
+/// An endpoint is not trusted to answer sensibly either: `timeout` is a deadline for the whole
+/// exchange, not only for a silence (a peer trickling a byte at a time cannot hold a batch);
+/// at most `maxBody` bytes of an answer's body are kept, and the rest is not read (an endless
+/// body cannot grow the worker); a `Retry-After` can lengthen the wait before the next attempt
+/// but never shorten it below the backoff (a `0` cannot make the sender hammer the endpoint).
 package final class HTTPDelivery: @unchecked Sendable {
     // Unchecked: configuration is immutable; `stopping` and `Exchange` guard themselves.
     package let endpoint: URL
@@ -36,6 +42,14 @@ package final class HTTPDelivery: @unchecked Sendable {
     private let session: URLSession
     private let exchange = Exchange()
     static let maxRedirects = 5
+    /// The most of an answer's body kept: far more than otlp's partial-success message, the
+    /// only body a sender reads.
+    static let maxBody = 64 * 1024
+    /// The shortest backoff step, whatever `max_backoff` says: even 0 cannot make a busy loop.
+    static let minBackoff = 0.1
+    /// How often a batch's retries are logged past its first: a warning per attempt would be
+    /// several a second with a short backoff.
+    static let retryLogInterval = 10.0
 
     /// What became of a batch.
     package enum Outcome {
@@ -64,8 +78,9 @@ package final class HTTPDelivery: @unchecked Sendable {
         self.contentType = contentType
         self.headers = headers
         self.gzip = gzip
-        self.timeout = timeout
-        self.maxBackoff = maxBackoff
+        // A deadline must be a finite, positive number of seconds (a day at most).
+        self.timeout = timeout.isFinite && timeout > 0 ? min(timeout, 86400) : 10
+        self.maxBackoff = max(Self.minBackoff, maxBackoff.isFinite ? maxBackoff : 60)
         self.retryable = retryable
         let configuration = URLSessionConfiguration.ephemeral
         configuration.httpShouldSetCookies = false
@@ -85,6 +100,8 @@ package final class HTTPDelivery: @unchecked Sendable {
     package func deliver(_ what: String, body: () -> [UInt8]) -> Outcome {
         var backoff = 0.5
         var attempt = 0
+        var lastLogged: Date?
+        var unlogged = 0
         while !stopping.isStopped {
             attempt += 1
             let bytes = body()
@@ -116,11 +133,20 @@ package final class HTTPDelivery: @unchecked Sendable {
                 return .refused(status)
             }
             let advised = problem == nil ? Self.retryAfter(answer.retryAfter, cap: maxBackoff) : nil
-            let wait = advised ?? min(maxBackoff, backoff * Double.random(in: 0.5...1.5))
-            host.log(
-                .warning,
-                "\(plugin): \(endpoint.absoluteString) answered \(problem ?? answer.status.map(String.init) ?? answer.problem); attempt \(attempt), retrying in \(String(format: "%.1f", wait)) s"
-            )
+            // The backoff is a floor: `Retry-After: 0` or a date past must not make a storm.
+            let step = max(Self.minBackoff, min(maxBackoff, backoff * Double.random(in: 0.5...1.5)))
+            let wait = max(advised ?? 0, step)
+            if let last = lastLogged, Date().timeIntervalSince(last) < Self.retryLogInterval {
+                unlogged += 1
+            } else {
+                let since = unlogged > 0 ? " (\(unlogged) more retries since the last logged)" : ""
+                host.log(
+                    .warning,
+                    "\(plugin): \(endpoint.absoluteString) answered \(problem ?? answer.status.map(String.init) ?? answer.problem); attempt \(attempt), retrying in \(String(format: "%.1f", wait)) s\(since)"
+                )
+                lastLogged = Date()
+                unlogged = 0
+            }
             host.count("retries")
             stopping.sleep(wait)
             backoff = min(maxBackoff, backoff * 2)
@@ -158,9 +184,17 @@ package final class HTTPDelivery: @unchecked Sendable {
         }
         request.setValue(contentType, forHTTPHeaderField: "Content-Type")
         for (name, value) in headers { request.setValue(value, forHTTPHeaderField: name) }
-        exchange.begin()
-        session.dataTask(with: request).resume()
-        return exchange.wait()
+        let task = session.dataTask(with: request)
+        let done = exchange.begin(task)
+        task.resume()
+        if done.wait(timeout: .now() + timeout) == .timedOut {
+            exchange.expire(task)
+            task.cancel()
+            // Cancelled, the task completes promptly; bounded all the same, as the next
+            // exchange does not depend on it (a late completion of this task is ignored).
+            _ = done.wait(timeout: .now() + 5)
+        }
+        return exchange.answer
     }
 
     /// A request's origin: scheme, host and port (the scheme's default when none is written).
@@ -192,19 +226,48 @@ package final class HTTPDelivery: @unchecked Sendable {
     }
 
     /// The one request under way (a delivery posts one at a time), as the session's delegate
-    /// sees it: the answer's body gathered, every redirect refused, the end signalled.
+    /// sees it: at most `maxBody` bytes of the answer's body gathered (then the task is
+    /// cancelled and the answer stands by its status), every redirect refused, the end
+    /// signalled. Callbacks of any other task (one given up on) are ignored.
     private final class Exchange: NSObject, URLSessionDataDelegate, @unchecked Sendable {
-        // Unchecked: `body` is guarded by `lock`; `finished` is a semaphore.
+        // Unchecked: every member is guarded by `lock`.
         private let lock = NSLock()
+        private var task: URLSessionTask?
         private var body = Data()
-        private var answer = Answer(status: nil, body: Data(), problem: "")
-        private let finished = DispatchSemaphore(value: 0)
+        private var truncated = false
+        private var expired = false
+        private var result = Answer(status: nil, body: Data(), problem: "")
+        private var finished = DispatchSemaphore(value: 0)
 
-        func begin() { lock.withLock { body = Data() } }
+        /// Starts following `task`; the semaphore is signalled when it completes.
+        func begin(_ task: URLSessionTask) -> DispatchSemaphore {
+            lock.withLock {
+                self.task = task
+                body = Data()
+                truncated = false
+                expired = false
+                result = Answer(status: nil, body: Data(), problem: "no answer")
+                finished = DispatchSemaphore(value: 0)
+                return finished
+            }
+        }
 
-        func wait() -> Answer {
-            finished.wait()
-            return lock.withLock { answer }
+        /// `task` ran out of time: whatever it had received is no answer.
+        func expire(_ task: URLSessionTask) {
+            lock.withLock {
+                guard task === self.task else { return }
+                expired = true
+            }
+        }
+
+        var answer: Answer {
+            lock.withLock {
+                if expired {
+                    self.task = nil
+                    return Answer(status: nil, body: Data(), problem: "nothing complete within the timeout")
+                }
+                return result
+            }
         }
 
         func urlSession(
@@ -216,18 +279,31 @@ package final class HTTPDelivery: @unchecked Sendable {
         }
 
         func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
-            lock.withLock { body.append(data) }
+            let full: Bool = lock.withLock {
+                guard dataTask === task, !truncated else { return false }
+                body.append(data.prefix(HTTPDelivery.maxBody - body.count))
+                truncated = body.count >= HTTPDelivery.maxBody
+                return truncated
+            }
+            // An endless body must not keep the exchange, nor grow it. URLSession goes on reading
+            // until the cancel reaches its own queue (it cannot be paused: the disposition of
+            // `didReceive response` is ignored here); what it read meanwhile is dropped unkept.
+            if full { dataTask.cancel() }
         }
 
         func urlSession(_ session: URLSession, task: URLSessionTask, didCompleteWithError error: (any Error)?) {
             let http = task.response as? HTTPURLResponse
-            lock.withLock {
-                answer = Answer(
-                    status: http?.statusCode, body: body, retryAfter: http?.value(forHTTPHeaderField: "Retry-After"),
+            let done: DispatchSemaphore? = lock.withLock {
+                guard task === self.task else { return nil }
+                // Cut short by us, past `maxBody`: the status the endpoint gave is its answer.
+                let status = truncated || error == nil ? http?.statusCode : nil
+                result = Answer(
+                    status: status, body: body, retryAfter: http?.value(forHTTPHeaderField: "Retry-After"),
                     location: http?.value(forHTTPHeaderField: "Location"), url: http?.url ?? task.currentRequest?.url,
                     problem: error.map { "\($0.localizedDescription)" } ?? "no answer")
+                return finished
             }
-            finished.signal()
+            done?.signal()
         }
     }
 

@@ -371,15 +371,27 @@ package enum Settings {
             let value = Secrets.shown(
                 key: setting.key, value: setting.value(configuration), hiding: configuration.secretValues)
             let plain =
-                !value.contains { $0 == "#" || $0 == "\"" || $0 == "\\" }
+                !value.unicodeScalars.contains { $0 == "#" || $0 == "\"" || $0 == "\\" }
                 && value == value.trimmingCharacters(in: .whitespaces)
             let spelled =
                 plain
                 ? value
-                : "\"" + value.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"")
-                    + "\""
+                : quoted(value)
             return "\(setting.key) = \(spelled)"
         }.joined(separator: "\n")
+    }
+
+    /// `"value"` with `\"` and `\\` as its escapes, by scalars: a quote followed by a combining
+    /// mark is one Character, which a replacement by Characters would leave unescaped.
+    private static func quoted(_ value: String) -> String {
+        var out = String.UnicodeScalarView()
+        out.append("\"")
+        for scalar in value.unicodeScalars {
+            if scalar == "\"" || scalar == "\\" { out.append("\\") }
+            out.append(scalar)
+        }
+        out.append("\"")
+        return String(out)
     }
 
     /// Applies `values` in order; the first that is unknown or invalid is an error.
@@ -413,14 +425,17 @@ package enum Settings {
             }
             let key = trimmed[..<eq].trimmingCharacters(in: .whitespaces)
             var value = trimmed[trimmed.index(after: eq)...].trimmingCharacters(in: .whitespaces)
-            if value.hasPrefix("\"") {
-                // Up to the closing quote, with \" and \\ as escapes; then only a comment.
-                var unquoted = ""
+            if value.unicodeScalars.first == "\"" {
+                // Up to the closing quote, with \" and \\ as escapes; then only a comment. By
+                // scalars, not Characters: a quote followed by a combining mark is one Character,
+                // and would be taken for no quote at all.
+                let scalars = value.unicodeScalars
+                var unquoted = String.UnicodeScalarView()
                 var escaped = false
-                var closing: String.Index?
-                var i = value.index(after: value.startIndex)
-                while i < value.endIndex {
-                    let ch = value[i]
+                var closing: String.UnicodeScalarView.Index?
+                var i = scalars.index(after: scalars.startIndex)
+                while i < scalars.endIndex {
+                    let ch = scalars[i]
                     if escaped {
                         unquoted.append(ch)
                         escaped = false
@@ -432,16 +447,16 @@ package enum Settings {
                     } else {
                         unquoted.append(ch)
                     }
-                    i = value.index(after: i)
+                    i = scalars.index(after: i)
                 }
                 guard let closing else {
                     throw .unclosedQuote(source: source, key: key)
                 }
-                let rest = value[value.index(after: closing)...].trimmingCharacters(in: .whitespaces)
+                let rest = String(scalars[scalars.index(after: closing)...]).trimmingCharacters(in: .whitespaces)
                 guard rest.isEmpty || rest.hasPrefix("#") else {
                     throw .textAfterValue(source: source, key: key, text: rest, valueKind: "quoted")
                 }
-                value = unquoted
+                value = String(unquoted)
             } else if key.hasPrefix("plugin.") {
                 // A plugin's configuration is JSON, and runs to its closing bracket: a `#` inside
                 // its strings is part of it; after it, only a comment.

@@ -21,13 +21,13 @@ package final class StateDirectoryLock: Sendable {
         } catch {
             throw DaemonStartError.stateDirectoryUnusable(directory: stateDirectory, reason: "\(error)")
         }
-        if let reason = Self.othersMayWrite(stateDirectory) {
+        if let reason = Self.othersMayWrite(stateDirectory) ?? Self.foreignContents(stateDirectory) {
             throw DaemonStartError.stateDirectoryNotPrivate(reason: reason)
         }
         path = stateDirectory + "/whend.lock"
         // Held open read-only: a descriptor open for writing would keep the file system from
         // being remounted read-only under a running daemon (which whend survives).
-        let fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC, DurableFile.fileMode)
+        let fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, DurableFile.fileMode)
         guard fd >= 0 else {
             let reason = String(cString: strerror(errno))
             throw DaemonStartError.lockFileUnusable(path: path, reason: reason)
@@ -44,7 +44,7 @@ package final class StateDirectoryLock: Sendable {
         descriptor = fd
         // Record who holds it, through a descriptor closed at once (see above). Readers of the
         // file take no lock, so a short write is harmless.
-        let writer = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC)
+        let writer = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC | O_NOFOLLOW)
         if writer >= 0 {
             let pid = Array("\(getpid())\n".utf8)
             _ = pid.withUnsafeBytes { write(writer, $0.baseAddress, $0.count) }
@@ -53,20 +53,53 @@ package final class StateDirectoryLock: Sendable {
     }
 
     /// Why another user could change what whend keeps in `directory`, or nil: its owner, or
-    /// anyone when others may write it (without the sticky bit), could replace the journal or
-    /// put a symbolic link where whend (perhaps root) is about to write.
+    /// anyone who may write it (group or others, sticky bit or not: a sticky directory still
+    /// lets anyone make the `journal/` or `plugins/` whend would then use), could replace the
+    /// journal or put a symbolic link where whend (perhaps root) is about to write.
     static func othersMayWrite(_ directory: String) -> String? {
         var st = stat()
         guard stat(directory, &st) == 0 else { return nil }
         let mode = String(st.st_mode & 0o7777, radix: 8)
-        let fix = "give it to whend's user (chown, chmod o-w), or set --state-dir to a directory of whend's own"
+        let fix = "give it to whend's user (chown, chmod go-w), or set --state-dir to a directory of whend's own"
         if st.st_uid != geteuid(), st.st_uid != 0 {
             return
                 "\(directory) belongs to uid \(st.st_uid), not to whend's user (uid \(geteuid())) or root: its owner could replace the journal or turn whend's writes elsewhere; \(fix)"
         }
-        if st.st_mode & 0o002 != 0, st.st_mode & S_ISVTX == 0 {
+        if st.st_mode & 0o022 != 0 {
+            let who = st.st_mode & 0o002 != 0 ? "anyone" : "its group (gid \(st.st_gid))"
             return
-                "\(directory) may be written by anyone (mode 0\(mode)): another user could replace the journal or turn whend's writes elsewhere; \(fix)"
+                "\(directory) may be written by \(who) (mode 0\(mode)): another user could replace the journal or turn whend's writes elsewhere; \(fix)"
+        }
+        return nil
+    }
+
+    /// Why something already under the state directory may have been put there or changed by
+    /// another user, or nil: whend keeps its journal, cursors, snapshots and its plugins' files
+    /// in directories it made (`journal/`, `pipelines/…`, `plugins/…`), and writes into them as
+    /// whoever it runs as. Each entry must belong to whend's user or root; a directory or file
+    /// of whend's own that others may write (a chmod, an old umask) is made private again, and
+    /// one of root's, which whend cannot change, is refused. Symbolic links are not followed.
+    static func foreignContents(_ directory: String) -> String? {
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return nil }
+        for name in names {
+            let path = directory + "/" + name
+            var st = stat()
+            guard lstat(path, &st) == 0 else { continue }
+            let kind = st.st_mode & S_IFMT
+            let mode = String(st.st_mode & 0o7777, radix: 8)
+            let fix = "remove it, or give it to whend's user (chown -R, chmod -R go-w), and start whend again"
+            if st.st_uid != geteuid(), st.st_uid != 0 {
+                return
+                    "\(path) belongs to uid \(st.st_uid), not to whend's user (uid \(geteuid())) or root: its owner could read or replace what whend keeps there or turn whend's writes elsewhere; \(fix)"
+            }
+            if kind == S_IFDIR || kind == S_IFREG, st.st_mode & 0o022 != 0 {
+                let repaired = st.st_uid == geteuid() && chmod(path, st.st_mode & 0o7755 & ~mode_t(S_ISVTX)) == 0
+                if !repaired {
+                    return
+                        "\(path) may be written by others (mode 0\(mode)): they could replace what whend keeps there or turn whend's writes elsewhere; \(fix)"
+                }
+            }
+            if kind == S_IFDIR, let reason = foreignContents(path) { return reason }
         }
         return nil
     }

@@ -25,7 +25,10 @@ package struct JournalIOError: Error, CustomStringConvertible, Sendable {
 
 enum FileIO {
     static func open(_ path: String, _ flags: Int32, mode: mode_t = DurableFile.fileMode) throws -> Int32 {
-        let fd = Glibc.open(path, flags | O_CLOEXEC, mode)
+        // Never through a symbolic link when writing: one put where a segment goes would have
+        // whend write the journal to whatever it points at.
+        let nofollow = flags & (O_WRONLY | O_RDWR | O_CREAT) != 0 ? O_NOFOLLOW : 0
+        let fd = Glibc.open(path, flags | O_CLOEXEC | nofollow, mode)
         guard fd >= 0 else { throw JournalIOError(operation: "open", path: path, errno: errno) }
         return fd
     }

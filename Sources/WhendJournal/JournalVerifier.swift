@@ -90,7 +90,13 @@ package struct JournalVerifier: Sendable {
                             let fields: StoredRecord
                             do { fields = try StoredRecord.scan(line) } catch {
                                 problem(frameOffset, "line \(lineInFrame) of the frame is not a JSON object (\(error))")
-                                expected += 1
+                                // As recovery counts it: a line that begins as the next record is
+                                // that record, unreadable; one that begins as none (the rest of a
+                                // record a plugin once split over lines) is no record at all.
+                                if let seq = seqPrefix(line), seq == expected {
+                                    lastSeq = seq
+                                    expected += 1
+                                }
                                 return
                             }
                             guard let seq = fields.seq else {

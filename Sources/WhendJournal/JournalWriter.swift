@@ -153,9 +153,9 @@ package final class JournalWriter: @unchecked Sendable {
     /// stored, since its first copy may be lost at a power cut. Guarded by `condition`.
     private var notDurableFrom: UInt64?
 
-    /// Opens the journal: recovers the unsealed tail, if any, and rebuilds the de-duplication
-    /// window from the latest records. Its cost is bounded by one segment and the window, not by
-    /// the journal's size.
+    /// Opens the journal: recovers the unsealed tail, if any, makes the segments the
+    /// de-duplication window covers durable, and rebuilds the window from the latest records.
+    /// Its cost is bounded by one segment and the window, not by the journal's size.
     ///
     /// - Parameter log: where to report what recovery and retention did.
     /// - Throws: `JournalIOError` when the directory cannot be created or the tail recovered.
@@ -184,10 +184,19 @@ package final class JournalWriter: @unchecked Sendable {
             lastSeq = result.lastSeq
         }
         let window = UInt64(max(0, configuration.dedupWindow))
+        if lastSeq > 0 {
+            // What the window covers, and the tail in any case: `_seq`s go on from its last.
+            let from = window == 0 ? lastSeq : lastSeq > window ? lastSeq - window + 1 : 1
+            try Self.makeDurable(directory, recordsFrom: from, log: log)
+        }
         if window > 0, lastSeq > 0 {
             let from = lastSeq > window ? lastSeq - window + 1 : 1
             JournalReader(directory: directory).read(fromSeq: from) { record, _ in
-                if let fields = try? record.fields(), let key = fields.dedupKey, let seq = fields.seq {
+                // Derived records are not in the window live either: a client's event that
+                // happens to carry what one holds is no resend of it.
+                if let fields = try? record.fields(), !fields.isDerived, let key = fields.dedupKey,
+                    let seq = fields.seq
+                {
                     dedup.insert(key, seq: seq)
                 }
                 return true
@@ -201,6 +210,35 @@ package final class JournalWriter: @unchecked Sendable {
         self.stats = JournalStatistics(
             lastSeq: lastSeq, writtenThrough: lastSeq, recordsStored: 0, duplicatesSkipped: 0, commits: 0,
             bytesWritten: 0)
+    }
+
+    /// Syncs every segment that holds records from `_seq` `from` on, and the directory, before
+    /// anything is acknowledged: the previous whend may have written them and died before their
+    /// syncs (under `durability = fsync` a sealed segment's sync runs after the seal, on the sync
+    /// thread), and a resend acknowledged as a duplicate of a record is only as durable as the
+    /// record. Recovery syncs the unsealed tail, but not the sealed segments before it. A segment
+    /// whose sync fails is rewritten whole and synced, as after a failed sync while running.
+    ///
+    /// Each is an `fdatasync` of a file that is usually clean already (a cache flush at most); the
+    /// window spans a few segments at most unless they are tiny. Not `syncfs`: it would wait for
+    /// every other program's writes on that file system too, and a FUSE file system does not see it.
+    private static func makeDurable(
+        _ directory: JournalDirectory, recordsFrom from: UInt64, log: (String) -> Void
+    ) throws {
+        let segments = directory.segments()
+        for (i, segment) in segments.enumerated() {
+            // A segment's records end where the next one's begin.
+            if i + 1 < segments.count, segments[i + 1].firstSeq <= from { continue }
+            let fd = try FileIO.open(segment.path, O_RDONLY)
+            let synced = fdatasync(fd) == 0
+            let error = errno
+            close(fd)
+            guard !synced else { continue }
+            log(
+                "syncing \(segment.path) at start failed: \(String(cString: strerror(error))); rewriting it")
+            _ = try SegmentRecovery.recover(segment, evenIfSealed: true)
+        }
+        try FileIO.syncDirectory(directory.path)
     }
 
     /// Starts the writer thread.
@@ -393,6 +431,12 @@ package final class JournalWriter: @unchecked Sendable {
         }
         let last = seq - 1
         let started = DispatchTime.now().uptimeNanoseconds
+        if seq > first {
+            // Before the write: a reader may see the records as soon as they are in the file.
+            condition.lock()
+            stats.writtenThrough = last
+            condition.unlock()
+        }
         do {
             if seq > first {
                 let segment = try activeSegment()
@@ -413,13 +457,11 @@ package final class JournalWriter: @unchecked Sendable {
             log(message)
             condition.lock()
             stats.failing = "\(error)"
+            stats.writtenThrough = first - 1
             condition.unlock()
             syncer!.hand(group(of: batches, .failed(message), firstSeq: first))
             return
         }
-        condition.lock()
-        stats.writtenThrough = nextSeq - 1
-        condition.unlock()
         var written = group(of: batches, .stored(lastSeq: nextSeq - 1), firstSeq: first)
         written.records = seq - first
         written.duplicates = duplicates
@@ -550,7 +592,9 @@ package final class JournalWriter: @unchecked Sendable {
         guard let segment = broken else { return nil }
         do {
             let result = try SegmentRecovery.recover(segment) { record in
-                if let key = record.dedupKey, let seq = record.seq, seq >= nextSeq { dedup.insert(key, seq: seq) }
+                if !record.isDerived, let key = record.dedupKey, let seq = record.seq, seq >= nextSeq {
+                    dedup.insert(key, seq: seq)
+                }
             }
             nextSeq = result.lastSeq + 1
             condition.lock()

@@ -25,6 +25,9 @@ package enum SegmentRecovery {
         /// The last `_seq` the segment holds (`firstSeq - 1` when none).
         package var lastSeq: UInt64
         package var index: SegmentIndex?
+        /// Lines kept that are not sound records (a record once split over lines by a plugin):
+        /// kept with the records around them, and left for `verify` to name.
+        package var unreadableLines = 0
     }
 
     /// Recovers `segment` in place.
@@ -47,6 +50,7 @@ package enum SegmentRecovery {
         var frameSizes: [UInt32] = []  // uncompressed bytes of each frame kept
         var frameSize: UInt32 = 0
         var lastReceived: Int64 = 0  // `_rt` of the last record kept, for one that has none
+        var unreadable = 0
 
         struct Stop: Error {}
         let decoder = SegmentDecoder()
@@ -72,8 +76,10 @@ package enum SegmentRecovery {
                         } else if let seq = seqPrefix(line) {
                             guard seq == expected else { throw Stop() }
                             rt = lastReceived
+                            unreadable += 1
                         } else {
                             guard frameEntry != nil else { throw Stop() }
+                            unreadable += 1
                             frameLines.append(Array(line))
                             frameSize += UInt32(line.count + 1)
                             return
@@ -150,6 +156,8 @@ package enum SegmentRecovery {
         }
         try FileIO.syncDirectory((segment.path as NSString).deletingLastPathComponent)
         let dropped = Int64(data.count) - cut
-        return Result(outcome: .sealed(droppedBytes: max(0, dropped)), lastSeq: lastSeq, index: index)
+        return Result(
+            outcome: .sealed(droppedBytes: max(0, dropped)), lastSeq: lastSeq, index: index, unreadableLines: unreadable
+        )
     }
 }

@@ -24,6 +24,8 @@ package enum DurableFile {
     /// credential.)
     package static let fileMode: mode_t = 0o640
     package static let directoryMode: mode_t = 0o750
+    // Every file whend creates is opened O_NOFOLLOW: a symbolic link put where one of them goes
+    // would otherwise have whend (perhaps root) write to whatever it points at.
 
     /// Replaces `path` with `bytes`: written beside (`path.tmp`), synced, renamed over `path`,
     /// and the directory synced, so that afterwards `path` holds the old bytes or the new ones,
@@ -32,7 +34,7 @@ package enum DurableFile {
         throws(DurableFileError)
     {
         let temporary = path + ".tmp"
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode)
         guard fd >= 0 else { throw DurableFileError(operation: "create", path: temporary, code: errno) }
         do throws(DurableFileError) {
             try writeAll(fd, bytes, path: temporary)
@@ -61,7 +63,7 @@ package enum DurableFile {
     package static func append(_ bytes: [UInt8], to path: String, sync: Bool = false, mode: mode_t = fileMode)
         throws(DurableFileError)
     {
-        let fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, mode)
+        let fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, mode)
         guard fd >= 0 else { throw DurableFileError(operation: "open", path: path, code: errno) }
         defer { close(fd) }
         try append(bytes, to: fd, path: path)

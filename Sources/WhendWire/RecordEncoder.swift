@@ -19,6 +19,12 @@ package struct PeerCredentials: Sendable, Equatable {
 /// The identity of an event for de-duplication: (`app`, `session`, `id`), kept as a 128-bit
 /// digest rather than the strings themselves.
 ///
+/// Each part is the string's contents as the journal stores them: in canonical form
+/// (`appendCanonicalString`), escapes and all. So two spellings of one JSON string (`"A"`,
+/// `"\u0041"`) are one part, and two strings the stored records tell apart are two, even where
+/// decoding would not (a surrogate without its partner has no UTF-8 bytes: decoded, every one of
+/// them is U+FFFD, and `"\ud800"`, `"\udfff"` and `"\ufffd"` would be one event).
+///
 /// The digest is SipHash-1-3 with a 128-bit output, under a key drawn at random per process,
 /// over the length-prefixed parts: one pass (two 64-bit `Hasher`s cost twice the rounds, and
 /// were a tenth of an event loop's samples). For distinct keys an accidental collision within a
@@ -29,6 +35,8 @@ public struct DedupKey: Hashable, Sendable {
     public let low: UInt64
     public let high: UInt64
 
+    /// - Parameters: the contents of the strings (between their quotes) in canonical form, as a
+    ///   stored record holds them.
     public init(app: [UInt8], session: [UInt8]?, id: [UInt8]) {
         var builder = Builder()
         app.withUnsafeBufferPointer { builder.add($0) }
@@ -64,6 +72,17 @@ public struct DedupKey: Hashable, Sendable {
             hash.write(UnsafeRawBufferPointer(part))
         }
 
+        /// Feeds the contents of a validated JSON string (between its quotes, as written) in
+        /// canonical form: as they are when they hold no escape, which is then the canonical
+        /// form already.
+        mutating func add(string raw: UnsafeBufferPointer<UInt8>, escaped: Bool) {
+            guard escaped else { return add(raw) }
+            var canonical: [UInt8] = []
+            canonical.reserveCapacity(raw.count + 2)
+            appendCanonicalString(raw, to: &canonical)
+            canonical.withUnsafeBufferPointer { add(UnsafeBufferPointer(rebasing: $0.dropFirst().dropLast())) }
+        }
+
         func finish(hasSession: Bool) -> DedupKey {
             var last = hash
             withUnsafeBytes(of: hasSession ? UInt8(1) : UInt8(0)) { last.write($0) }
@@ -90,6 +109,10 @@ package struct RecordEncoder: Sendable {
     let commAppField: [UInt8]
     /// The `app` an event without its own gets, as bytes (computed once).
     let defaultAppBytes: [UInt8]
+    /// The contents of the `app` and `session` strings an event without its own is stored with,
+    /// escaped as stored: what its de-duplication key is made of.
+    let defaultAppKeyPart: [UInt8]
+    let defaultSessionKeyPart: [UInt8]
     var clock = RFC3339Clock()
     /// `,"_rt":"…"`: the time of the read being encoded, set by `stampReceived()`.
     var receivedField: [UInt8] = []
@@ -117,6 +140,11 @@ package struct RecordEncoder: Sendable {
             "app", credentials.comm.isEmpty ? Array("unknown".utf8) : Array(credentials.comm.utf8))!
         self.defaultAppBytes =
             hello.app ?? (credentials.comm.isEmpty ? Array("unknown".utf8) : Array(credentials.comm.utf8))
+        // `,"app":"` … `"`
+        let appField = helloAppField ?? commAppField
+        self.defaultAppKeyPart = Array(appField[8..<(appField.count - 1)])
+        // `,"session":"` … `"`
+        self.defaultSessionKeyPart = helloSessionField.map { Array($0[12..<($0.count - 1)]) } ?? []
     }
 
     /// The encoder for the rest of the connection once a hello has arrived.
@@ -182,21 +210,18 @@ package struct RecordEncoder: Sendable {
         out.append(contentsOf: receivedField)
         out.append(contentsOf: trustedSuffix)
         guard let id = event.id else { return nil }
-        // The key is hashed straight from the line where the values are not escaped.
+        // The key is hashed straight from the line where the values are not escaped; escaped
+        // ones in the form they are stored in, so that a key rebuilt from the journal at start-up
+        // is the same.
         var builder = DedupKey.Builder()
         func add(_ value: StringValue) {
-            let raw = UnsafeBufferPointer(rebasing: line[value.contents])
-            if value.escaped {
-                decodeJSONString(raw).withUnsafeBufferPointer { builder.add($0) }
-            } else {
-                builder.add(raw)
-            }
+            builder.add(string: UnsafeBufferPointer(rebasing: line[value.contents]), escaped: value.escaped)
         }
-        if let app = event.app { add(app) } else { defaultAppBytes.withUnsafeBufferPointer { builder.add($0) } }
+        if let app = event.app { add(app) } else { defaultAppKeyPart.withUnsafeBufferPointer { builder.add($0) } }
         if let session = event.session {
             add(session)
         } else {
-            (hello.session ?? []).withUnsafeBufferPointer { builder.add($0) }
+            defaultSessionKeyPart.withUnsafeBufferPointer { builder.add($0) }
         }
         add(id)
         return builder.finish(hasSession: event.session != nil || hello.session != nil)

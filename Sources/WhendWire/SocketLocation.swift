@@ -21,13 +21,28 @@ package enum SocketLocation {
 
     /// Why a client must not connect to `path`, or nil: a socket in `/tmp/whend-$UID` (the last
     /// resort when no runtime directory is set) only while that directory is this user's own and
-    /// private, else another user may have made it first and put a socket of theirs there.
+    /// private, else another user may have made it first and put a socket of theirs there; and
+    /// only to a socket of this user's (or root's) in it.
     package static func refusalToConnect(_ path: String) -> String? {
         guard let slash = path.utf8.lastIndex(of: UInt8(ascii: "/")) else { return nil }
         let directory = String(path[..<slash])
         var st = stat()
         guard directory == temporaryRuntimeDirectory, lstat(directory, &st) == 0 else { return nil }
-        return checkPrivateDirectory(directory, create: false).map { "will not connect to \(path): \($0)" }
+        if let reason = checkPrivateDirectory(directory, create: false) {
+            return "will not connect to \(path): \(reason)"
+        }
+        // A private directory may still hold a socket another user bound while it was not: the
+        // socket itself must be this user's (or root's).
+        guard lstat(path, &st) == 0 else { return nil }
+        let advice =
+            "another user may have put it there to receive the apps' events or answer whenctl. Remove it (as root or its owner), or set XDG_RUNTIME_DIR (or RUNTIME_DIRECTORY, or WHEND_SOCKET) to a directory of your own"
+        if st.st_mode & S_IFMT != S_IFSOCK {
+            return "will not connect to \(path): it is not a socket: \(advice)"
+        }
+        if st.st_uid != getuid(), st.st_uid != 0 {
+            return "will not connect to \(path): it belongs to uid \(st.st_uid), not to uid \(getuid()): \(advice)"
+        }
+        return nil
     }
 
     /// Why `directory` may not hold this user's sockets, or nil when it may: as ssh-agent and

@@ -10,14 +10,15 @@ public struct StoredRecord: Sendable, Equatable {
     public var app: [UInt8]?
     public var session: [UInt8]?
     public var id: [UInt8]?
+    /// The de-duplication identity, when the record carries an `id` (and an `app`), from the
+    /// strings as stored (`DedupKey`): `app`, `session` and `id` above are decoded, and decoding
+    /// makes one of strings that differ.
+    public var dedupKey: DedupKey?
+    /// Whether a pipeline derived the record (it carries `_origin`, which only whend writes):
+    /// a resend of a client's event is never one of these.
+    public var isDerived = false
 
     public init() {}
-
-    /// The de-duplication identity, when the record carries an `id`.
-    public var dedupKey: DedupKey? {
-        guard let id, let app else { return nil }
-        return DedupKey(app: app, session: session, id: id)
-    }
 
     /// Scans one stored line.
     /// - Throws: `WireError` (`invalid_json`, `not_an_object`, `invalid_utf8`) when the line is
@@ -30,6 +31,8 @@ public struct StoredRecord: Sendable, Equatable {
         s.skipWhitespace()
         guard s.peek() == UInt8(ascii: "{") else { throw WireError(.notAnObject, "the line is not a JSON object") }
         var record = StoredRecord()
+        // The contents of the `app`, `session` and `id` strings, for the key.
+        var keyParts: (app: Range<Int>?, session: Range<Int>?, id: Range<Int>?) = (nil, nil, nil)
         try s.scanObject { m throws(WireError) in
             let key = UnsafeBufferPointer(rebasing: line[m.key])
             let inner =
@@ -47,14 +50,34 @@ public struct StoredRecord: Sendable, Equatable {
                 record.type = decoded().map { String(decoding: $0, as: UTF8.self) }
             } else if equal(key, "app") {
                 record.app = decoded()
+                keyParts.app = inner.map { _ in (m.value.lowerBound + 1)..<(m.value.upperBound - 1) }
             } else if equal(key, "session") {
                 record.session = decoded()
+                keyParts.session = inner.map { _ in (m.value.lowerBound + 1)..<(m.value.upperBound - 1) }
             } else if equal(key, "id") {
                 record.id = decoded()
+                keyParts.id = inner.map { _ in (m.value.lowerBound + 1)..<(m.value.upperBound - 1) }
+            } else if equal(key, "_origin") {
+                record.isDerived = true
             }
         }
         s.skipWhitespace()
         guard s.atEnd else { throw s.syntaxError("unexpected data after the object") }
+        if let app = keyParts.app, let id = keyParts.id {
+            var builder = DedupKey.Builder()
+            func add(_ range: Range<Int>) {
+                let raw = UnsafeBufferPointer(rebasing: line[range])
+                builder.add(string: raw, escaped: raw.contains(UInt8(ascii: "\\")))
+            }
+            add(app)
+            if let session = keyParts.session {
+                add(session)
+            } else {
+                builder.add(UnsafeBufferPointer(start: nil, count: 0))
+            }
+            add(id)
+            record.dedupKey = builder.finish(hasSession: keyParts.session != nil)
+        }
         return record
     }
 }

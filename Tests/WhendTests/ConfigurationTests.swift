@@ -153,6 +153,19 @@ import WhendWire
         #expect(SocketLocation.controlSocket(besideEventSocket: "/run/whend/events.sock") == "/run/whend/control.sock")
     }
 
+    /// Found by FuzzConfiguration: a value ending in a quote that begins with a combining mark
+    /// (U+0820) was written out quoted, `"\u{820}…\""`, and read back as no quoted value at all:
+    /// the opening quote and the mark are one Character. Quotes are now found by scalars.
+    @Test func fuzzRegressionAQuotedValueBeginningWithACombiningMark() throws {
+        for value in ["\u{820}x\"", "a\"\u{301}b", "\"\u{301}", "#\u{301}"] {
+            var c = DaemonConfiguration(environment: [:])
+            try Settings.apply([SettingValue(key: "pipeline.p", value: value, source: "t")], to: &c)
+            let rendered = Settings.render(c)
+            #expect(try Settings.render(parse(rendered)) == rendered, "\(rendered)")
+            #expect(try parse(rendered).pipelines["p"] == c.pipelines["p"], "\(rendered)")
+        }
+    }
+
     @Test func quotedValuesMayCarryHashesQuotesAndAComment() throws {
         let c = try parse(#"socket = "/tmp/a b/#c\"d\\.sock"   # the socket"# + "\r\ndurability = write\r\n")
         #expect(c.socketPath == #"/tmp/a b/#c"d\.sock"#)

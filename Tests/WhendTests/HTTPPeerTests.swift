@@ -4,13 +4,15 @@ import Testing
 
 /// A daemon with the built-in pipelines, analytics posting to `endpoint` (no file) with short
 /// waits: `max_backoff` bounds every wait, `Retry-After` included.
-private func analyticsDaemon(_ name: String, endpoint: String, writeKey: String, extra: String = "") throws
+private func analyticsDaemon(
+    _ name: String, endpoint: String, writeKey: String, timeout: Double = 1, extra: String = ""
+) throws
     -> DaemonProcess
 {
     let directory = scratchDirectory(name + "-conf")
     let file = directory + "/whend.conf"
     try """
-    plugin.analytics = {"endpoint": "\(endpoint)", "file": null, "flush_interval": 0.1, "max_backoff": 0.3, "timeout": 1, "write_key": "\(writeKey)", "batch_events": 5\(extra)}
+    plugin.analytics = {"endpoint": "\(endpoint)", "file": null, "flush_interval": 0.1, "max_backoff": 0.3, "timeout": \(timeout), "write_key": "\(writeKey)", "batch_events": 5\(extra)}
 
     """.write(toFile: file, atomically: true, encoding: .utf8)
     let daemon = DaemonProcess(name, arguments: ["--builtin-pipelines", "true", "--config", file])
@@ -98,10 +100,86 @@ private func hostHeader(_ head: String) -> String? {
         endpoint.stop()
     }
 
+    /// An endpoint answering `200` with a body that never ends: the sender keeps 64 KiB of it,
+    /// stops reading and takes the batch as accepted. Before the fix the whole body was
+    /// appended: the analytics worker grew by gigabytes and the delivery never ended.
+    @Test func anEndlessBodyIsCutAndTheAnswerStandsByItsStatus() throws {
+        let endpoint = try HTTPTestServer(answers: [.init(status: 200, stream: .endless), .init(status: 200)])
+        let daemon = try analyticsDaemon(
+            "http-endless", endpoint: "http://127.0.0.1:\(endpoint.port)/v1/batch", writeKey: "wk-endless",
+            // Longer than the wait below: the cut, not the deadline, must end the exchange.
+            timeout: 10)
+        defer { daemon.stop() }
+        try sendSession(
+            daemon, app: "com.example.endless", session: "b", [#"{"type":"when","name":"first","id":"b-1"}"#])
+        #expect(eventually(8) { endpoint.streamed.count == 1 }, "the endless answer is still being read")
+        // The cut takes effect once URLSession's own queue turns to it: on loopback 100 to 550 MB
+        // were sent by then (passed on unkept), as fast as the reader took them, ~400 MB/s.
+        #expect((endpoint.streamed.first ?? .max) < 2 << 30, "\(endpoint.streamed)")
+        // Accepted: a later event is delivered, and the first was not sent again.
+        try sendSession(
+            daemon, app: "com.example.endless", session: "c", [#"{"type":"when","name":"next","id":"c-1"}"#])
+        #expect(eventually(20) { endpoint.exchanges.count >= 2 })
+        let names = endpoint.exchanges.flatMap { events(in: $0.body).values.compactMap { $0["event"] as? String } }
+        #expect(names.filter { $0 == "first" }.count == 1, "\(names)")
+        endpoint.stop()
+    }
+
+    /// `timeout` is a deadline for the whole exchange: an endpoint that answers `200` and then
+    /// trickles a byte every 0.3 s (never silent for the 1 s timeout) is given up on after it and
+    /// the batch is sent again. Before the fix the timeout was an idle timeout, and the trickle
+    /// held the delivery for as long as it went on.
+    @Test func aTricklingAnswerIsGivenUpOnAtTheTimeout() throws {
+        let endpoint = try HTTPTestServer(answers: [
+            .init(status: 200, stream: .trickle(interval: 0.3)), .init(status: 200),
+        ])
+        let daemon = try analyticsDaemon(
+            "http-trickle", endpoint: "http://127.0.0.1:\(endpoint.port)/v1/batch", writeKey: "wk-trickle")
+        defer { daemon.stop() }
+        try sendSession(
+            daemon, app: "com.example.trickle", session: "t", [#"{"type":"when","name":"slow","id":"t-1"}"#])
+        #expect(eventually(20) { endpoint.exchanges.count >= 1 })
+        let start = Date()
+        #expect(eventually(15) { endpoint.exchanges.contains { $0.status == 200 } }, "still held by the trickle")
+        let held = Date().timeIntervalSince(start)
+        #expect(held < 6, "held \(held) s with a 1 s timeout")
+        let delivered = endpoint.exchanges.filter { $0.status == 200 }.flatMap { events(in: $0.body).values }
+        #expect(delivered.contains { $0["event"] as? String == "slow" })
+        endpoint.stop()
+    }
+
+    /// A `Retry-After` shorter than the backoff (`0`, a date past, `1e-9`, `0.0001`) does not
+    /// hasten the next attempt, and the retries are not logged one by one. Before the fix, such
+    /// answers made thousands of POSTs, and as many log lines, in a few seconds.
+    @Test func aShortRetryAfterDoesNotHastenTheRetries() throws {
+        let endpoint = try HTTPTestServer(answers: [
+            .init(status: 503, headers: ["Retry-After": "0"]),
+            .init(status: 429, headers: ["Retry-After": "1e-9"]),
+            .init(status: 503, headers: ["Retry-After": "Sun, 06 Nov 1994 08:49:37 GMT"]),
+            .init(status: 429, headers: ["Retry-After": "0.0001"]),
+        ])
+        let daemon = try analyticsDaemon(
+            "http-retry0", endpoint: "http://127.0.0.1:\(endpoint.port)/v1/batch", writeKey: "wk-retry0")
+        defer { daemon.stop() }
+        try sendSession(daemon, app: "com.example.retry0", session: "z", [#"{"type":"when","name":"soon","id":"z-1"}"#])
+        #expect(eventually(20) { endpoint.exchanges.count >= 1 })
+        // A measurement, not a synchronisation: how many attempts 2 s hold.
+        usleep(2_000_000)
+        let attempts = endpoint.exchanges.count
+        // max_backoff is 0.3 s: at most ~8 attempts in 2 s (+1 for the first).
+        #expect(attempts <= 15, "\(attempts) attempts in 2 s")
+        let logged = daemon.log.components(separatedBy: "\n").filter { $0.contains("retrying in") }.count
+        #expect(logged <= 2, "\(logged) retry lines logged for \(attempts) attempts")
+        endpoint.answer([.init(status: 200)])
+        #expect(eventually(15) { endpoint.exchanges.contains { $0.status == 200 } })
+        endpoint.stop()
+    }
+
     /// What an HTTP peer may answer, one request at a time.
     enum Step: CaseIterable, Sendable {
         case ok, created, redirectSame, permanentSame, foundSame, redirectOther, redirectOtherName, moved, bad,
-            unauthorized, tooLarge, huge, negative, date, pastDate, unavailable, serverError, gateway, slow, reset
+            unauthorized, tooLarge, huge, negative, date, pastDate, unavailable, serverError, gateway, slow, reset,
+            endless, trickle, zero, tiny
     }
 
     static func answer(_ step: Step, port: UInt16, otherPort: UInt16) -> HTTPTestServer.Answer {
@@ -130,6 +208,11 @@ private func hostHeader(_ head: String) -> String? {
         // Longer than the sender's timeout: no answer, for the sender.
         case .slow: return .init(status: 200, delay: 1.4)
         case .reset: return .init(status: 200, reset: true)
+        case .endless: return .init(status: 200, stream: .endless)
+        // Never silent for the 1 s timeout, never done: no answer, for the sender.
+        case .trickle: return .init(status: 200, stream: .trickle(interval: 0.3))
+        case .zero: return .init(status: 503, headers: ["Retry-After": "0"])
+        case .tiny: return .init(status: 429, headers: ["Retry-After": "1e-9"])
         }
     }
 

@@ -3,7 +3,8 @@ import Foundation
 /// A real HTTP/1.1 server on a loopback port, answering POSTs from a script: each request gets
 /// the next scripted answer (the last one repeats). Records every request body, and what it
 /// answered each one. An answer may come late (`delay`) or not at all (`reset`: the connection
-/// is reset once the request is read).
+/// is reset once the request is read), or never end (`stream`: a chunked body sent until the
+/// client closes the connection, as fast as it reads or a byte at a time).
 final class HTTPTestServer: @unchecked Sendable {
     struct Answer {
         var status: Int
@@ -11,9 +12,17 @@ final class HTTPTestServer: @unchecked Sendable {
         var body: [UInt8] = Array("{}".utf8)
         var delay: Double = 0
         var reset = false
+        var stream: Stream?
     }
 
-    /// One request as received, and the status it was answered (nil: reset).
+    enum Stream {
+        /// 16 KiB chunks, as fast as the client reads them.
+        case endless
+        /// One byte every `interval` seconds.
+        case trickle(interval: Double)
+    }
+
+    /// One request as received, and the status it was answered (nil: reset, or a trickle).
     struct Exchange {
         var head: String
         var body: Data
@@ -28,6 +37,7 @@ final class HTTPTestServer: @unchecked Sendable {
     private var heads: [String] = []
     private var answered: [Exchange] = []
     private var stopped = false
+    private var streams: [Int] = []
 
     init(answers: [Answer]) throws {
         script = answers
@@ -76,6 +86,9 @@ final class HTTPTestServer: @unchecked Sendable {
     /// Each request, with how it was answered.
     var exchanges: [Exchange] { lock.withLock { answered } }
 
+    /// The body bytes of each streamed answer the client closed, in the order they ended.
+    var streamed: [Int] { lock.withLock { streams } }
+
     /// From the next request on, these answers (the last one repeats).
     func answer(_ answers: [Answer]) { lock.withLock { script = answers } }
 
@@ -111,7 +124,8 @@ final class HTTPTestServer: @unchecked Sendable {
                     answered.append(
                         Exchange(
                             head: String(decoding: received[..<end], as: UTF8.self), body: body,
-                            status: answer.reset ? nil : answer.status))
+                            // A trickle never completes: no answer, for the client.
+                            status: answer.reset || answer.stream?.isEndless == false ? nil : answer.status))
                     return answer
                 }
                 if answer.delay > 0 { usleep(UInt32(answer.delay * 1e6)) }
@@ -119,6 +133,11 @@ final class HTTPTestServer: @unchecked Sendable {
                     // SO_LINGER of 0: close sends a reset, not a FIN.
                     var linger = Glibc.linger(l_onoff: 1, l_linger: 0)
                     setsockopt(client, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))
+                    return
+                }
+                if let stream = answer.stream {
+                    let sent = self.stream(stream, status: answer.status, headers: answer.headers, to: client)
+                    lock.withLock { streams.append(sent) }
                     return
                 }
                 var text =
@@ -132,11 +151,43 @@ final class HTTPTestServer: @unchecked Sendable {
         }
     }
 
+    /// Sends a chunked body that never ends, until the client is gone (or the server stopped);
+    /// returns how many body bytes were sent.
+    private func stream(_ stream: Stream, status: Int, headers: [String: String], to client: Int32) -> Int {
+        var text = "HTTP/1.1 \(status) X\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n"
+        for (k, v) in headers { text += "\(k): \(v)\r\n" }
+        text += "\r\n"
+        func put(_ bytes: [UInt8]) -> Bool {
+            bytes.withUnsafeBytes { send(client, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } == bytes.count
+        }
+        guard put(Array(text.utf8)) else { return 0 }
+        var sent = 0
+        let chunk: [UInt8]
+        switch stream {
+        case .endless: chunk = Array("4000\r\n".utf8) + [UInt8](repeating: 0x41, count: 0x4000) + [13, 10]
+        case .trickle: chunk = Array("1\r\nA\r\n".utf8)
+        }
+        let size = stream.isEndless ? 0x4000 : 1
+        while !lock.withLock({ stopped }) {
+            if case .trickle(let interval) = stream { usleep(UInt32(interval * 1e6)) }
+            guard put(chunk) else { break }
+            sent += size
+        }
+        return sent
+    }
+
     private func find(_ needle: [UInt8], in haystack: [UInt8]) -> Int? {
         guard haystack.count >= needle.count else { return nil }
         for i in 0...(haystack.count - needle.count) where Array(haystack[i..<(i + needle.count)]) == needle {
             return i
         }
         return nil
+    }
+}
+
+extension HTTPTestServer.Stream {
+    var isEndless: Bool {
+        if case .endless = self { return true }
+        return false
     }
 }

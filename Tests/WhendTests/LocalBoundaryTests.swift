@@ -123,8 +123,10 @@ import WhendWire
     /// it is the user's own (not a symbolic link, owned by them, not writable by others), and
     /// whend makes it 0700 when it is missing. Each case runs in a mount namespace of its own
     /// with a fresh tmpfs on /tmp, so that the real /tmp/whend-0 of other tests is not touched
-    /// and no override of the path is needed.
-    @Test(arguments: ["owned-by-nobody", "writable-by-others", "symbolic-link", "missing"])
+    /// and no override of the path is needed. A directory that is the user's own may still hold
+    /// sockets another user bound while it was not (`socket-of-another`): the clients refuse
+    /// those too.
+    @Test(arguments: ["owned-by-nobody", "writable-by-others", "symbolic-link", "socket-of-another", "missing"])
     func theTemporaryRuntimeDirectoryMustBeTheUsersOwn(_ setup: String) throws {
         guard getuid() == 0, FileManager.default.isExecutableFile(atPath: "/usr/bin/unshare") else { return }
         let prepare: String
@@ -132,6 +134,7 @@ import WhendWire
         case "owned-by-nobody": prepare = "mkdir $dir && chown nobody $dir && chmod 0777 $dir"
         case "writable-by-others": prepare = "mkdir $dir && chmod 0777 $dir"
         case "symbolic-link": prepare = "mkdir -m 0700 /tmp/elsewhere && ln -s /tmp/elsewhere $dir"
+        case "socket-of-another": prepare = "mkdir -m 0777 $dir"
         default: prepare = "true"
         }
         let script = """
@@ -142,9 +145,12 @@ import WhendWire
             unset XDG_RUNTIME_DIR RUNTIME_DIRECTORY WHEND_SOCKET WHEND_CONTROL_SOCKET
             # An app (whend-demo, through WhenClient) sends nothing to a socket another user could
             # have put there.
+            as=""
+            [ "$4" = socket-of-another ] && as="setpriv --reuid=65534 --regid=65534 --clear-groups"
             if [ "$4" != missing ]; then
-                python3 -c '
+                $as /usr/bin/python3 -c '
             import socket, sys
+            c = socket.socket(socket.AF_UNIX); c.bind(sys.argv[2]); c.listen(5)
             s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(5); s.settimeout(2.5); n = 0
             try:
                 while True:
@@ -156,13 +162,15 @@ import WhendWire
                             n += len(d)
                     except OSError: pass
             except OSError: pass
-            print("attacker-received=%d" % n)' $dir/events.sock > /tmp/attacker.out 2>&1 &
+            print("attacker-received=%d" % n)' $dir/events.sock $dir/control.sock > /tmp/attacker.out 2>&1 &
                 attacker=$!
                 for i in $(seq 50); do [ -S $dir/events.sock ] && break; sleep 0.1; done
+                # Made private after the other user's sockets are in it.
+                [ "$4" = socket-of-another ] && chmod 0700 $dir
                 timeout 5 "$3" --duration 1 --quiet > /dev/null 2>&1
                 wait $attacker
                 cat /tmp/attacker.out
-                rm -f $dir/events.sock
+                [ "$4" = socket-of-another ] || rm -f $dir/events.sock $dir/control.sock
             fi
             # whenctl first: a socket in a directory that is not the user's own is not asked.
             "$2" status > /tmp/whenctl.out 2>&1
@@ -190,6 +198,15 @@ import WhendWire
                 executable("whenctl"), executable("whend-demo"), setup,
             ])
         if run.output.hasPrefix("no tmpfs") { return }
+        if setup == "socket-of-another" {
+            #expect(run.output.contains("attacker-received=0\n"), "\(run.output)")
+            #expect(run.output.contains("whenctl=1"), "\(run.output)")
+            #expect(
+                run.output.contains("will not connect to /tmp/whend-0/control.sock: it belongs to uid 65534"),
+                "\(run.output)")
+            #expect(run.output.contains("set XDG_RUNTIME_DIR"), "\(run.output)")
+            return
+        }
         if setup == "missing" {
             #expect(run.output.contains("listening mode=700 owner=0"), "\(run.output)\(run.error)")
             #expect(run.output.contains("status-ok") && run.output.contains("whend=0"), "\(run.output)")
@@ -212,10 +229,13 @@ import WhendWire
 
     /// Everything whend and its built-in plugins write under the state directory — segments,
     /// cursors, snapshots, crash reports, the session index, the analytics file and spool, the
-    /// lock — is 0640 at most, every directory 0750 at most: nothing for other users.
+    /// lock — is 0640 at most, every directory 0750 at most: nothing for other users. The spool,
+    /// which holds events on their way to an endpoint, is 0600 from its creation (its compaction,
+    /// which no delivery starts here, leaves it so too).
     @Test func nothingUnderTheStateDirectoryIsForOtherUsers() throws {
         let directory = scratchDirectory("modes-conf")
-        try "pipeline_snapshot_interval = 0.2\n".write(
+        let unreachable = #"plugin.analytics = {"endpoint": "http://127.0.0.1:9/v1/batch", "flush_interval": 0.2}"#
+        try "pipeline_snapshot_interval = 0.2\n\(unreachable)\n".write(
             toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
         let daemon = DaemonProcess(
             "modes", arguments: ["--builtin-pipelines", "true", "--config", directory + "/whend.conf"])
@@ -233,7 +253,7 @@ import WhendWire
         let state = daemon.stateDirectory
         let expected = [
             "/plugins/analytics/events.ndjson", "/pipelines/screens/snapshot", "/pipelines/crashes/snapshot",
-            "/plugins/crash-reports/reports", "/whend.lock",
+            "/plugins/crash-reports/reports", "/whend.lock", "/plugins/analytics/spool.ndjson",
         ]
         #expect(
             eventually(30) { expected.allSatisfy { FileManager.default.fileExists(atPath: state + $0) } },
@@ -254,6 +274,9 @@ import WhendWire
             }
         }
         #expect(looked > 20, "\(paths)")
+        var spool = stat()
+        #expect(lstat(state + "/plugins/analytics/spool.ndjson", &spool) == 0)
+        #expect(spool.st_mode & 0o7777 == 0o600, "the spool has mode 0\(String(spool.st_mode & 0o7777, radix: 8))")
     }
 
     /// whenctl ignores SIGPIPE: a reader that goes away (`whenctl cat | head -1`) ends it with
@@ -289,7 +312,7 @@ import WhendWire
     /// perhaps root, is about to write). Each case runs in a mount namespace of its own.
     @Test(arguments: [
         (
-            "state-read-only", "mount -t tmpfs -o size=1m,ro tmpfs $d/state", false,
+            "state-read-only", "mount -t tmpfs -o size=1m,ro,mode=0750 tmpfs $d/state", false,
             ["Read-only file system", "set --state-dir"]
         ),
         (
@@ -302,7 +325,30 @@ import WhendWire
         ),
         (
             "state-writable-by-anyone", "chmod 0777 $d/state", false,
-            ["may be written by anyone (mode 0777)", "chmod o-w"]
+            ["may be written by anyone (mode 0777)", "chmod go-w"]
+        ),
+        // Sticky or not: anyone may still make the journal/ or plugins/ whend would then use.
+        (
+            "state-sticky", "chmod 1777 $d/state", false,
+            ["may be written by anyone (mode 01777)", "chmod go-w"]
+        ),
+        (
+            "state-writable-by-group", "chmod 0770 $d/state", false,
+            ["may be written by its group (gid 0) (mode 0770)", "set --state-dir"]
+        ),
+        // What another user put inside a state directory of whend's own before it was private.
+        (
+            "journal-of-another", "mkdir -m 0777 $d/state/journal && chown nobody $d/state/journal", false,
+            ["state/journal belongs to uid 65534", "remove it"]
+        ),
+        (
+            "plugins-of-another", "mkdir -p $d/state/plugins/analytics && chown -R nobody $d/state/plugins", false,
+            ["state/plugins belongs to uid 65534", "remove it"]
+        ),
+        (
+            "link-of-another",
+            "mkdir -p $d/state/plugins/analytics && ln -s /etc/passwd $d/state/plugins/analytics/events.ndjson && chown -h nobody $d/state/plugins/analytics/events.ndjson",
+            false, ["analytics/events.ndjson belongs to uid 65534", "remove it"]
         ),
         (
             "socket-dir-not-whends", "chown root $d/run && chmod 0755 $d/run", true,
@@ -339,6 +385,33 @@ import WhendWire
         if run.output.contains("cannot prepare") { return }
         #expect(run.output.contains("whend=1"), "\(name): \(run.output) \(run.error)")
         for text in expected { #expect(run.error.contains(text), "\(name): no \"\(text)\" in \(run.error)") }
+    }
+
+    /// Directories of whend's own under the state directory that others may write (a chmod, an
+    /// old umask) are made private again at start; a symbolic link where whend creates a file
+    /// (here the analytics destination) is not followed: whend, perhaps root, never writes
+    /// through it, and the file it points at is left as it was.
+    @Test func whendsOwnDirectoriesAreMadePrivateAndItsFilesAreNotOpenedThroughALink() throws {
+        let state = scratchDirectory("fs-link")
+        let precious = scratchDirectory("fs-precious") + "/precious"
+        try "untouched\n".write(toFile: precious, atomically: true, encoding: .utf8)
+        try FileManager.default.createDirectory(
+            atPath: state + "/plugins/analytics", withIntermediateDirectories: true)
+        chmod(state, 0o750)
+        chmod(state + "/plugins", 0o777)
+        symlink(precious, state + "/plugins/analytics/events.ndjson")
+        let daemon = DaemonProcess("fs-link", arguments: ["--builtin-pipelines", "true"], stateDirectory: state)
+        try daemon.start()
+        defer { daemon.stop() }
+        var st = stat()
+        #expect(stat(state + "/plugins", &st) == 0 && st.st_mode & 0o7777 == 0o755, "\(String(st.st_mode, radix: 8))")
+        try sendSession(daemon, app: "com.example.link", session: "l-1", [#"{"type":"when","name":"userLinks"}"#])
+        #expect(
+            eventually(20) {
+                ((try? String(contentsOfFile: daemon.logPath, encoding: .utf8)) ?? "").contains(
+                    "Too many levels of symbolic links")
+            }, "\((try? String(contentsOfFile: daemon.logPath, encoding: .utf8)) ?? "")")
+        #expect((try? String(contentsOfFile: precious, encoding: .utf8)) == "untouched\n")
     }
 
     /// A state directory whose filesystem fills up under whend and its built-in pipelines: whend

@@ -334,7 +334,7 @@ func canMountTmpfs() -> Bool {
 
 @discardableResult
 func mount(_ path: String, size: String) -> Bool {
-    (try? runCommand("/bin/mount", ["-t", "tmpfs", "-o", "size=\(size)", "tmpfs", path]).status) == 0
+    (try? runCommand("/bin/mount", ["-t", "tmpfs", "-o", "size=\(size),mode=0750", "tmpfs", path]).status) == 0
 }
 
 func unmount(_ path: String) {
