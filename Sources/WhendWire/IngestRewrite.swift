@@ -65,6 +65,7 @@ package enum IngestRewrite {
         }
         let start = body.count
         var sawType = false
+        var seen: UInt32 = 0  // the well-known keys met, one bit each
         // Members kept and already canonical are copied a run at a time (a plugin's encoder
         // writes them so): `run` is the span not yet copied, commas included.
         var run: Range<Int>?
@@ -77,16 +78,22 @@ package enum IngestRewrite {
         var scanner = JSONScanner(output)
         try scanner.scanObject { m throws(WireError) in
             guard !isTrusted(m, in: output) else { return }
-            if isType(m, in: output) {
-                guard m.kind == .string else {
-                    throw WireError(.invalidField, "the changed record's type is not a string")
+            if let known = knownKey(m, in: output) {
+                // A second app, type, session, id…, however its key is spelled, would make
+                // readers disagree on which one counts (the first for some, the last for
+                // others), and a filter that reads one is escaped by the other. Clients are
+                // refused the same (EventScanner).
+                let bit: UInt32 = 1 << UInt32(known.rawValue)
+                guard seen & bit == 0 else {
+                    throw WireError(.invalidField, "the changed record has more than one \(known.name) member")
                 }
-                // A second type, however its key is spelled, would make readers disagree on
-                // which one counts (the first for some, the last for others).
-                guard !sawType else {
-                    throw WireError(.invalidField, "the changed record has more than one type member")
+                seen |= bit
+                if known == .type {
+                    guard m.kind == .string else {
+                        throw WireError(.invalidField, "the changed record's type is not a string")
+                    }
+                    sawType = true
                 }
-                sawType = true
             }
             if m.canonical, let r = run, m.quotedKey.lowerBound == r.upperBound + 1 {
                 run = r.lowerBound..<m.value.upperBound
@@ -118,11 +125,12 @@ package enum IngestRewrite {
         }
     }
 
-    /// Whether the member's key is `type`, spelled plainly or with escapes (`"typ\u0065"`).
-    private static func isType(_ m: JSONScanner.Member, in bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+    /// The member's key if it is one of the well-known ones, spelled plainly or with escapes
+    /// (`"typ\u0065"`).
+    private static func knownKey(_ m: JSONScanner.Member, in bytes: UnsafeBufferPointer<UInt8>) -> KnownKey? {
         let key = UnsafeBufferPointer(rebasing: bytes[m.key])
-        if m.keyHasEscapes { return decodeJSONString(key).elementsEqual("type".utf8) }
-        return equal(key, "type")
+        if m.keyHasEscapes { return decodeJSONString(key).withUnsafeBufferPointer { KnownKey.match($0) } }
+        return KnownKey.match(key)
     }
 
     private static func isTrusted(_ m: JSONScanner.Member, in bytes: UnsafeBufferPointer<UInt8>) -> Bool {

@@ -239,6 +239,9 @@ func checkPluginOutput(_ text: String, sourceLocation: SourceLocation = #_source
         #expect(try rewrite(#"{"typ\u0065":"when"}"#) == #""type":"when","_rt":"t"}"#)
         for twice in [
             #"{"type":"when","typ\u0065":5}"#, #"{"typ\u0065":5,"type":"when"}"#, #"{"type":"a","type":"b"}"#,
+            // Any well-known key: a filter reading the first app is escaped by a second.
+            #"{"type":"when","\u0061pp":"ok","app":"com.example.spam"}"#,
+            #"{"type":"when","session":"a","session":"b"}"#, #"{"type":"when","id":1,"i\u0064":2}"#,
         ] {
             #expect(throws: WireError.self, "\(twice)") { try rewrite(twice) }
         }
