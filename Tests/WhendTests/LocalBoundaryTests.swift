@@ -140,11 +140,12 @@ import WhendWire
         let script = """
             set -u
             # The build may live under /tmp (a clone there): its directory is kept open and
-            # put back in place over the fresh tmpfs, at the same path.
+            # put back in place over the fresh tmpfs, at the same path (mount must not resolve
+            # the descriptor's path, which the tmpfs now hides).
             bin=$(dirname "$1")
             exec 9<"$bin"
             mount -t tmpfs -o size=16m tmpfs /tmp || { echo "no tmpfs"; exit 0; }
-            case "$bin" in /tmp/*) mkdir -p "$bin" && mount --bind /proc/self/fd/9 "$bin" ;; esac
+            case "$bin" in /tmp/*) mkdir -p "$bin" && mount --no-canonicalize --bind /proc/self/fd/9 "$bin" ;; esac
             dir=/tmp/whend-$(id -u)
             \(prepare)
             unset XDG_RUNTIME_DIR RUNTIME_DIRECTORY WHEND_SOCKET WHEND_CONTROL_SOCKET
