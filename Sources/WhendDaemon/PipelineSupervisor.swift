@@ -409,9 +409,6 @@ final class PipelineSupervisor: @unchecked Sendable {
             // A worker reads a record as soon as it is written, maybe before its sync: the bound
             // is what the journal has written, so that a slow disk makes no worker a forger.
             let lastSeq = journalWrittenThrough()
-            // Nor beyond the record the worker has reached: a cause ahead of it, once stored,
-            // would make every honest record after it look out of order.
-            let reached = HandlingMarker.reached(spec.handlingPath)
             let forged = state.withLockedValue { s -> String? in
                 var previous = s.runCause
                 for r in records {
@@ -420,9 +417,6 @@ final class PipelineSupervisor: @unchecked Sendable {
                     }
                     if r.cause > lastSeq {
                         return "_cause \(r.cause), past the journal's last _seq \(lastSeq)"
-                    }
-                    if let reached, r.cause > reached {
-                        return "_cause \(r.cause), ahead of the record the worker has reached, _seq \(reached)"
                     }
                     if let origins = spec.origins, !origins.contains(r.origin) {
                         return "_origin \(r.origin), not one of the pipeline's plugins \(origins)"

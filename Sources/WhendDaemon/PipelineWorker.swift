@@ -179,9 +179,7 @@ enum WorkerChannel {
 }
 
 /// The record a worker is handling, in `PipelineSpec.handlingPath`, mapped shared: one store
-/// before and after each record, which whend reads once the worker is gone; and the furthest
-/// record it has reached, which whend reads while it runs (no derived record can have a cause
-/// beyond it).
+/// before and after each record, which whend reads once the worker is gone.
 final class HandlingMarker: @unchecked Sendable {
     // Unchecked: written by the worker's thread only.
     private let word: UnsafeMutablePointer<UInt64>?
@@ -189,32 +187,17 @@ final class HandlingMarker: @unchecked Sendable {
     init(path: String) {
         let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
         defer { if fd >= 0 { close(fd) } }
-        guard fd >= 0, ftruncate(fd, 16) == 0,
-            let map = mmap(nil, 16, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), map != MAP_FAILED
+        guard fd >= 0, ftruncate(fd, 8) == 0,
+            let map = mmap(nil, 8, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), map != MAP_FAILED
         else {
             word = nil
             return
         }
-        word = map.bindMemory(to: UInt64.self, capacity: 2)
-        word?[0] = 0
-        word?[1] = 0
+        word = map.bindMemory(to: UInt64.self, capacity: 1)
+        word?.pointee = 0
     }
 
-    func set(_ seq: UInt64) {
-        // The furthest first: whend may read it as soon as a frame derived from `seq` is sent.
-        if let word, seq > word[1] { word[1] = seq }
-        word?[0] = seq
-    }
-
-    /// The furthest record the current worker has reached (0: none yet), or nil when there is
-    /// no marker to read (it could not be made: then nothing is checked against it).
-    static func reached(_ path: String) -> UInt64? {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
-        var value: UInt64 = 0
-        return pread(fd, &value, 8, 8) == 8 ? value : nil
-    }
+    func set(_ seq: UInt64) { word?.pointee = seq }
 
     /// What a worker that is gone left in `path`: the record it was handling, or 0.
     static func read(_ path: String) -> UInt64 {
