@@ -187,7 +187,10 @@ final class HandlingMarker: @unchecked Sendable {
     init(path: String) {
         let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
         defer { if fd >= 0 { close(fd) } }
-        guard fd >= 0, ftruncate(fd, 8) == 0,
+        // Its page allocated now, not at the first store: on a full file system a store to a
+        // mapped hole is a SIGBUS, and the worker died of it. Without a marker, the worker runs
+        // as before (its deaths are not put down to a record).
+        guard fd >= 0, posix_fallocate(fd, 0, 8) == 0,
             let map = mmap(nil, 8, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), map != MAP_FAILED
         else {
             word = nil
