@@ -55,7 +55,8 @@ final class PipelineSupervisor: @unchecked Sendable {
     private let executable: String
     private let watchdog: TimeInterval
     private let logger: Logger
-    /// The journal's last committed `_seq`: no worker can have derived from a later record.
+    /// The last `_seq` the journal has written (synced or not): no worker can have read, and so
+    /// derived from, a later record.
     private let journalWrittenThrough: @Sendable () -> UInt64
     /// Appends derived records as one journal batch, then says whether they were stored.
     private let appendDerived:
@@ -248,48 +249,28 @@ final class PipelineSupervisor: @unchecked Sendable {
     private func runWorkerOnce() -> String {
         var fds: [Int32] = [0, 0]
         guard framePipe(&fds) else { return "could not start (pipe: \(String(cString: strerror(errno))))" }
-        // The spec goes over the worker's standard input, never on its command line: it holds
-        // plugin configuration, secrets included, and /proc/PID/cmdline is readable by all.
-        let arguments: [String] = [executable, "--pipeline-worker"]
-        let argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
-        var environment = ProcessInfo.processInfo.environment
-        // The worker is not the service: it must not speak to the service manager.
-        for key in ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"] {
-            environment[key] = nil
-        }
-        environment["SWIFT_BACKTRACE"] = Secrets.backtraceSetting(environment["SWIFT_BACKTRACE"])
-        let envp: [UnsafeMutablePointer<CChar>?] = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
-        defer {
-            argv.forEach { free($0) }
-            envp.forEach { free($0) }
-        }
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
         var ackFds: [Int32] = [0, 0]
         guard framePipe(&ackFds) else {
             close(fds[0])
             close(fds[1])
             return "could not start (pipe: \(String(cString: strerror(errno))))"
         }
-        // The frames have descriptors of their own; the worker's standard output is whend's
-        // standard error: what a plugin prints joins the log and corrupts no frame.
-        posix_spawn_file_actions_adddup2(&actions, fds[1], WorkerFrame.reportDescriptor)
-        posix_spawn_file_actions_adddup2(&actions, ackFds[0], WorkerFrame.commandDescriptor)
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        posix_spawn_file_actions_adddup2(&actions, 2, 1)
-        // Nothing else of the daemon's: an inherited client or control connection would stay
-        // open in the worker after the daemon closed it, and its peer would never see the end.
-        _ = whend_spawn_file_actions_addclosefrom(&actions, WorkerFrame.commandDescriptor + 1)
         rewindAfterFailedStore()
-        var pid: pid_t = 0
-        let rc = posix_spawn(&pid, executable, &actions, nil, argv, envp)
+        // The spec goes over the worker's command pipe, never on its command line: it holds
+        // plugin configuration, secrets included, and /proc/PID/cmdline is readable by all. The
+        // frames have descriptors of their own (standard output is whend's log).
+        let spawned = HelperProcess.spawn(
+            executable, "--pipeline-worker", standardInput: nil,
+            descriptors: [(fds[1], WorkerFrame.reportDescriptor), (ackFds[0], WorkerFrame.commandDescriptor)])
         close(fds[1])
         close(ackFds[0])
-        guard rc == 0 else {
+        let pid: pid_t
+        switch spawned {
+        case .success(let started): pid = started
+        case .failure(let error):
             close(fds[0])
             close(ackFds[1])
-            return "could not start (\(String(cString: strerror(rc))))"
+            return "could not start (\(error))"
         }
         let (generation, failed) = state.withLockedValue {
             $0.pid = pid

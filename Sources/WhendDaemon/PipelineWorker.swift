@@ -224,9 +224,10 @@ nonisolated(unsafe) private var workerStopRequested: sig_atomic_t = 0
 /// twice a second (the daemon's watchdog for it) and sends what its plugins derive in batches,
 /// which the daemon acknowledges per batch once they are stored. A record whose chain fails is
 /// retried with backoff, and never skipped unless `retryLimit` says so; then it goes to the dead
-/// letters, as does at once a record whose derived records cannot go to the daemon in one frame. The cursor is saved every 100 ms and at exit, below any
-/// record whose derived records are not yet stored, so that a crash repeats at most the records
-/// of the last 100 ms: at least once, in order.
+/// letters, as does at once a record whose derived records cannot go to the daemon in one
+/// frame. The cursor is saved every 100 ms and at exit, below any record whose derived records
+/// are not yet stored, so that a crash repeats at most the records of the last 100 ms: at least
+/// once, in order.
 package enum PipelineWorker {
     package static func run(logger: Logger) -> Never {
         signal(SIGPIPE, SIG_IGN)

@@ -97,33 +97,17 @@ package enum PluginCheck {
         // configuration, secrets included, and /proc/PID/cmdline is readable by all. Reports
         // come back on descriptor 3; a plugin's own output (standard output and error) goes to
         // whend's log.
-        let argv: [UnsafeMutablePointer<CChar>?] = [strdup(executable), strdup("--plugin-check"), nil]
-        var environment = ProcessInfo.processInfo.environment
-        for key in ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"] {
-            environment[key] = nil
-        }
-        environment["SWIFT_BACKTRACE"] = Secrets.backtraceSetting(environment["SWIFT_BACKTRACE"])
-        let envp: [UnsafeMutablePointer<CChar>?] = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
-        defer {
-            argv.forEach { free($0) }
-            envp.forEach { free($0) }
-        }
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_adddup2(&actions, input[0], 0)
-        posix_spawn_file_actions_adddup2(&actions, 2, 1)
-        posix_spawn_file_actions_adddup2(&actions, reports[1], 3)
-        // Nothing else of the daemon's: an inherited client connection would stay open.
-        _ = whend_spawn_file_actions_addclosefrom(&actions, 4)
-        var pid: pid_t = 0
-        let rc = posix_spawn(&pid, executable, &actions, nil, argv, envp)
+        let spawned = HelperProcess.spawn(
+            executable, "--plugin-check", standardInput: input[0], descriptors: [(reports[1], 3)])
         close(input[0])
         close(reports[1])
-        guard rc == 0 else {
+        let pid: pid_t
+        switch spawned {
+        case .success(let started): pid = started
+        case .failure(let error):
             close(input[1])
             close(reports[0])
-            return failed("cannot start \(executable) --plugin-check: \(String(cString: strerror(rc)))")
+            return failed("cannot start \(executable) --plugin-check: \(error)")
         }
         let body = Array((try? JSONEncoder().encode(request)) ?? Data())
         writeAll(input[1], body)
