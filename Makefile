@@ -45,9 +45,11 @@ build: deps
 release: deps
 	$(SWIFT) build -c release
 
-# The daemon on its embedded defaults, in the foreground; Ctrl-C stops it gracefully.
+# The daemon on its embedded defaults, in the foreground; Ctrl-C stops it gracefully. An
+# installed package's /etc/whend/whend.conf is not read (it is the service's, and only root and
+# the group whend-config may read it): set WHEND_CONFIG to run on a file of your own.
 run: build
-	.build/debug/whend
+	WHEND_CONFIG="$${WHEND_CONFIG:-/dev/null}" .build/debug/whend
 
 # Warnings in whend's own code fail the build (a dropped result is often a dropped error).
 test: test-deps
@@ -56,7 +58,7 @@ test: test-deps
 	if [ $$status -ne 0 ]; then exit $$status; fi; \
 	if grep -E "^$(CURDIR)/(Sources|Plugins|Tests)/[^:]+:[0-9]+:[0-9]+: warning:" .build/build-tests.log; then \
 		echo "warnings in whend's code are errors: fix the above"; exit 1; fi
-	$(SWIFT) test --skip-build
+	WHEND_CONFIG=/dev/null $(SWIFT) test --skip-build
 
 # Longer variants of the reliability tests: SOAK_ROUNDS SIGKILL rounds instead of 20,
 # POWERCUT_ROUNDS power cuts instead of 10, and KILL_SCHEDULES generated kill schedules of the
@@ -66,7 +68,7 @@ POWERCUT_ROUNDS ?= 200
 KILL_SCHEDULES ?= 1000
 soak: test-deps
 	$(SWIFT) build --build-tests
-	WHEND_SOAK_ROUNDS=$(SOAK_ROUNDS) WHEND_POWERCUT_ROUNDS=$(POWERCUT_ROUNDS) WHEND_KILL_SCHEDULES=$(KILL_SCHEDULES) \
+	WHEND_CONFIG=/dev/null WHEND_SOAK_ROUNDS=$(SOAK_ROUNDS) WHEND_POWERCUT_ROUNDS=$(POWERCUT_ROUNDS) WHEND_KILL_SCHEDULES=$(KILL_SCHEDULES) \
 		$(SWIFT) test --skip-build \
 		--filter "CrashConsistencyTests|HostileClientTests|FaultTests|PowerCutTests|KillTimingTests"
 

@@ -379,7 +379,7 @@ import WhendWire
             \(prepare) || { echo "cannot prepare"; exit 0; }
             user=""
             [ "$3" = nobody ] && user="setpriv --reuid=65534 --regid=65534 --clear-groups"
-            timeout 15 $user "$2" --state-dir $d/state --socket $d/run/events.sock --builtin-pipelines false
+            timeout 15 $user "$2" --config /dev/null --state-dir $d/state --socket $d/run/events.sock --builtin-pipelines false
             echo "whend=$?"
             """
         let run = try runCommand(
