@@ -120,18 +120,18 @@ final class PipelineSupervisor: @unchecked Sendable {
         var last: (cause: UInt64, ordinal: Int) = (0, 0)
         JournalReader(directory: JournalDirectory(path: spec.journalDirectory)).read(fromSeq: cursor + 1) {
             record, _ in
-            guard bytesContain(record.line, marker),
-                let object = try? JSONSerialization.jsonObject(with: Data(buffer: record.line)) as? [String: Any],
-                let cause = (object["_cause"] as? NSNumber)?.uint64Value, cause > cursor
+            // whend's own scanner, not Foundation's: a record Foundation refuses (an unpaired
+            // surrogate's escape, 1e999) skipped here was appended again after every restart.
+            guard bytesContain(record.line, marker), let fields = try? record.fields(),
+                fields.pipeline == Array(spec.name.utf8), let cause = fields.cause, cause > cursor
             else { return true }
             // A cause at or after the record itself, or from no stage of the pipeline, was forged
             // (stored before whend checked what workers send): believed, it would have every
             // later derived record taken for one already appended.
-            guard let seq = record.seq, cause < seq,
-                spec.origins?.contains(object["_origin"] as? String ?? "") ?? true
-            else {
+            let origin = fields.origin.map { String(decoding: $0, as: UTF8.self) }
+            guard let seq = record.seq, cause < seq, spec.origins?.contains(origin ?? "") ?? true else {
                 logger.error(
-                    "pipeline \(spec.name): _seq \(record.seq ?? 0) claims to be derived from _seq \(cause) by \(object["_origin"] ?? "nothing"), which it cannot be; it is not taken into account"
+                    "pipeline \(spec.name): _seq \(record.seq ?? 0) claims to be derived from _seq \(cause) by \(origin ?? "nothing"), which it cannot be; it is not taken into account"
                 )
                 return true
             }

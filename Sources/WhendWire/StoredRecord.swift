@@ -17,6 +17,13 @@ public struct StoredRecord: Sendable, Equatable {
     /// Whether a pipeline derived the record (it carries `_origin`, which only whend writes):
     /// a resend of a client's event is never one of these.
     public var isDerived = false
+    /// A derived record's `_origin` (the stage that derived it) and `_pipeline`, decoded, and
+    /// its `_cause`. Read by whend's own scanner: Foundation's parser refuses values whend
+    /// stores (an unpaired surrogate's escape, a number past a Double), and a reader of
+    /// derived records that skipped those would take what was derived for not derived.
+    public var origin: [UInt8]?
+    public var pipeline: [UInt8]?
+    public var cause: UInt64?
 
     public init() {}
 
@@ -59,6 +66,11 @@ public struct StoredRecord: Sendable, Equatable {
                 keyParts.id = inner.map { _ in (m.value.lowerBound + 1)..<(m.value.upperBound - 1) }
             } else if equal(key, "_origin") {
                 record.isDerived = true
+                record.origin = decoded()
+            } else if equal(key, "_pipeline") {
+                record.pipeline = decoded()
+            } else if equal(key, "_cause"), m.kind == .number {
+                record.cause = parseUInt(UnsafeBufferPointer(rebasing: line[m.value]))
             }
         }
         s.skipWhitespace()
