@@ -85,9 +85,11 @@ struct Sessions: ParsableCommand {
         let out = Output()
         JournalReader(directory: directory).read(fromSeq: first) { record, _ in
             if let seq = record.seq, seq > last { return false }
-            guard let object = try? JSONSerialization.jsonObject(with: Data(buffer: record.line)) as? [String: Any],
+            guard let fields = try? record.fields(),
                 wanted.contains(
-                    SessionKey(app: object["app"] as? String ?? "", session: object["session"] as? String ?? ""))
+                    SessionKey(
+                        app: String(decoding: fields.app ?? [], as: UTF8.self),
+                        session: String(decoding: fields.session ?? [], as: UTF8.self)))
             else { return true }
             emit(record, format: json ? .json : .short, to: out)
             return true

@@ -164,10 +164,9 @@ struct Replay: ParsableCommand {
             record, _ in
             if filter.isPastEnd(record) { return false }
             guard filter.matches(record) else { return true }
-            guard let fields = try? record.fields(),
-                let object = try? JSONSerialization.jsonObject(with: Data(buffer: record.line)) as? [String: Any],
-                object["_origin"] == nil
-            else {
+            // whend's scanner, not Foundation's: an event with an unpaired surrogate's escape or
+            // a number past a Double is an app's event all the same, and is sent.
+            guard let fields = try? record.fields(), !fields.isDerived else {
                 skipped += 1
                 return true
             }
@@ -184,12 +183,13 @@ struct Replay: ParsableCommand {
                     Thread.sleep(forTimeInterval: due - now)
                 }
             }
-            let event = object.filter { !$0.key.hasPrefix("_") }
-            guard let line = try? JSONSerialization.data(withJSONObject: event, options: [.sortedKeys]) else {
+            // The event as the app sent it, members as stored, less what whend added (its
+            // trusted members, which the receiving whend would refuse).
+            guard let line = try? appMembers(of: record.line) else {
                 skipped += 1
                 return true
             }
-            batch += Array(line)
+            batch += line
             batch.append(0x0A)
             sent += 1
             if batch.count > 1 << 16 {
@@ -324,4 +324,24 @@ func monotonicSeconds() -> Double {
     var ts = timespec()
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+}
+
+/// A stored record without its members whose keys begin with `_` (the trusted ones whend adds):
+/// the others byte for byte, in their order.
+func appMembers(of line: UnsafeBufferPointer<UInt8>) throws(WireError) -> [UInt8] {
+    var scanner = JSONScanner(line)
+    scanner.skipWhitespace()
+    var out: [UInt8] = [UInt8(ascii: "{")]
+    try scanner.scanObject { m throws(WireError) in
+        let key = UnsafeBufferPointer(rebasing: line[m.key])
+        if key.first == UInt8(ascii: "_") || (m.keyHasEscapes && decodeJSONString(key).first == UInt8(ascii: "_")) {
+            return
+        }
+        if out.count > 1 { out.append(UInt8(ascii: ",")) }
+        out += line[m.quotedKey]
+        out.append(UInt8(ascii: ":"))
+        out += line[m.value]
+    }
+    out.append(UInt8(ascii: "}"))
+    return out
 }

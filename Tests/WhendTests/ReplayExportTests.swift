@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import WhendJournal
 
 @Suite(.serialized) struct ReplayExportTests {
     private let journey = [
@@ -87,6 +88,45 @@ import Testing
         }
         // Fresh trusted fields: the receiving daemon's, naming the sender that re-sent them.
         #expect(replayed.allSatisfy { $0["_comm"] as? String == "whenctl" })
+    }
+
+    /// An app's events that Foundation's parser refuses (an unpaired surrogate's escape, a
+    /// number past a Double) are re-sent like any other, their members as stored and in their
+    /// order: whenctl once counted them skipped, and re-encoded the rest with sorted keys.
+    @Test func eventsFoundationCannotReadAreResentAsStored() throws {
+        let source = DaemonProcess("replay-odd")
+        try source.start()
+        try sendSession(
+            source, app: "a", session: #"s\udc00"#,
+            [
+                #"{"type":"when","name":"odd","params":{"lone":"\ud800","huge":1e999}}"#,
+                #"{"type":"when","name":"plain","params":{"z":1,"a":2}}"#,
+            ])
+        source.stop()
+        let target = DaemonProcess("replay-odd-dst")
+        try target.start()
+        let r = try whenctl([
+            "replay", "--state-dir", source.stateDirectory, "--to-socket", target.socketPath, "--speed", "50",
+        ])
+        #expect(r.status == 0, "\(r.error)")
+        #expect(r.error.contains("2 records sent") && r.error.contains("2 acknowledged"), "\(r.error)")
+        target.stop()
+        // Each record's members between `_seq` and the trusted ones whend adds (`_rt` first).
+        func appParts(_ daemon: DaemonProcess) -> [String] {
+            var parts: [String] = []
+            JournalReader(directory: daemon.journal).read { record, _ in
+                let line = String(decoding: record.line, as: UTF8.self)
+                let body = line.drop { $0 != "," }.dropFirst()
+                parts.append(String(body[..<(body.range(of: #","_rt":"#)?.lowerBound ?? body.endIndex)]))
+                return true
+            } onProblem: {
+                Issue.record("journal problem: \($0)")
+            }
+            return parts
+        }
+        let sent = appParts(source)
+        #expect(sent.count == 2 && sent.first?.contains(#""params":{"lone":"\ud800","huge":1e999}"#) == true)
+        #expect(appParts(target) == sent)
     }
 
     @Test func anExportedSessionCompilesAndNamesEveryWhenInOrder() throws {
