@@ -159,9 +159,7 @@ extension DaemonConfiguration {
     package func secrets(of name: String) -> Set<String> {
         guard let json = pluginConfigurations[name] else { return [] }
         return Secrets.values(in: json).union(
-            secretValues.filter { value in
-                Secrets.jsonEscaped(value).contains { json.contains($0) } || json.contains(value)
-            })
+            secretValues.filter { Secrets.occurs($0, in: json) })
     }
 
     /// Replaces each `"$credential:NAME"` and `"$file:/path"` string in a plugin's configuration

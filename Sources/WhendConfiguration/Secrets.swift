@@ -109,55 +109,29 @@ package enum Secrets {
     }
 
     /// `text` (a message that may quote a configuration, a plugin's own words) with every one of
-    /// `secrets` replaced by `***`, longest first so that one inside another goes too. Values of
+    /// `secrets` replaced by `***`, however the message spells it (`occurrences`). Values of
     /// fewer than 4 characters are left: they would mangle every word they occur in, and guard
     /// nothing (`redact` still hides them in a configuration).
     package static func scrub(_ text: String, _ secrets: Set<String>) -> String {
-        var text = text
-        for secret in secrets.sorted(by: { $0.utf8.count > $1.utf8.count }) where secret.count >= 4 {
-            text = text.replacingOccurrences(of: secret, with: mask)
-            // As a JSON string would spell it, should the message quote JSON; as a URL would
-            // (Foundation percent-encodes a URL's parts), and decoded from a URL's spelling.
-            for spelling in spellings(of: secret) where spelling != secret && spelling.count >= 4 {
-                text = text.replacingOccurrences(of: spelling, with: mask)
+        let needles = secrets.filter { $0.count >= 4 }
+        guard !needles.isEmpty else { return text }
+        let bytes = Array(text.utf8)
+        let views = SpelledText.views(of: bytes)
+        var found: [Range<Int>] = []
+        for secret in needles {
+            for needle in Set([secret, secret.removingPercentEncoding ?? secret]) where needle.count >= 4 {
+                let n = Array(needle.utf8)
+                for view in views { found += view.occurrences(of: n) }
             }
         }
-        return text
+        guard !found.isEmpty else { return text }
+        return String(decoding: SpelledText.replacing(found, in: bytes, with: Array(mask.utf8)), as: UTF8.self)
     }
 
-    /// The other ways a message may spell `secret`: JSON-escaped, percent-encoded (as each part
-    /// of a URL allows, or every byte but letters and digits), percent-decoded; longest first.
-    static func spellings(of secret: String) -> [String] {
-        var forms = Set(jsonEscaped(secret))
-        let sets: [CharacterSet] = [
-            .urlUserAllowed, .urlPasswordAllowed, .urlQueryAllowed, .urlPathAllowed, .urlHostAllowed,
-            .urlFragmentAllowed, .alphanumerics,
-        ]
-        for set in sets {
-            guard let encoded = secret.addingPercentEncoding(withAllowedCharacters: set) else { continue }
-            forms.insert(encoded)
-            // Lower-case hex, as some encoders write it.
-            forms.insert(lowercasedPercentEscapes(encoded))
-        }
-        if let decoded = secret.removingPercentEncoding { forms.insert(decoded) }
-        return forms.sorted { $0.utf8.count > $1.utf8.count }
-    }
-
-    private static func lowercasedPercentEscapes(_ string: String) -> String {
-        var result = ""
-        var left = 0
-        for ch in string {
-            if ch == "%" {
-                left = 2
-                result.append(ch)
-            } else if left > 0 {
-                left -= 1
-                result += ch.lowercased()
-            } else {
-                result.append(ch)
-            }
-        }
-        return result
+    /// Whether `secret` stands anywhere in `text`, however spelled (as `scrub` finds it).
+    package static func occurs(_ secret: String, in text: String) -> Bool {
+        let n = Array(secret.utf8)
+        return SpelledText.views(of: Array(text.utf8)).contains { !$0.occurrences(of: n).isEmpty }
     }
 
     /// `SWIFT_BACKTRACE` for a process that runs plugin code (`setting`: what whend was given):
@@ -495,5 +469,151 @@ struct JSONSpanWalker {
             }
         }
         return nil
+    }
+}
+
+/// A text's bytes as a reader would decode them, each decoded byte knowing the bytes of the
+/// text it came from: as written, with JSON's escapes decoded (`\u` of any case, surrogate
+/// pairs, `\/`), with URL percent-escapes decoded (any byte escaped or not, hex of any case,
+/// `+` for a space or not), and both at once (a URL quoted in JSON). A secret is found in any
+/// view, and hidden where it stands in the text, so that no encoder's choice of what to escape
+/// lets it through: enumerating the encodings of a secret missed, for one, `-` left as is
+/// beside `/` escaped.
+struct SpelledText {
+    var bytes: [UInt8]
+    /// For each decoded byte, the range of the text it came from.
+    var sources: [Range<Int>]
+
+    static func views(of text: [UInt8]) -> [SpelledText] {
+        let plain = SpelledText(bytes: text, sources: text.indices.map { $0..<($0 + 1) })
+        var views = [plain]
+        let json = text.contains(UInt8(ascii: "\\")) ? plain.jsonDecoded() : nil
+        if let json { views.append(json) }
+        for base in [plain] + (json.map { [$0] } ?? []) where base.bytes.contains(UInt8(ascii: "%")) {
+            views.append(base.percentDecoded(plusIsSpace: false))
+        }
+        for base in [plain] + (json.map { [$0] } ?? []) where base.bytes.contains(UInt8(ascii: "+")) {
+            views.append(base.percentDecoded(plusIsSpace: true))
+        }
+        return views
+    }
+
+    /// The ranges of the text where `needle` stands in this view.
+    func occurrences(of needle: [UInt8]) -> [Range<Int>] {
+        guard let first = needle.first, needle.count <= bytes.count else { return [] }
+        var found: [Range<Int>] = []
+        var i = 0
+        while i + needle.count <= bytes.count {
+            if bytes[i] == first, bytes[i..<(i + needle.count)].elementsEqual(needle) {
+                found.append(sources[i].lowerBound..<sources[i + needle.count - 1].upperBound)
+                i += needle.count
+            } else {
+                i += 1
+            }
+        }
+        return found
+    }
+
+    /// `text` with each of `ranges` (merged where they overlap or touch) replaced by `mask`.
+    static func replacing(_ ranges: [Range<Int>], in text: [UInt8], with mask: [UInt8]) -> [UInt8] {
+        var merged: [Range<Int>] = []
+        for r in ranges.sorted(by: { $0.lowerBound < $1.lowerBound }) {
+            if let last = merged.last, r.lowerBound <= last.upperBound {
+                merged[merged.count - 1] = last.lowerBound..<max(last.upperBound, r.upperBound)
+            } else {
+                merged.append(r)
+            }
+        }
+        var out: [UInt8] = []
+        var position = 0
+        for r in merged {
+            out += text[position..<r.lowerBound]
+            out += mask
+            position = r.upperBound
+        }
+        out += text[position...]
+        return out
+    }
+
+    private static func hexValue(_ b: UInt8) -> UInt32? {
+        switch b {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): return UInt32(b - UInt8(ascii: "0"))
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): return UInt32(b - UInt8(ascii: "a") + 10)
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): return UInt32(b - UInt8(ascii: "A") + 10)
+        default: return nil
+        }
+    }
+
+    private func hex(_ at: Int, digits: Int) -> UInt32? {
+        guard at + digits <= bytes.count else { return nil }
+        var v: UInt32 = 0
+        for k in at..<(at + digits) {
+            guard let d = Self.hexValue(bytes[k]) else { return nil }
+            v = v << 4 | d
+        }
+        return v
+    }
+
+    private func jsonDecoded() -> SpelledText {
+        var out = SpelledText(bytes: [], sources: [])
+        var i = 0
+        func emit(_ decoded: [UInt8], through last: Int) {
+            let source = sources[i].lowerBound..<sources[last].upperBound
+            for b in decoded {
+                out.bytes.append(b)
+                out.sources.append(source)
+            }
+            i = last + 1
+        }
+        while i < bytes.count {
+            guard bytes[i] == UInt8(ascii: "\\"), i + 1 < bytes.count else {
+                emit([bytes[i]], through: i)
+                continue
+            }
+            switch bytes[i + 1] {
+            case UInt8(ascii: "u"):
+                guard let v = hex(i + 2, digits: 4) else {
+                    emit([bytes[i]], through: i)
+                    continue
+                }
+                var scalar = v
+                var last = i + 5
+                if v >= 0xD800, v <= 0xDBFF, i + 11 < bytes.count, bytes[i + 6] == UInt8(ascii: "\\"),
+                    bytes[i + 7] == UInt8(ascii: "u"), let low = hex(i + 8, digits: 4), low >= 0xDC00, low <= 0xDFFF
+                {
+                    scalar = 0x10000 + ((v - 0xD800) << 10) + (low - 0xDC00)
+                    last = i + 11
+                }
+                if let u = Unicode.Scalar(scalar) {
+                    emit(Array(String(Character(u)).utf8), through: last)
+                } else {
+                    emit(Array(bytes[i...last]), through: last)
+                }
+            case UInt8(ascii: "b"): emit([0x08], through: i + 1)
+            case UInt8(ascii: "f"): emit([0x0C], through: i + 1)
+            case UInt8(ascii: "n"): emit([0x0A], through: i + 1)
+            case UInt8(ascii: "r"): emit([0x0D], through: i + 1)
+            case UInt8(ascii: "t"): emit([0x09], through: i + 1)
+            default: emit([bytes[i + 1]], through: i + 1)
+            }
+        }
+        return out
+    }
+
+    private func percentDecoded(plusIsSpace: Bool) -> SpelledText {
+        var out = SpelledText(bytes: [], sources: [])
+        var i = 0
+        while i < bytes.count {
+            if bytes[i] == UInt8(ascii: "%"), let v = hex(i + 1, digits: 2) {
+                out.bytes.append(UInt8(v))
+                out.sources.append(sources[i].lowerBound..<sources[i + 2].upperBound)
+                i += 3
+            } else {
+                out.bytes.append(plusIsSpace && bytes[i] == UInt8(ascii: "+") ? 0x20 : bytes[i])
+                out.sources.append(sources[i])
+                i += 1
+            }
+        }
+        return out
     }
 }

@@ -98,6 +98,71 @@ import WhendConfiguration
         #expect(Secrets.scrub("GET http://h/?k=a%2Fb%2Bc%3D", ["a/b+c="]) == "GET http://h/?k=***")
     }
 
+    /// Found from outside: a `$file:` write key repeated in an endpoint's query as
+    /// `encodeURIComponent` writes it (`-` as is, `/`, `+` and `=` escaped) was printed whole by
+    /// `--check-config`, reload and status; and a plugin that logged its configuration as
+    /// written, with `\u` escapes, had its secrets in whend's log.
+    @Test func secretsSpelledAsEncodersWriteThemAreHidden() throws {
+        let key = "wk-live/AB+cd=="
+        for text in [
+            "http://127.0.0.1:18081/v1/batch?key=wk-live%2FAB%2Bcd%3D%3D",
+            "http://h/?key=wk-live%2fAB%2bcd%3d%3d", "key=wk%2Dlive%2FAB%2Bcd%3D%3D",
+        ] {
+            #expect(Secrets.scrub(text, [key]).hasSuffix("=***"), "\(Secrets.scrub(text, [key]))")
+        }
+        let json = #"{"endpoint": "http://h/v1/batch?key=wk-live%2FAB%2Bcd%3D%3D", "write_key": "$file:/k"}"#
+        let redacted = try #require(Secrets.redact(json, hiding: [key]))
+        #expect(!redacted.contains("wk-live"), "\(redacted)")
+        let logged = #"config: {"write_key": "\u006b3y-escaped", "token": "s\u00e9cret\/x"}"#
+        #expect(
+            Secrets.scrub(logged, ["k3y-escaped", "sécret/x"]) == #"config: {"write_key": "***", "token": "***"}"#,
+            "\(Secrets.scrub(logged, ["k3y-escaped", "sécret/x"]))")
+    }
+
+    /// For any secret and any way an encoder may spell it — each character as is or escaped,
+    /// JSON's `\u` of either case (surrogate pairs for astral ones) or its short escapes,
+    /// percent-encoding of any bytes with hex of either case, or JSON around a percent-encoded
+    /// URL — a message that quotes it shows `***` and none of it.
+    @Test func noSpellingOfASecretSurvivesScrubbing() async {
+        await propertyCheck(count: 3000, input: Gen<UInt64>.value(in: 0...UInt64.max)) { seed in
+            var random = SplitMix(seed)
+            let alphabet = Array("aZ9-._~/+=?&%@: \"\\é😀\u{2028}")
+            let secret = "S" + String((0..<(3 + random.int(10))).map { _ in alphabet[random.int(alphabet.count)] })
+            func hex(_ v: UInt32, _ digits: Int) -> String {
+                let h = String(v, radix: 16)
+                let padded = String(repeating: "0", count: max(0, digits - h.count)) + h
+                return random.int(2) == 0 ? padded : padded.uppercased()
+            }
+            func percent(_ text: String) -> String {
+                text.utf8.map { b in
+                    let c = Character(Unicode.Scalar(b))
+                    let unreserved = b < 0x80 && (c.isLetter || c.isNumber || "-._~".contains(c))
+                    return unreserved && random.int(3) > 0 ? String(c) : "%" + hex(UInt32(b), 2)
+                }.joined()
+            }
+            func json(_ text: String) -> String {
+                text.unicodeScalars.map { u in
+                    let must = u == "\"" || u == "\\" || u.value < 0x20
+                    if !must && random.int(3) > 0 { return String(u) }
+                    if u == "/" && random.int(2) == 0 { return "\\/" }
+                    if u.value >= 0x10000 {
+                        let v = u.value - 0x10000
+                        return "\\u" + hex(0xD800 + (v >> 10), 4) + "\\u" + hex(0xDC00 + (v & 0x3FF), 4)
+                    }
+                    return "\\u" + hex(u.value, 4)
+                }.joined()
+            }
+            let spelled: String
+            switch random.int(3) {
+            case 0: spelled = percent(secret)
+            case 1: spelled = json(secret)
+            default: spelled = json("http://h/?k=" + percent(secret))
+            }
+            let scrubbed = Secrets.scrub("POST \(spelled) failed", [secret])
+            #expect(scrubbed.contains("***") && !scrubbed.contains(secret), "seed \(seed): \(spelled) → \(scrubbed)")
+        }
+    }
+
     /// For any configuration with secrets at any depth (members of any secret name, headers,
     /// URLs with user-info; values with escapes and any Unicode), no secret's bytes are in the
     /// redacted text, as written or as JSON escapes them, and the rest parses to the same values.
