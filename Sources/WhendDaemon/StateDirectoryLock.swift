@@ -78,8 +78,16 @@ package final class StateDirectoryLock: Sendable {
     /// in directories it made (`journal/`, `pipelines/…`, `plugins/…`), and writes into them as
     /// whoever it runs as. Each entry must belong to whend's user or root; a directory or file
     /// of whend's own that others may write (a chmod, an old umask) is made private again, and
-    /// one of root's, which whend cannot change, is refused. Symbolic links are not followed.
+    /// one of root's, which whend cannot change, is refused. A symbolic link (the journal on
+    /// another disk) is followed: what it leads to must pass the same checks, since whend
+    /// writes there as if it were under the state directory (a link to a directory another
+    /// user may write had crash reports written into it).
     static func foreignContents(_ directory: String) -> String? {
+        var visited: Set<[UInt64]> = []
+        return foreignContents(directory, visited: &visited)
+    }
+
+    private static func foreignContents(_ directory: String, visited: inout Set<[UInt64]>) -> String? {
         guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return nil }
         for name in names {
             let path = directory + "/" + name
@@ -92,6 +100,27 @@ package final class StateDirectoryLock: Sendable {
                 return
                     "\(path) belongs to uid \(st.st_uid), not to whend's user (uid \(geteuid())) or root: its owner could read or replace what whend keeps there or turn whend's writes elsewhere; \(fix)"
             }
+            if kind == S_IFLNK {
+                var target = stat()
+                guard stat(path, &target) == 0 else { continue }
+                let targetMode = String(target.st_mode & 0o7777, radix: 8)
+                let linkFix = "remove the link, or give what it leads to to whend's user (chown -R, chmod -R go-w)"
+                if target.st_uid != geteuid(), target.st_uid != 0 {
+                    return
+                        "\(path) leads to something of uid \(target.st_uid), not of whend's user (uid \(geteuid())) or root: its owner could read or replace what whend keeps there; \(linkFix)"
+                }
+                if target.st_mode & 0o022 != 0 {
+                    return
+                        "\(path) leads to something others may write (mode 0\(targetMode)): they could replace what whend keeps there or turn whend's writes elsewhere; \(linkFix)"
+                }
+                if target.st_mode & S_IFMT == S_IFDIR,
+                    visited.insert([UInt64(target.st_dev), UInt64(target.st_ino)]).inserted,
+                    let reason = foreignContents(path, visited: &visited)
+                {
+                    return reason
+                }
+                continue
+            }
             if kind == S_IFDIR || kind == S_IFREG, st.st_mode & 0o022 != 0 {
                 let repaired = st.st_uid == geteuid() && chmod(path, st.st_mode & 0o7755 & ~mode_t(S_ISVTX)) == 0
                 if !repaired {
@@ -99,7 +128,7 @@ package final class StateDirectoryLock: Sendable {
                         "\(path) may be written by others (mode 0\(mode)): they could replace what whend keeps there or turn whend's writes elsewhere; \(fix)"
                 }
             }
-            if kind == S_IFDIR, let reason = foreignContents(path) { return reason }
+            if kind == S_IFDIR, let reason = foreignContents(path, visited: &visited) { return reason }
         }
         return nil
     }

@@ -356,6 +356,18 @@ import WhendWire
             "mkdir -p $d/state/plugins/analytics && ln -s /etc/passwd $d/state/plugins/analytics/events.ndjson && chown -h nobody $d/state/plugins/analytics/events.ndjson",
             false, ["analytics/events.ndjson belongs to uid 65534", "remove it"]
         ),
+        // A link whend would write through, to a directory another user owns and anyone may
+        // write (crash reports were written there), or to one of whend's it may not.
+        (
+            "link-to-others-directory",
+            "mkdir -p $d/state/plugins && mkdir -m 0777 $d/elsewhere && chown nobody $d/elsewhere && ln -s $d/elsewhere $d/state/plugins/crash-reports",
+            false, ["state/plugins/crash-reports leads to something of uid 65534", "remove the link"]
+        ),
+        (
+            "link-to-writable-directory",
+            "mkdir -m 0777 $d/journal && ln -s $d/journal $d/state/journal", false,
+            ["state/journal leads to something others may write (mode 0777)", "remove the link"]
+        ),
         (
             "socket-dir-not-whends", "chown root $d/run && chmod 0755 $d/run", true,
             ["cannot listen on", "set --socket"]
