@@ -79,15 +79,15 @@ package final class StateDirectoryLock: Sendable {
     /// whoever it runs as. Each entry must belong to whend's user or root; a directory or file
     /// of whend's own that others may write (a chmod, an old umask) is made private again, and
     /// one of root's, which whend cannot change, is refused. A symbolic link (the journal on
-    /// another disk) is followed: what it leads to must pass the same checks, since whend
-    /// writes there as if it were under the state directory (a link to a directory another
-    /// user may write had crash reports written into it).
+    /// another disk) must lead, hop by hop, only through links and directories no other user
+    /// could change (`unsafeLinkPath`) to something that exists, and what it leads to passes
+    /// the same checks, except that whend repairs nothing there: it is not whend's to change.
     static func foreignContents(_ directory: String) -> String? {
         var visited: Set<[UInt64]> = []
-        return foreignContents(directory, visited: &visited)
+        return foreignContents(directory, repair: true, visited: &visited)
     }
 
-    private static func foreignContents(_ directory: String, visited: inout Set<[UInt64]>) -> String? {
+    private static func foreignContents(_ directory: String, repair: Bool, visited: inout Set<[UInt64]>) -> String? {
         guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return nil }
         for name in names {
             let path = directory + "/" + name
@@ -96,39 +96,94 @@ package final class StateDirectoryLock: Sendable {
             let kind = st.st_mode & S_IFMT
             let mode = String(st.st_mode & 0o7777, radix: 8)
             let fix = "remove it, or give it to whend's user (chown -R, chmod -R go-w), and start whend again"
-            if st.st_uid != geteuid(), st.st_uid != 0 {
+            if !ownedByWhend(st) {
                 return
                     "\(path) belongs to uid \(st.st_uid), not to whend's user (uid \(geteuid())) or root: its owner could read or replace what whend keeps there or turn whend's writes elsewhere; \(fix)"
             }
             if kind == S_IFLNK {
+                if let reason = unsafeLinkPath(path) { return reason }
                 var target = stat()
                 guard stat(path, &target) == 0 else { continue }
-                let targetMode = String(target.st_mode & 0o7777, radix: 8)
-                let linkFix = "remove the link, or give what it leads to to whend's user (chown -R, chmod -R go-w)"
-                if target.st_uid != geteuid(), target.st_uid != 0 {
-                    return
-                        "\(path) leads to something of uid \(target.st_uid), not of whend's user (uid \(geteuid())) or root: its owner could read or replace what whend keeps there; \(linkFix)"
-                }
-                if target.st_mode & 0o022 != 0 {
-                    return
-                        "\(path) leads to something others may write (mode 0\(targetMode)): they could replace what whend keeps there or turn whend's writes elsewhere; \(linkFix)"
-                }
                 if target.st_mode & S_IFMT == S_IFDIR,
                     visited.insert([UInt64(target.st_dev), UInt64(target.st_ino)]).inserted,
-                    let reason = foreignContents(path, visited: &visited)
+                    let reason = foreignContents(path, repair: false, visited: &visited)
                 {
                     return reason
                 }
                 continue
             }
             if kind == S_IFDIR || kind == S_IFREG, st.st_mode & 0o022 != 0 {
-                let repaired = st.st_uid == geteuid() && chmod(path, st.st_mode & 0o7755 & ~mode_t(S_ISVTX)) == 0
+                let repaired =
+                    repair && st.st_uid == geteuid() && chmod(path, st.st_mode & 0o7755 & ~mode_t(S_ISVTX)) == 0
                 if !repaired {
                     return
                         "\(path) may be written by others (mode 0\(mode)): they could replace what whend keeps there or turn whend's writes elsewhere; \(fix)"
                 }
             }
-            if kind == S_IFDIR, let reason = foreignContents(path, visited: &visited) { return reason }
+            if kind == S_IFDIR, let reason = foreignContents(path, repair: repair, visited: &visited) {
+                return reason
+            }
+        }
+        return nil
+    }
+
+    private static func ownedByWhend(_ st: stat) -> Bool { st.st_uid == geteuid() || st.st_uid == 0 }
+
+    /// Why the symbolic link at `link` could be turned elsewhere by another user, or nil. Its
+    /// target is resolved a name at a time, as the kernel does, from `/` or the link's own
+    /// directory: every link met must belong to whend's user or root, and so must every
+    /// directory passed through, which nobody else may write (unless it is sticky and the name
+    /// in it is whend's or root's, as in /tmp); the end must exist (a dangling link is a name
+    /// someone else may create later) and is checked by the caller like the rest.
+    static func unsafeLinkPath(_ link: String) -> String? {
+        let fix = "remove the link, or make every directory and link on its way whend's or root's and private"
+        var pending = ["/"] + link.split(separator: "/").map(String.init)
+        var current = ""
+        var hops = 0
+        while !pending.isEmpty {
+            let name = pending.removeFirst()
+            if name == "/" {
+                current = "/"
+                continue
+            }
+            if name.isEmpty || name == "." { continue }
+            if name == ".." {
+                current = (current as NSString).deletingLastPathComponent
+                continue
+            }
+            let next = current == "/" ? "/" + name : current + "/" + name
+            var parent = stat()
+            var entry = stat()
+            guard lstat(current, &parent) == 0 else { return nil }
+            guard lstat(next, &entry) == 0 else {
+                return "\(link) leads to \(next), which does not exist: another user could make it; \(fix)"
+            }
+            if parent.st_mode & 0o022 != 0, !(parent.st_mode & mode_t(S_ISVTX) != 0 && ownedByWhend(entry)) {
+                return
+                    "\(link) leads through \(current), which others may write (mode 0\(String(parent.st_mode & 0o7777, radix: 8))): they could turn it elsewhere; \(fix)"
+            }
+            if !ownedByWhend(entry) {
+                return
+                    "\(link) leads through \(next), which belongs to uid \(entry.st_uid), not to whend's user (uid \(geteuid())) or root: its owner could turn it elsewhere; \(fix)"
+            }
+            if entry.st_mode & S_IFMT == S_IFLNK {
+                hops += 1
+                guard hops <= 40, let target = try? FileManager.default.destinationOfSymbolicLink(atPath: next) else {
+                    return "\(link) leads through too many symbolic links (a loop?); \(fix)"
+                }
+                pending = (target.hasPrefix("/") ? ["/"] : []) + target.split(separator: "/").map(String.init) + pending
+                continue
+            }
+            if entry.st_mode & 0o022 != 0, !pending.isEmpty, entry.st_mode & mode_t(S_ISVTX) == 0 {
+                return
+                    "\(link) leads through \(next), which others may write (mode 0\(String(entry.st_mode & 0o7777, radix: 8))): they could turn it elsewhere; \(fix)"
+            }
+            current = next
+        }
+        var end = stat()
+        if stat(current, &end) == 0, end.st_mode & 0o022 != 0 {
+            return
+                "\(link) leads to \(current), which others may write (mode 0\(String(end.st_mode & 0o7777, radix: 8))): they could replace what whend keeps there or turn whend's writes elsewhere; \(fix)"
         }
         return nil
     }

@@ -361,12 +361,30 @@ import WhendWire
         (
             "link-to-others-directory",
             "mkdir -p $d/state/plugins && mkdir -m 0777 $d/elsewhere && chown nobody $d/elsewhere && ln -s $d/elsewhere $d/state/plugins/crash-reports",
-            false, ["state/plugins/crash-reports leads to something of uid 65534", "remove the link"]
+            false, ["elsewhere, which belongs to uid 65534", "remove the link"]
         ),
         (
             "link-to-writable-directory",
             "mkdir -m 0777 $d/journal && ln -s $d/journal $d/state/journal", false,
-            ["state/journal leads to something others may write (mode 0777)", "remove the link"]
+            ["which others may write (mode 0777)", "remove the link"]
+        ),
+        // Found from outside once links were followed: a chain through a link another user
+        // owns (re-pointed after start, whend wrote segments there); a dangling link (another
+        // user made its target later); a link to a directory whend would "repair" (it chmod-ed
+        // a 1777 directory outside the state directory to 0755).
+        (
+            "link-through-others-link",
+            "mkdir -m 0755 $d/mine $d/hop && chown nobody $d/hop && ln -s $d/mine $d/hop/j && chown -h nobody $d/hop/j && ln -s $d/hop/j $d/state/journal",
+            false, ["hop, which belongs to uid 65534", "remove the link"]
+        ),
+        (
+            "link-dangling", "ln -s $d/not-yet $d/state/journal", false,
+            ["not-yet, which does not exist", "remove the link"]
+        ),
+        (
+            "link-to-directory-not-whends-to-repair",
+            "mkdir -p $d/victim/open && chmod 1777 $d/victim/open && mkdir -p $d/state/plugins && ln -s $d/victim $d/state/plugins/extra && stat -c %a $d/victim/open",
+            false, ["plugins/extra/open may be written by others (mode 01777)", "remove it"]
         ),
         (
             "socket-dir-not-whends", "chown root $d/run && chmod 0755 $d/run", true,
