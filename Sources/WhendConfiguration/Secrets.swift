@@ -77,6 +77,7 @@ package enum Secrets {
         // A secret member's value repeated elsewhere (an endpoint's query) is hidden there too.
         let hidden = known.union(values(in: json))
         var walker = JSONSpanWalker(Array(json.utf8))
+        walker.visitsNames = true
         let ok = walker.walk { string, inSecret in
             if inSecret {
                 // A reference is not the secret: it says where the secret is.
@@ -100,9 +101,23 @@ package enum Secrets {
     package static func values(in json: String) -> Set<String> {
         var found: Set<String> = []
         var walker = JSONSpanWalker(Array(json.utf8))
+        walker.visitsNames = true
         _ = walker.walk { string, inSecret in
-            if inSecret, !isReference(string), !string.isEmpty { found.insert(string) }
-            found.formUnion(userInfos(in: string))
+            if inSecret, !isReference(string), !string.isEmpty {
+                found.insert(string)
+                // A header's credentials without their scheme (`Bearer T`, `Basic B`), as a
+                // message may quote them alone.
+                if let space = string.firstIndex(of: " ") {
+                    found.insert(String(string[string.index(after: space)...]).trimmingCharacters(in: .whitespaces))
+                }
+            }
+            for userInfo in userInfos(in: string) {
+                found.insert(userInfo)
+                // The password alone, as a message may quote it.
+                if let colon = userInfo.firstIndex(of: ":") {
+                    found.insert(String(userInfo[userInfo.index(after: colon)...]))
+                }
+            }
             return nil
         }
         return found
@@ -164,7 +179,11 @@ package enum Secrets {
                 guard before.isASCII, before.isLetter || before.isNumber || "+.-".contains(before) else { break }
                 scheme = string.index(before: scheme)
             }
-            if after > string.index(after: colon), scheme < colon, string[scheme].isLetter {
+            // A URL starts the text or follows a separator: `pass:/word` inside a user-info is
+            // no URL of its own (it cut the user-info short, and its first part was shown).
+            let separated =
+                scheme == string.startIndex || " \t\r\n,;|\"'<([{=".contains(string[string.index(before: scheme)])
+            if after > string.index(after: colon), scheme < colon, string[scheme].isLetter, separated {
                 starts.append((scheme, after))
             }
             i = after > colon ? after : string.index(after: colon)
@@ -337,9 +356,13 @@ struct JSONSpanWalker {
     private var copied = 0
     private var depth = 0
     private var output: [UInt8] = []
-    /// Called for each string value (not member names) with whether it lies within a secret
-    /// member; returns its replacement (a string), or nil to keep it.
+    /// Called for each string value with whether it lies within a secret member; returns its
+    /// replacement (a string), or nil to keep it.
     private var visit: (String, Bool) -> String? = { _, _ in nil }
+    /// Whether member names are visited too (as not secret): a name may be a URL with its
+    /// user-info (`{"https://u:pw@h/": "primary"}`). Not where references are resolved: a
+    /// name is never read as one.
+    var visitsNames = false
 
     init(_ bytes: [UInt8]) { self.bytes = bytes }
 
@@ -413,7 +436,11 @@ struct JSONSpanWalker {
             guard !token.isEmpty,
                 (try? JSONSerialization.jsonObject(with: Data(token), options: [.fragmentsAllowed])) != nil
             else { return false }
-            if secret || headers { replace(start..<i, with: Secrets.jsonString(Secrets.mask)) }
+            if secret || headers {
+                // Seen by `values(in:)` too: a plugin may print a numeric secret in a message.
+                _ = visit(String(decoding: token, as: UTF8.self), true)
+                replace(start..<i, with: Secrets.jsonString(Secrets.mask))
+            }
             return true
         }
     }
@@ -427,7 +454,11 @@ struct JSONSpanWalker {
         }
         while true {
             skipSpace()
+            let nameStart = i
             guard i < bytes.count, bytes[i] == UInt8(ascii: "\""), let name = string() else { return false }
+            if visitsNames, let replacement = visit(name, false) {
+                replace(nameStart..<i, with: Secrets.jsonString(replacement))
+            }
             skipSpace()
             guard i < bytes.count, bytes[i] == UInt8(ascii: ":") else { return false }
             i += 1
@@ -484,31 +515,42 @@ struct SpelledText {
     /// For each decoded byte, the range of the text it came from.
     var sources: [Range<Int>]
 
+    /// The text as written, and decoded by one or two of JSON, percent-decoding and
+    /// percent-decoding with `+` as a space, in any order (JSON in a URL's query, a URL in
+    /// JSON, a URL in a URL); a decoding that would change nothing is skipped.
     static func views(of text: [UInt8]) -> [SpelledText] {
         let plain = SpelledText(bytes: text, sources: text.indices.map { $0..<($0 + 1) })
-        var views = [plain]
-        let json = text.contains(UInt8(ascii: "\\")) ? plain.jsonDecoded() : nil
-        if let json { views.append(json) }
-        for base in [plain] + (json.map { [$0] } ?? []) where base.bytes.contains(UInt8(ascii: "%")) {
-            views.append(base.percentDecoded(plusIsSpace: false))
+        func decodings(of view: SpelledText) -> [SpelledText] {
+            var out: [SpelledText] = []
+            if view.bytes.contains(UInt8(ascii: "\\")) { out.append(view.jsonDecoded()) }
+            if view.bytes.contains(UInt8(ascii: "%")) { out.append(view.percentDecoded(plusIsSpace: false)) }
+            if view.bytes.contains(UInt8(ascii: "+")) { out.append(view.percentDecoded(plusIsSpace: true)) }
+            return out
         }
-        for base in [plain] + (json.map { [$0] } ?? []) where base.bytes.contains(UInt8(ascii: "+")) {
-            views.append(base.percentDecoded(plusIsSpace: true))
-        }
-        return views
+        let once = decodings(of: plain)
+        return [plain] + once + once.flatMap(decodings)
     }
 
     /// The ranges of the text where `needle` stands in this view.
     func occurrences(of needle: [UInt8]) -> [Range<Int>] {
-        guard let first = needle.first, needle.count <= bytes.count else { return [] }
+        guard !needle.isEmpty, needle.count <= bytes.count else { return [] }
         var found: [Range<Int>] = []
-        var i = 0
-        while i + needle.count <= bytes.count {
-            if bytes[i] == first, bytes[i..<(i + needle.count)].elementsEqual(needle) {
-                found.append(sources[i].lowerBound..<sources[i + needle.count - 1].upperBound)
-                i += needle.count
-            } else {
-                i += 1
+        // Knuth–Morris–Pratt, linear in the text: a long secret (a PEM key) against a long
+        // message sharing its prefix took a naive search tens of seconds.
+        var failure = [Int](repeating: 0, count: needle.count)
+        var k = 0
+        for q in 1..<max(1, needle.count) {
+            while k > 0, needle[q] != needle[k] { k = failure[k - 1] }
+            if needle[q] == needle[k] { k += 1 }
+            failure[q] = k
+        }
+        var matched = 0
+        for (at, byte) in bytes.enumerated() {
+            while matched > 0, byte != needle[matched] { matched = failure[matched - 1] }
+            if byte == needle[matched] { matched += 1 }
+            if matched == needle.count {
+                found.append(sources[at + 1 - needle.count].lowerBound..<sources[at].upperBound)
+                matched = 0
             }
         }
         return found

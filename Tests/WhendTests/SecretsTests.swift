@@ -119,6 +119,33 @@ import WhendConfiguration
             "\(Secrets.scrub(logged, ["k3y-escaped", "sécret/x"]))")
     }
 
+    /// Found in the second outside attack: JSON inside a URL's query (`%5C%2F`), a URL inside
+    /// a URL (`%252F`), a numeric secret, a URL's password or a header's token quoted alone,
+    /// and a password holding `:/`, which was taken for the start of another URL.
+    @Test func secretsQuotedInPartsOrEncodedTwiceAreHidden() throws {
+        let token = "Tr0ub4dor/x9+Q"
+        for text in ["Tr0ub4dor%5C%2Fx9%2BQ", "Tr0ub4dor%5Cu002fx9%2BQ", "Tr0ub4dor%252Fx9%252BQ"] {
+            #expect(Secrets.scrub("got \(text) back", [token]) == "got *** back", "\(text)")
+        }
+        let json = #"""
+            {"pin": 98765432101, "endpoint": "https://alice:Sw0rdfish-Long@h/",
+             "headers": {"Authorization": "Bearer HdrT0kenValue"}}
+            """#
+        let secrets = Secrets.values(in: json)
+        for quoted in ["98765432101", "Sw0rdfish-Long", "HdrT0kenValue"] {
+            #expect(Secrets.scrub("plugin says \(quoted)", secrets) == "plugin says ***", "\(quoted)")
+        }
+        let redacted = try #require(Secrets.redact(#"{"endpoint":"http://bob:Hunter2:/Secr3t@127.0.0.1:9/v1/batch"}"#))
+        #expect(redacted == #"{"endpoint":"http://***@127.0.0.1:9/v1/batch"}"#, "\(redacted)")
+        // A URL as a member name.
+        let named = try #require(Secrets.redact(#"{"routes":{"https://carol:KeyPassw0rd@h.example/":"primary"}}"#))
+        #expect(named == #"{"routes":{"https://***@h.example/":"primary"}}"#, "\(named)")
+        // Two URLs are still two.
+        #expect(
+            Secrets.redact(#"{"servers":"nats://u:p1@h1, nats://v:p2@h2"}"#)
+                == #"{"servers":"nats://***@h1, nats://***@h2"}"#)
+    }
+
     /// For any secret and any way an encoder may spell it — each character as is or escaped,
     /// JSON's `\u` of either case (surrogate pairs for astral ones) or its short escapes,
     /// percent-encoding of any bytes with hex of either case, or JSON around a percent-encoded
@@ -153,10 +180,12 @@ import WhendConfiguration
                 }.joined()
             }
             let spelled: String
-            switch random.int(3) {
+            switch random.int(5) {
             case 0: spelled = percent(secret)
             case 1: spelled = json(secret)
-            default: spelled = json("http://h/?k=" + percent(secret))
+            case 2: spelled = json("http://h/?k=" + percent(secret))
+            case 3: spelled = "http://h/?q=" + percent(#"{"k":""# + json(secret) + #""}"#)
+            default: spelled = "http://h/?next=" + percent("http://i/?k=" + percent(secret))
             }
             let scrubbed = Secrets.scrub("POST \(spelled) failed", [secret])
             #expect(scrubbed.contains("***") && !scrubbed.contains(secret), "seed \(seed): \(spelled) → \(scrubbed)")
