@@ -231,6 +231,10 @@ nonisolated(unsafe) private var workerStopRequested: sig_atomic_t = 0
 package enum PipelineWorker {
     package static func run(logger: Logger) -> Never {
         signal(SIGPIPE, SIG_IGN)
+        // A Ctrl-C in whend's terminal reaches every process of its group, workers too: whend
+        // stops them itself (SIGTERM, then SIGKILL), so a worker dying of it first was only a
+        // crash to log and a restart to begin during the stop.
+        signal(SIGINT, SIG_IGN)
         // The daemon's pipes move out of the way of the plugins before any is loaded: a plugin
         // that writes to, reads from or closes descriptor 3 or 4 (its own idea of a free
         // descriptor, or a stray write) reaches /dev/null, never the frames. Close-on-exec: a

@@ -191,6 +191,8 @@ package enum PluginCheck {
     /// pipeline whose plugin is not installed, and `ok` or `refused` at the end.
     package static func serve(logger: Logger) -> Never {
         signal(SIGPIPE, SIG_IGN)
+        // As a pipeline worker: whend ends the check, not a Ctrl-C meant for whend.
+        signal(SIGINT, SIG_IGN)
         let reports = FileHandle(fileDescriptor: 3, closeOnDealloc: false)
         func report(_ object: [String: Any]) {
             guard let data = try? JSONSerialization.data(withJSONObject: object) else { return }

@@ -31,6 +31,29 @@ import Testing
         #expect(daemon.stop() == 0)
     }
 
+    /// Ctrl-C in the terminal of `make run` sends SIGINT to every process of the foreground
+    /// group: whend and its pipeline workers alike. whend stops them itself; a worker that died
+    /// of the SIGINT first was logged "killed by signal 2; restarting" once a pipeline before
+    /// the clean stop. Workers ignore SIGINT, and die of SIGTERM and SIGKILL as before.
+    @Test func aCtrlCStopsWhendWithoutItsWorkersDyingFirst() throws {
+        let daemon = DaemonProcess("ctrl-c", arguments: ["--builtin-pipelines", "true"])
+        try daemon.start()
+        var workers: [Int32] = []
+        #expect(
+            eventually {
+                let pipelines = (try? daemon.status())?["pipelines"] as? [[String: Any]] ?? []
+                workers = pipelines.compactMap { $0["pid"] as? Int }.filter { $0 > 0 }.map { Int32($0) }
+                return workers.count == 4
+            })
+        // As the terminal does: the workers first, then whend, all at once.
+        for pid in workers { kill(pid, SIGINT) }
+        usleep(200_000)
+        #expect(workers.allSatisfy { kill($0, 0) == 0 }, "a worker died of SIGINT")
+        #expect(daemon.stop(signal: SIGINT) == 0)
+        #expect(!daemon.log.contains("killed by signal 2"), "\(daemon.log)")
+        #expect(workers.allSatisfy { kill($0, 0) != 0 }, "a worker outlived whend")
+    }
+
     /// A pipeline whose worker keeps failing waits longer and longer between restarts (up to
     /// 10 s); a graceful stop does not wait that out.
     @Test func aStopDoesNotWaitOutAPipelinesRestartBackoff() throws {

@@ -87,9 +87,9 @@ final class DaemonProcess: @unchecked Sendable {
 
     /// SIGTERM, and wait for the graceful stop. Returns the exit status.
     @discardableResult
-    func stop() -> Int32 {
+    func stop(signal: Int32 = SIGTERM) -> Int32 {
         guard let p = process else { return 0 }
-        kill(p.processIdentifier, SIGTERM)
+        kill(p.processIdentifier, signal)
         p.waitUntilExit()
         process = nil
         return p.terminationStatus
