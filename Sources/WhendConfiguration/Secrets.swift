@@ -128,10 +128,31 @@ package enum Secrets {
     /// fewer than 4 characters are left: they would mangle every word they occur in, and guard
     /// nothing (`redact` still hides them in a configuration).
     package static func scrub(_ text: String, _ secrets: Set<String>) -> String {
+        scrub(Array(text.utf8), secrets, keeping: Int.max)
+    }
+
+    /// A plugin's log line as whend logs it: at most `logLineLimit` bytes of it, scrubbed. The
+    /// decoded views cost some 17 bytes a byte of text each, so a line of megabytes is not read
+    /// whole: only the bytes kept and enough after them to hold the longest secret however it
+    /// is encoded, so that a secret the cut falls in is hidden, not shown in part.
+    package static func scrubbedLogLine(_ message: UnsafePointer<CChar>, _ secrets: Set<String>) -> String {
+        let longest = secrets.map(\.utf8.count).max() ?? 0
+        let window = logLineLimit + 24 * longest
+        let length = strnlen(message, window)
+        let bytes = UnsafeRawBufferPointer(start: message, count: length)
+        let kept = scrub(Array(bytes), secrets, keeping: logLineLimit)
+        return length > logLineLimit ? kept + " … (cut at \(logLineLimit) bytes)" : kept
+    }
+
+    /// How much of one plugin log line whend logs (journald itself keeps 48 KiB of a line).
+    package static let logLineLimit = 64 * 1024
+
+    /// `text`'s first `limit` bytes with every secret in them hidden, one the cut falls in too.
+    static func scrub(_ text: [UInt8], _ secrets: Set<String>, keeping limit: Int) -> String {
         let needles = secrets.filter { $0.count >= 4 }
-        guard !needles.isEmpty else { return text }
-        let bytes = Array(text.utf8)
-        let views = SpelledText.views(of: bytes)
+        let bytes = text.count > limit ? Array(text[..<limit]) : text
+        guard !needles.isEmpty else { return String(decoding: bytes, as: UTF8.self) }
+        let views = SpelledText.views(of: text)
         var found: [Range<Int>] = []
         for secret in needles {
             for needle in Set([secret, secret.removingPercentEncoding ?? secret]) where needle.count >= 4 {
@@ -139,7 +160,8 @@ package enum Secrets {
                 for view in views { found += view.occurrences(of: n) }
             }
         }
-        guard !found.isEmpty else { return text }
+        found = found.compactMap { $0.lowerBound < bytes.count ? $0.lowerBound..<min($0.upperBound, bytes.count) : nil }
+        guard !found.isEmpty else { return String(decoding: bytes, as: UTF8.self) }
         return String(decoding: SpelledText.replacing(found, in: bytes, with: Array(mask.utf8)), as: UTF8.self)
     }
 

@@ -170,7 +170,7 @@ private let hostLog: @convention(c) (UnsafeMutableRawPointer?, Int32, UnsafePoin
     context, level, message in
     guard let context, let message else { return }
     let services = Unmanaged<PluginServices>.fromOpaque(context).takeUnretainedValue()
-    let text = "plugin \(services.name): \(Secrets.scrub(String(cString: message), services.secrets))"
+    let text = "plugin \(services.name): \(Secrets.scrubbedLogLine(message, services.secrets))"
     switch level {
     case WHEND_LOG_DEBUG: services.logger.debug("\(text)")
     case WHEND_LOG_INFO: services.logger.info("\(text)")

@@ -146,6 +146,20 @@ import WhendConfiguration
                 == #"{"servers":"nats://***@h1, nats://***@h2"}"#)
     }
 
+    /// A plugin's log line is cut at `Secrets.logLineLimit` bytes, and read no further than
+    /// the longest secret needs: a secret the cut falls in is hidden whole, no prefix of it
+    /// shown; one past the cut is gone with the rest.
+    @Test func aLongLogLineIsCutAndASecretAtTheCutIsHidden() {
+        let secret = "S3cret-token-value"
+        let limit = Secrets.logLineLimit
+        for spelled in [secret, "S3cret%2Dtoken%2Dvalue", #"S3cret-tok\u0065n-value"#] {
+            let line = String(repeating: "a", count: limit - 5) + spelled + String(repeating: "b", count: 3 * limit)
+            let logged = line.withCString { Secrets.scrubbedLogLine($0, [secret]) }
+            #expect(logged == String(repeating: "a", count: limit - 5) + "*** … (cut at \(limit) bytes)", "\(spelled)")
+        }
+        #expect("short S3cret-token-value".withCString { Secrets.scrubbedLogLine($0, [secret]) } == "short ***")
+    }
+
     /// For any secret and any way an encoder may spell it — each character as is or escaped,
     /// JSON's `\u` of either case (surrogate pairs for astral ones) or its short escapes,
     /// percent-encoding of any bytes with hex of either case, or JSON around a percent-encoded
