@@ -35,7 +35,17 @@ extension Daemon {
         case "status":
             return ControlReply.encode(["ok": true, "status": status()])
         case "metrics":
-            let pipelines = pipelineList().map { p in
+            let list = pipelineList()
+            var counters = live.ingest.plugins.map {
+                DaemonMetrics.PluginCounters(plugin: $0.name, pipeline: "", values: $0.counters)
+            }
+            for p in list {
+                for (plugin, values) in p["counters"] as? [String: [String: Int64]] ?? [:] {
+                    counters.append(
+                        DaemonMetrics.PluginCounters(plugin: plugin, pipeline: p["name"] as? String ?? "", values: values))
+                }
+            }
+            let pipelines = list.map { p in
                 DaemonMetrics.PipelineFigures(
                     name: p["name"] as? String ?? "", lag: p["lag"] as? UInt64 ?? 0,
                     failures: p["failures"] as? Int ?? 0,
@@ -43,7 +53,7 @@ extension Daemon {
             }
             let text = metrics.prometheusText(
                 journal: writer.statistics, pendingBytes: writer.pendingBytes,
-                directory: configuration.journal.directory, pipelines: pipelines)
+                directory: configuration.journal.directory, pipelines: pipelines, pluginCounters: counters)
             return ControlReply.encode(["ok": true, "metrics": text])
         case "plugins":
             return ControlReply.encode(["ok": true, "plugins": pluginList(), "pipelines": pipelineList()])

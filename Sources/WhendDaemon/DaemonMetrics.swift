@@ -38,6 +38,7 @@ final class DaemonMetrics: Sendable {
     private let journalSegmentsGauge: Gauge
     private let pipelineGauges = NIOLockedValueBox<[String: [Gauge]]>([:])
     private let lostCounters = NIOLockedValueBox<[String: Counter]>([:])
+    private let pluginGauges = NIOLockedValueBox<[[String]: Gauge]>([:])
 
     /// Every family whend exposes, with the help text a scraper shows (the README's table says
     /// the same).
@@ -60,6 +61,7 @@ final class DaemonMetrics: Sendable {
         case pipelineDeadLetters = "whend_pipeline_dead_letters"
         case pipelineRestarts = "whend_pipeline_restarts"
         case pipelineLostToRetention = "whend_pipeline_records_lost_to_retention_total"
+        case pluginCount = "whend_plugin_counts"
 
         var help: String {
             switch self {
@@ -86,6 +88,9 @@ final class DaemonMetrics: Sendable {
             case .pipelineRestarts: return "Restarts of a pipeline's worker, since whend started."
             case .pipelineLostToRetention:
                 return "Records retention deleted before a pipeline read them."
+            case .pluginCount:
+                return
+                    "A plugin's own counter (host.count), since whend started; pipeline is empty for an ingest stage."
             }
         }
 
@@ -206,9 +211,32 @@ final class DaemonMetrics: Sendable {
         var restarts: Int
     }
 
+    /// A plugin's counters in one place it runs: an ingest stage (`pipeline` empty) or a stage
+    /// of a pipeline.
+    struct PluginCounters {
+        var plugin: String
+        var pipeline: String
+        var values: [String: Int64]
+    }
+
     func prometheusText(
-        journal: JournalStatistics, pendingBytes: Int, directory: JournalDirectory, pipelines: [PipelineFigures]
+        journal: JournalStatistics, pendingBytes: Int, directory: JournalDirectory, pipelines: [PipelineFigures],
+        pluginCounters: [PluginCounters] = []
     ) -> String {
+        for p in pluginCounters {
+            for (name, value) in p.values {
+                let labels = [p.plugin, p.pipeline, name]
+                let gauge = pluginGauges.withLockedValue { known in
+                    if let g = known[labels] { return g }
+                    let g = registry.makeGauge(
+                        descriptor: Family.pluginCount.descriptor,
+                        labels: [("plugin", p.plugin), ("pipeline", p.pipeline), ("counter", name)])
+                    known[labels] = g
+                    return g
+                }
+                gauge.set(value)
+            }
+        }
         for p in pipelines {
             let gauges = pipelineGauges.withLockedValue { known in
                 if let g = known[p.name] { return g }

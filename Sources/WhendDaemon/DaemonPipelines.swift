@@ -179,6 +179,8 @@ extension Daemon {
                 // Records this pipeline never saw: deleted by retention before it read them
                 // (as the daemon counted them, and as its worker found the gaps).
                 "lost_to_retention": retentionLosses.withLockedValue { $0[name] ?? 0 }, "skipped": s.skipped,
+                // Each stage's `host.count` counters since whend started.
+                "counters": s.countersSinceStart,
             ]
             if let exit = s.lastExit { entry["last_exit"] = exit }
             return entry

@@ -49,6 +49,21 @@ final class PipelineSupervisor: @unchecked Sendable {
         /// The worker was stopped for no fault of the record in hand (a failed store, a restart
         /// asked for): its death is not counted against that record.
         var excused = false
+        /// Each stage's counters as the current worker last reported them, and the sum of what
+        /// earlier workers reported: together, the counts since whend started.
+        var counters: [String: [String: Int64]] = [:]
+        var countersBefore: [String: [String: Int64]] = [:]
+
+        /// Each stage's counters since whend started (a record handled again after a worker's
+        /// restart counts again).
+        var countersSinceStart: [String: [String: Int64]] {
+            countersBefore.merging(counters) { before, now in
+                before.merging(now) { a, b in
+                    let (sum, overflow) = a.addingReportingOverflow(b)
+                    return overflow ? (b > 0 ? .max : .min) : sum
+                }
+            }
+        }
     }
 
     let spec: PipelineSpec
@@ -279,6 +294,8 @@ final class PipelineSupervisor: @unchecked Sendable {
             $0.runCause = 0
             $0.runOrdinal = 0
             $0.generation += 1
+            $0.countersBefore = $0.countersSinceStart
+            $0.counters = [:]
             return ($0.generation, $0.failedGeneration != nil)
         }
         // A batch failed after the rewind above: this worker would take its records for
@@ -374,6 +391,10 @@ final class PipelineSupervisor: @unchecked Sendable {
                 $0.deadLetters = Int(clamping: deadLetters)
                 $0.skipped = skipped
             }
+        case .counters(let plugin, let values):
+            // Only the pipeline's own stages: a worker's word names no other plugin.
+            guard spec.stages.contains(where: { $0.plugin == plugin }) else { return }
+            state.withLockedValue { if $0.generation == generation { $0.counters[plugin] = values } }
         case .derived(let batch, let records):
             // Each record's place as (its cause, its ordinal among that cause's): what was
             // appended before (by this daemon, or found in the journal at start) is not again.

@@ -411,6 +411,8 @@ package enum PipelineWorker {
         var lastPluginFlush = Date()
         var flushFailure: String?
         var lastProgressCursor = cursor
+        /// What the daemon was last told of each stage's counters.
+        var countersSent: [String: [String: Int64]] = [:]
 
         // Called after every record; the work is done at most every 0.1 s (derived records: every
         // 5 ms, or sooner when 256 KiB wait). The cursor saved is below the oldest record not
@@ -493,6 +495,13 @@ package enum PipelineWorker {
                 output.progress(cursor: durable, failures: failures, deadLetters: deadLetters, skipped: skipped)
                 lastProgress = now
                 lastProgressCursor = durable
+                for plugin in chain.plugins {
+                    let counters = plugin.counters
+                    if counters != countersSent[plugin.name] {
+                        output.counters(plugin: plugin.name, counters)
+                        countersSent[plugin.name] = counters
+                    }
+                }
             }
         }
 
@@ -745,6 +754,10 @@ final class WorkerOutput: @unchecked Sendable {
             WorkerFrame.encode(
                 WorkerMessage.progress(
                     cursor: cursor, failures: UInt64(failures), deadLetters: UInt64(deadLetters), skipped: skipped)))
+    }
+
+    func counters(plugin: String, _ values: [String: Int64]) {
+        send(WorkerFrame.encode(WorkerMessage.counters(plugin: plugin, values: values)))
     }
 
     /// What plugins emit from now on is derived from record `seq`.

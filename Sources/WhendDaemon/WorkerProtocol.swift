@@ -28,6 +28,8 @@ package enum WorkerMessage: Equatable, Sendable {
     /// Records derived since the last batch, in order; the daemon appends them in one journal
     /// batch and answers `stored` with the same number.
     case derived(batch: UInt64, records: [DerivedRecord])
+    /// A stage's counters (`host.count`) since its worker started, whole, sent when they change.
+    case counters(plugin: String, values: [String: Int64])
 }
 
 /// The daemon's messages to a worker, on `WorkerFrame.commandDescriptor`.
@@ -62,7 +64,7 @@ package enum WorkerFrame {
     static let minimumRecordLength = 8 + 4 + 1 + 4
 
     enum Tag: UInt8 {
-        case progress = 1, derived = 2, start = 3, stored = 4
+        case progress = 1, derived = 2, start = 3, stored = 4, counters = 5
     }
 
     package struct DecodeError: Error, CustomStringConvertible {
@@ -84,6 +86,14 @@ package enum WorkerFrame {
                 r.bytes.withUnsafeBufferPointer { frame.append(cause: r.cause, origin: r.origin, json: $0) }
             }
             return Array(frame.finish(batch: batch))
+        case .counters(let plugin, let values):
+            w.tag(.counters)
+            w.run(Array(plugin.utf8))
+            w.integer(UInt64(values.count))
+            for (name, value) in values.sorted(by: { $0.key < $1.key }) {
+                w.run(Array(name.utf8))
+                w.integer(UInt64(bitPattern: value))
+            }
         }
         return w.frame()
     }
@@ -132,6 +142,22 @@ package enum WorkerFrame {
                     DerivedRecord(cause: cause, origin: String(decoding: origin, as: UTF8.self), bytes: try r.run()))
             }
             return .derived(batch: batch, records: records)
+        case .counters:
+            let plugin = String(decoding: try r.run(), as: UTF8.self)
+            // The worker's word, bounded as a plugin's counters are in the worker.
+            let count = try r.integer()
+            guard count <= UInt64(PluginServices.counterLimit) else {
+                throw DecodeError(description: "\(count) counters (a plugin has at most \(PluginServices.counterLimit))")
+            }
+            var values: [String: Int64] = [:]
+            for _ in 0..<count {
+                let name = try r.run()
+                guard name.count <= PluginServices.counterNameLimit else {
+                    throw DecodeError(description: "a counter's name of \(name.count) bytes")
+                }
+                values[String(decoding: name, as: UTF8.self)] = Int64(bitPattern: try r.integer())
+            }
+            return .counters(plugin: plugin, values: values)
         default:
             throw DecodeError(description: "not a worker's message")
         }

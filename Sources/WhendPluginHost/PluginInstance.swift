@@ -152,6 +152,40 @@ package final class PluginServices: Sendable {
     /// The secret values of the plugin's configuration: its log lines print them as `***`.
     package let secrets: Set<String>
 
+    /// A plugin's counters are its word: at most this many names, each at most
+    /// `counterNameLimit` bytes, whatever names it makes up (one per session would grow whend's
+    /// memory, and every scrape's size, without end).
+    package static let counterLimit = 256
+    package static let counterNameLimit = 128
+    private let countersRefused = NIOLockedValueBox(false)
+
+    /// `host.count`: adds `delta`, saturating (a plugin adding `Int64.max` twice must not trap
+    /// the process that hosts it). A name past the limits is not counted, and said once.
+    package func count(_ counter: UnsafePointer<CChar>, _ delta: Int64) {
+        let length = strnlen(counter, Self.counterNameLimit + 1)
+        let key = String(
+            decoding: UnsafeRawBufferPointer(start: counter, count: min(length, Self.counterNameLimit)), as: UTF8.self)
+        let refused = counters.withLockedValue { counters -> Bool in
+            if let value = counters[key] {
+                let (sum, overflow) = value.addingReportingOverflow(delta)
+                counters[key] = overflow ? (delta > 0 ? .max : .min) : sum
+                return false
+            }
+            guard length <= Self.counterNameLimit, counters.count < Self.counterLimit else { return true }
+            counters[key] = delta
+            return false
+        }
+        let saidBefore = countersRefused.withLockedValue { said in
+            defer { said = said || refused }
+            return said
+        }
+        if refused && !saidBefore {
+            logger.warning(
+                "plugin \(name): a counter named \(key.debugDescription)\(length > Self.counterNameLimit ? "…" : "") is not counted: a plugin has at most \(Self.counterLimit) counters, of names of at most \(Self.counterNameLimit) bytes (said once)"
+            )
+        }
+    }
+
     package init(
         name: String, logger: Logger, emit: (@Sendable (String, UnsafeBufferPointer<UInt8>) -> Bool)?,
         complete: (@Sendable (UInt64) -> Void)?, completeThrough: (@Sendable (UInt64) -> Void)?,
@@ -205,8 +239,7 @@ private let hostCount: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<C
     context, name, delta in
     guard let context, let name else { return }
     let services = Unmanaged<PluginServices>.fromOpaque(context).takeUnretainedValue()
-    let key = String(cString: name)
-    services.counters.withLockedValue { $0[key, default: 0] += delta }
+    services.count(name, delta)
 }
 
 /// Where a plugin's snapshot() writes.

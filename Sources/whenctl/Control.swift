@@ -196,6 +196,12 @@ struct Plugins: ParsableCommand {
             print(
                 "pipeline \(p["name"] ?? "?"): \(stages); \(p["state"] ?? "?") (pid \(p["pid"] ?? "-")), cursor \(p["cursor"] ?? 0), lag \(p["lag"] ?? 0), failures \(p["failures"] ?? 0), dead letters \(p["dead_letters"] ?? 0), restarts \(p["restarts"] ?? 0)\(retentionLosses(p))"
             )
+            // Each stage's own counters (host.count), since whend started.
+            let counters = p["counters"] as? [String: [String: Any]] ?? [:]
+            for stage in p["plugins"] as? [String] ?? [] {
+                guard let values = counters[stage], !values.isEmpty else { continue }
+                print("  \(stage): " + values.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))
+            }
         }
         for p in plugins {
             let routes = (p["routes"] as? [String] ?? []).joined(separator: ", ")

@@ -217,4 +217,57 @@ import WhendWire
         #expect(records.compactMap { $0["name"] as? String } == ["B"])
         #expect((records.first?["pretty"] as? [String: Any])?["s"] as? String == "café / 😀")
     }
+
+    /// A plugin's counters (`host.count`) are its word: a name per record, names of 1000 bytes,
+    /// sums past what an Int64 holds. As ingest middleware in whend itself, and as a pipeline
+    /// stage in a worker, every event is still stored (adding past Int64.max trapped: whend
+    /// died at the second event), the counters saturate, and at most 256 names are kept, of at most
+    /// 128 bytes each (a longer one is not counted). `whenctl plugins` and the metrics show both stages' counters.
+    @Test func aPluginsCountersAreBoundedAndSaturate() throws {
+        let daemon = DaemonProcess("counting")
+        let plugins = daemon.directory + "/plugins"
+        try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
+        chmod(plugins, 0o755)
+        _ = try buildTestPlugin("counting", into: plugins, name: "counting")
+        let config = daemon.directory + "/whend.conf"
+        try "plugin_dirs = \(plugins)\ningest = counting\npipeline.cp = counting\n".write(
+            toFile: config, atomically: true, encoding: .utf8)
+        daemon.environment = ["WHEND_CONFIG": config]
+        try daemon.start()
+        defer { daemon.stop() }
+        let events = (1...600).map { #"{"type":"when","name":"tick","id":"t\#($0)"}"# }
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 600)
+        #expect(daemon.process?.isRunning == true, "\(daemon.log)")
+        var listing = ""
+        #expect(
+            eventually {
+                listing = (try? daemon.whenctl(["plugins"]).output) ?? ""
+                return listing.contains("  counting: ") && listing.contains("records 600,")
+                    && listing.components(separatedBy: "records 600,").count == 3
+            }, "\(listing)")
+        let json = try daemon.whenctl(["plugins", "--json"]).output
+        let reply = try JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String: Any] ?? [:]
+        let ingest = (reply["plugins"] as? [[String: Any]] ?? []).first { $0["name"] as? String == "counting" }
+        let pipeline = (reply["pipelines"] as? [[String: Any]] ?? []).first { $0["name"] as? String == "cp" }
+        let stages = [
+            ingest?["counters"] as? [String: Any] ?? [:],
+            (pipeline?["counters"] as? [String: Any])?["counting"] as? [String: Any] ?? [:],
+        ]
+        for counters in stages {
+            #expect(counters.count == 256, "\(counters.count) counters")
+            #expect((counters["records"] as? NSNumber)?.int64Value == 600)
+            #expect((counters["huge"] as? NSNumber)?.int64Value == Int64.max)
+            #expect((counters["tiny"] as? NSNumber)?.int64Value == Int64.min)
+            #expect(counters.keys.allSatisfy { $0.utf8.count <= 128 })
+            #expect(counters[String(repeating: "x", count: 128)] == nil, "a long name is not counted, not cut")
+        }
+        let metrics = try daemon.whenctl(["metrics"]).output
+        #expect(metrics.contains(#"whend_plugin_counts{plugin="counting",pipeline="",counter="records"} 600"#))
+        #expect(metrics.contains(#"whend_plugin_counts{plugin="counting",pipeline="cp",counter="records"} 600"#))
+        let file = daemon.directory + "/metrics.txt"
+        try metrics.write(toFile: file, atomically: true, encoding: .utf8)
+        let check = try runCommand("/bin/sh", ["-c", "exec promtool check metrics < '\(file)'"])
+        #expect(check.status == 0, "promtool: \(check.output)\(check.error)")
+        #expect(daemon.log.components(separatedBy: "is not counted").count == 3, "said once per instance")
+    }
 }

@@ -1,0 +1,58 @@
+/* A C plugin for the tests whose counters (host->count) are as careless as a plugin's can be:
+ * for every record it counts "records" once, adds INT64_MAX to "huge" and INT64_MIN to "tiny"
+ * (past what a counter holds from the second record on), counts a name never used before
+ * (one per record, without end), and a name of 1000 bytes. Ingest middleware and a pipeline
+ * stage both; it passes every record on unchanged. */
+#include "whend_plugin.h"
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+const uint32_t whend_plugin_abi_version = WHEND_PLUGIN_ABI_VERSION;
+
+typedef struct {
+    const whend_host *host;
+    unsigned long long handled;
+    char long_name[1001];
+} counting;
+
+static counting instances[8];
+static int created;
+
+static void *create(const whend_host *host, const char *config, size_t length, char *error, size_t capacity) {
+    (void)config, (void)length;
+    if (created == 8) {
+        snprintf(error, capacity, "at most 8 instances");
+        return NULL;
+    }
+    counting *c = &instances[created++];
+    c->host = host;
+    c->handled = 0;
+    memset(c->long_name, 'x', 1000);
+    c->long_name[1000] = 0;
+    return c;
+}
+
+static void destroy(void *instance) { (void)instance; }
+
+static int handle(void *instance, const whend_record *record, whend_next_fn next, void *next_context, char *message,
+                  size_t capacity) {
+    (void)message, (void)capacity;
+    counting *c = instance;
+    const whend_host *host = c->host;
+    char name[64];
+    snprintf(name, sizeof name, "session-%llu", c->handled++);
+    host->count(host->context, "records", 1);
+    host->count(host->context, "huge", INT64_MAX);
+    host->count(host->context, "tiny", INT64_MIN);
+    host->count(host->context, name, 1);
+    host->count(host->context, c->long_name, 1);
+    return next(next_context, record->json, record->length);
+}
+
+static const whend_plugin description = {
+    WHEND_PLUGIN_ABI_VERSION, sizeof(whend_plugin), "counting", "0.1.0", WHEND_ROLE_INGEST | WHEND_ROLE_PIPELINE,
+    create, destroy, handle,
+};
+
+const whend_plugin *whend_plugin_entry(void) { return &description; }
