@@ -54,7 +54,7 @@ package struct PipelineSpec: Codable, Sendable, Equatable {
 
 /// Records handled but not finished yet: a deferred stage has not completed them, or whend
 /// has not yet stored the records derived from them. The cursor saved stays below the oldest.
-final class CompletionTracker: @unchecked Sendable {
+package final class CompletionTracker: @unchecked Sendable {
     // Unchecked: guarded by `lock`; completions come from other threads.
     private let lock = NSCondition()
     /// Acknowledgements of derived records each record still waits for.
@@ -73,9 +73,11 @@ final class CompletionTracker: @unchecked Sendable {
     /// Everything up to here is completed (the deferred stage said so with `completeThrough`).
     private var completedThrough: UInt64 = 0
 
+    package init() {}
+
     /// Record `seq` is done once `derivedCount` acknowledgements have come, and the deferred
     /// stage has completed it if `deferredStage`.
-    func accept(_ seq: UInt64, derivedCount: Int, deferredStage: Bool) {
+    package func accept(_ seq: UInt64, derivedCount: Int, deferredStage: Bool) {
         lock.withLock {
             if derivedCount > 0 {
                 let left = derivedCount - (earlyDerived.removeValue(forKey: seq) ?? 0)
@@ -91,7 +93,7 @@ final class CompletionTracker: @unchecked Sendable {
     }
 
     /// One record derived from `seq` is stored.
-    func derivedStored(_ seq: UInt64) {
+    package func derivedStored(_ seq: UInt64) {
         lock.withLock {
             if let left = derived[seq] {
                 derived[seq] = left > 1 ? left - 1 : nil
@@ -105,7 +107,7 @@ final class CompletionTracker: @unchecked Sendable {
     }
 
     /// The deferred stage completed `seq` (in any order).
-    func complete(_ seq: UInt64) {
+    package func complete(_ seq: UInt64) {
         lock.withLock {
             guard seq > completedThrough else { return }
             if deferredHead < deferred.count && deferred[deferredHead] == seq {
@@ -123,10 +125,17 @@ final class CompletionTracker: @unchecked Sendable {
     }
 
     /// The deferred stage completed every record it was given up to `seq`.
-    func completeThrough(_ seq: UInt64) {
+    package func completeThrough(_ seq: UInt64) {
         lock.withLock {
             completedThrough = max(completedThrough, seq)
-            while deferredHead < deferred.count, deferred[deferredHead] <= seq { deferredHead += 1 }
+            // Past those completed one by one too: a stage may use both calls, and a record it
+            // completed alone just after `seq` left the head there for good (the cursor stuck,
+            // retention held back; found by CompletionLedgerTests).
+            while deferredHead < deferred.count,
+                deferred[deferredHead] <= seq || completedOutOfOrder.remove(deferred[deferredHead]) != nil
+            {
+                deferredHead += 1
+            }
             compact()
         }
     }
@@ -143,7 +152,7 @@ final class CompletionTracker: @unchecked Sendable {
     }
 
     /// The highest `_seq` up to which everything handled is finished.
-    func watermark(acceptedThrough cursor: UInt64) -> UInt64 {
+    package func watermark(acceptedThrough cursor: UInt64) -> UInt64 {
         lock.withLock {
             var mark = cursor
             // The oldest still waiting: amortised O(1), where `derived.keys.min()` was a scan.
