@@ -743,13 +743,13 @@ final class WorkerOutput: @unchecked Sendable {
     // Unchecked: `cause`, `emitted`, `oversized` and `pending` belong to the worker's thread
     // (plugins emit from inside handle); `unacknowledged` and `nextBatch` are guarded by `lock`,
     // since acknowledgements come on the reading thread.
-    var cause: UInt64 = 0
+    @exclusivity(unchecked) var cause: UInt64 = 0
     /// Derived records emitted for the current record.
-    var emitted = 0
+    @exclusivity(unchecked) var emitted = 0
     /// Bytes the current record derived when they cannot go to whend in one frame: then none
     /// of them goes, and the record goes to the dead letters.
-    private(set) var oversized: Int?
-    private var pending = DerivedBatchFrame()
+    @exclusivity(unchecked) private(set) var oversized: Int?
+    @exclusivity(unchecked) private var pending = DerivedBatchFrame()
     var pendingBytes: Int { pending.isEmpty ? 0 : pending.byteCount }
     private let lock = NSLock()
     private var unacknowledged: [UInt64: [UInt64]] = [:]
