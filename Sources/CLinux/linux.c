@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include <spawn.h>
 #include <stddef.h>
+#include <string.h>
 #include <sys/socket.h>
 
 #include "whend_linux.h"
@@ -12,4 +13,8 @@ _Static_assert(offsetof(whend_ucred, gid) == offsetof(struct ucred, gid), "ucred
 
 int whend_spawn_file_actions_addclosefrom(posix_spawn_file_actions_t *actions, int lowest) {
     return posix_spawn_file_actions_addclosefrom_np(actions, lowest);
+}
+
+const void *whend_memmem(const void *haystack, size_t haystack_length, const void *needle, size_t needle_length) {
+    return memmem(haystack, haystack_length, needle, needle_length);
 }

@@ -6,6 +6,7 @@
 // checks at compile time that what is declared here matches glibc.
 
 #include <spawn.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /// Linux's `struct ucred`: the peer of a Unix socket as the kernel tells it (SO_PEERCRED).
@@ -18,5 +19,9 @@ typedef struct {
 /// glibc's posix_spawn_file_actions_addclosefrom_np (2.34 and later): every descriptor from
 /// `lowest` up is closed in the child. 0, or an error number.
 int whend_spawn_file_actions_addclosefrom(posix_spawn_file_actions_t *actions, int lowest);
+
+/// glibc's memmem: where `needle` first occurs in `haystack`, or NULL. It skips ahead with SIMD
+/// and a two-way search, where a byte-at-a-time loop compares at every position.
+const void *whend_memmem(const void *haystack, size_t haystack_length, const void *needle, size_t needle_length);
 
 #endif
