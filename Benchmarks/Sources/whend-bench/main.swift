@@ -227,6 +227,27 @@ struct ShippedRun {
     /// CPU seconds per event of the daemon alone and of each pipeline's worker.
     var cpuMicrosPerEvent: [String: Double]
     var derived: Int
+    /// The whole service's proportional set size (whend and its pipeline workers, shared pages
+    /// counted once between them): with the pipelines up and nothing sent, and once every
+    /// pipeline is at the journal's end.
+    var pssIdleMiB: Double
+    var pssAfterMiB: Double
+}
+
+/// `Pss:` of a process (its private pages, and its share of those it shares), in MiB.
+func pssMiB(_ pid: Int) -> Double {
+    guard let text = try? String(contentsOfFile: "/proc/\(pid)/smaps_rollup", encoding: .utf8) else { return 0 }
+    for line in text.split(separator: "\n") where line.hasPrefix("Pss:") {
+        return Double(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "").map {
+            $0 / 1024
+        } ?? 0
+    }
+    return 0
+}
+
+/// whend's and its running workers' PSS, summed.
+func servicePSSMiB(_ daemon: Int, _ pipelines: [[String: Any]]) -> Double {
+    pssMiB(daemon) + pipelines.compactMap { $0["pid"] as? Int }.filter { $0 > 0 }.map(pssMiB).reduce(0, +)
 }
 
 func runWhendShipped(connections: Int) throws -> ShippedRun {
@@ -242,6 +263,9 @@ func runWhendShipped(connections: Int) throws -> ShippedRun {
         usleep(50_000)
         pipelines = status(sock)?["pipelines"] as? [[String: Any]] ?? []
     }
+    // Idle: the workers' plugins loaded and waiting (a second for their first reports to settle).
+    usleep(1_000_000)
+    let pssIdle = servicePSSMiB(Int(daemon.pid), status(sock)?["pipelines"] as? [[String: Any]] ?? pipelines)
     let start = monotonicSeconds()
     let result = try blast(
         socket: sock, parts: parts(connections), hello: #"{"hello":{"protocol":1,"acks":true}}"#)
@@ -250,6 +274,7 @@ func runWhendShipped(connections: Int) throws -> ShippedRun {
     var workerPeaks: [String: Double] = [:]
     var cpu: [String: Double] = [:]
     var derived = 0
+    var pssAfter = 0.0
     while true {
         guard let s = status(sock), let list = s["pipelines"] as? [[String: Any]],
             let last = (s["journal"] as? [String: Any])?["last_seq"] as? Int
@@ -265,6 +290,7 @@ func runWhendShipped(connections: Int) throws -> ShippedRun {
         // growing (derived records are records too).
         if list.allSatisfy({ ($0["lag"] as? Int) == 0 }) && last >= corpusEvents {
             derived = last - corpusEvents
+            pssAfter = servicePSSMiB(Int(daemon.pid), list)
             break
         }
         guard monotonicSeconds() - start < 1200 else {
@@ -284,7 +310,8 @@ func runWhendShipped(connections: Int) throws -> ShippedRun {
         bytesOnDiskPerEvent: Double(journalSize(dir)) / Double(corpusEvents), stored: stored)
     return ShippedRun(
         ingest: ingest, endToEndEventsPerSecond: Double(corpusEvents) / endToEndSeconds,
-        workerPeakRSSMiB: workerPeaks, cpuMicrosPerEvent: cpu, derived: derived)
+        workerPeakRSSMiB: workerPeaks, cpuMicrosPerEvent: cpu, derived: derived, pssIdleMiB: pssIdle,
+        pssAfterMiB: pssAfter)
 }
 
 /// User and system CPU seconds of a running process so far.
@@ -383,6 +410,12 @@ for r in shippedRounds {
         "  CPU µs per event: "
             + shipped.cpuMicrosPerEvent.sorted { $0.key < $1.key }.map { "\($0.key) \(fmt($0.value, 2))" }.joined(
                 separator: ", "))
+    print(
+        "  CPU µs per event end to end, whend and its workers: \(fmt(shipped.cpuMicrosPerEvent.values.reduce(0, +), 2)) (rsyslog \(fmt(shippedPeer.cpuMicrosPerEvent, 2)))"
+    )
+    print(
+        "  the whole service's PSS (whend and its workers): idle \(fmt(shipped.pssIdleMiB, 1)) MiB, after the run \(fmt(shipped.pssAfterMiB, 1)) MiB"
+    )
     print(
         "  pipeline workers' peak RSS: "
             + shippedWorkerPeaks.sorted { $0.key < $1.key }.map { "\($0.key) \(fmt($0.value, 1)) MiB" }.joined(
@@ -634,6 +667,8 @@ print("bars:")
 bar(
     "whend as shipped, end to end, × rsyslog", shipped.endToEndEventsPerSecond / shippedPeer.eventsPerSecond, "≥ 0.4",
     shipped.endToEndEventsPerSecond / shippedPeer.eventsPerSecond >= 0.4)
+bar("whole service PSS idle (MiB)", shipped.pssIdleMiB, "≤ 35", shipped.pssIdleMiB <= 35)
+bar("whole service PSS after the run (MiB)", shipped.pssAfterMiB, "≤ 70", shipped.pssAfterMiB <= 70)
 for (plugin, seconds) in pluginReplaySeconds {
     bar("replay --plugin \(plugin) × whenctl cat", catSeconds / seconds, "≥ 0.5", catSeconds / seconds >= 0.5)
 }
