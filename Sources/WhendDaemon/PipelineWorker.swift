@@ -501,9 +501,7 @@ package enum PipelineWorker {
                 lastSave = now
             }
             if progressDue {
-                output.progress(cursor: durable, failures: failures, deadLetters: deadLetters, skipped: skipped)
-                lastProgress = now
-                lastProgressCursor = durable
+                // The counters first: whend has them by the time it sees the cursor they go with.
                 for plugin in chain.plugins {
                     let counters = plugin.counters
                     if counters != countersSent[plugin.name] {
@@ -511,6 +509,9 @@ package enum PipelineWorker {
                         countersSent[plugin.name] = counters
                     }
                 }
+                output.progress(cursor: durable, failures: failures, deadLetters: deadLetters, skipped: skipped)
+                lastProgress = now
+                lastProgressCursor = durable
             }
         }
 
