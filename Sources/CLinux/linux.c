@@ -1,4 +1,5 @@
 #define _GNU_SOURCE
+#include <malloc.h>
 #include <spawn.h>
 #include <stddef.h>
 #include <string.h>
@@ -18,3 +19,5 @@ int whend_spawn_file_actions_addclosefrom(posix_spawn_file_actions_t *actions, i
 const void *whend_memmem(const void *haystack, size_t haystack_length, const void *needle, size_t needle_length) {
     return memmem(haystack, haystack_length, needle, needle_length);
 }
+
+int whend_malloc_trim(size_t pad) { return malloc_trim(pad); }

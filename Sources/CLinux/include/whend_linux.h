@@ -24,4 +24,7 @@ int whend_spawn_file_actions_addclosefrom(posix_spawn_file_actions_t *actions, i
 /// and a two-way search, where a byte-at-a-time loop compares at every position.
 const void *whend_memmem(const void *haystack, size_t haystack_length, const void *needle, size_t needle_length);
 
+/// glibc's malloc_trim: gives free pages back to the system, inside its heaps as well.
+int whend_malloc_trim(size_t pad);
+
 #endif
