@@ -42,7 +42,8 @@ extension Daemon {
             for p in list {
                 for (plugin, values) in p["counters"] as? [String: [String: Int64]] ?? [:] {
                     counters.append(
-                        DaemonMetrics.PluginCounters(plugin: plugin, pipeline: p["name"] as? String ?? "", values: values))
+                        DaemonMetrics.PluginCounters(
+                            plugin: plugin, pipeline: p["name"] as? String ?? "", values: values))
                 }
             }
             let pipelines = list.map { p in

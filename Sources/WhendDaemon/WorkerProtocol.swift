@@ -147,7 +147,8 @@ package enum WorkerFrame {
             // The worker's word, bounded as a plugin's counters are in the worker.
             let count = try r.integer()
             guard count <= UInt64(PluginServices.counterLimit) else {
-                throw DecodeError(description: "\(count) counters (a plugin has at most \(PluginServices.counterLimit))")
+                throw DecodeError(
+                    description: "\(count) counters (a plugin has at most \(PluginServices.counterLimit))")
             }
             var values: [String: Int64] = [:]
             for _ in 0..<count {

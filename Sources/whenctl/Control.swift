@@ -200,7 +200,9 @@ struct Plugins: ParsableCommand {
             let counters = p["counters"] as? [String: [String: Any]] ?? [:]
             for stage in p["plugins"] as? [String] ?? [] {
                 guard let values = counters[stage], !values.isEmpty else { continue }
-                print("  \(stage): " + values.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))
+                print(
+                    "  \(stage): "
+                        + values.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))
             }
         }
         for p in plugins {
