@@ -171,7 +171,7 @@ package final class Daemon: Sendable {
         do {
             let ingest = try buildPluginChain(configuration, reusing: nil)
             live.replace(configuration, ingest: ingest)
-            runPipelines(try pipelineSpecs(configuration), watchdog: configuration.pipelineWatchdog)
+            runPipelines(try pipelineSpecs(configuration, create: false), watchdog: configuration.pipelineWatchdog)
         } catch {
             throw DaemonStartError.pluginsFailed(reason: error.description)
         }

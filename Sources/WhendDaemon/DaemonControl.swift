@@ -165,29 +165,20 @@ extension Daemon {
             }
             applied.secretValues = new.secretValues
             // Plugins load before anything changes: a plugin that cannot be loaded refuses the
-            // whole reload.
+            // whole reload. Every pipeline that will start a new worker has its plugins created
+            // (and destroyed) first, in a process of their own (`pipelineSpecs`): a configuration
+            // a plugin refuses is refused with its message here, rather than taken up and its
+            // worker left to crash in a loop.
             let ingest: PluginChain
             let pipelines: [String: PipelineSpec]
             do {
                 ingest = try buildPluginChain(applied, reusing: live.ingest)
-                pipelines = try pipelineSpecs(applied)
+                pipelines = try pipelineSpecs(applied, create: true)
             } catch {
                 // A plugin that refuses its configuration may quote it.
                 let message = Secrets.scrub("\(error)", applied.allSecretValues)
                 return record(
                     ReloadOutcome(applied: false, changed: [], needRestart: [], error: message), trigger: trigger)
-            }
-            // Every pipeline that will start a new worker has its plugins created (and destroyed)
-            // first, in a process of their own: a configuration a plugin refuses is refused with
-            // its message here, rather than taken up and its worker left to crash in a loop.
-            let running = supervisors.withLockedValue { $0.mapValues(\.spec) }
-            let starting = pipelines.values.filter { running[$0.name] != $0 }
-            let check = PluginCheck.run(
-                PluginCheck.request(for: starting, pluginDirectories: applied.pluginDirectories),
-                timeout: applied.pipelineWatchdog)
-            if let refusal = check.refusal {
-                return record(
-                    ReloadOutcome(applied: false, changed: [], needRestart: [], error: refusal), trigger: trigger)
             }
             take(applied, ingest: ingest, from: old)
             runPipelines(pipelines, watchdog: applied.pipelineWatchdog)

@@ -7,47 +7,63 @@ import WhendPluginHost
 import WhendWire
 
 extension Daemon {
-    /// The worker specs that `configuration` asks for, by pipeline name. Each stage's library is
-    /// loaded and checked (ABI, role, where it lives) here, so that a bad pipeline is refused at
-    /// start or reload rather than found by a worker that keeps failing.
-    func pipelineSpecs(_ configuration: DaemonConfiguration) throws(PluginLoadError) -> [String: PipelineSpec] {
+    /// The worker specs that `configuration` asks for, by pipeline name. Each new or changed
+    /// pipeline's plugins are loaded, checked (ABI, role, where it lives) and created once in
+    /// `whend --plugin-check`, a process of their own, so that a bad pipeline is refused at start
+    /// or reload rather than found by a worker that keeps failing; whend itself never loads a
+    /// pipeline plugin's library (its constructors and entry point would run in the daemon,
+    /// which its own process is there to keep them out of).
+    /// `create`: each new pipeline's plugins are created too (a reload); else (whend's start, a
+    /// plugin loaded again) only their libraries are checked, and a plugin that refuses its
+    /// configuration fails in its worker, as it would later.
+    func pipelineSpecs(_ configuration: DaemonConfiguration, create: Bool) throws(PluginLoadError) -> [String:
+        PipelineSpec]
+    {
         var specs: [String: PipelineSpec] = [:]
         let unloaded = self.unloaded.withLockedValue { $0 }
         // A pipeline with an unloaded plugin waits at its cursor: it never skips a stage.
-        pipelines: for (name, plugins) in configuration.effectivePipelines where unloaded.isDisjoint(with: plugins) {
-            var stages: [PipelineSpec.Stage] = []
-            var origins: [String] = []
-            for plugin in plugins {
-                let library: PluginLibrary
-                do {
-                    library = try PluginLibrary.load(name: plugin, directories: configuration.pluginDirectories)
-                } catch  where configuration.isImplicitBuiltin(name) {
-                    // A default nobody asked for by name: its absence is worth a warning, not a refusal.
-                    logger.warning("built-in pipeline \(name) is off: \(error)")
-                    continue pipelines
-                }
-                guard library.roles & WHEND_ROLE_PIPELINE != 0 else {
-                    throw PluginLoadError(
-                        description: "plugin \(plugin) (\(library.path)) cannot be a pipeline stage (pipeline \(name))")
-                }
-                guard library.roles & WHEND_ROLE_DEFERRED == 0 || plugin == plugins.last else {
-                    throw PluginLoadError(
-                        description:
-                            "plugin \(plugin) finishes records later, so it must be the last stage of pipeline \(name)")
-                }
-                origins.append(library.name)
-                stages.append(
-                    PipelineSpec.Stage(
-                        plugin: plugin, configuration: configuration.pluginConfigurations[plugin] ?? "{}",
-                        secrets: configuration.secrets(of: plugin).sorted()))
-            }
+        for (name, plugins) in configuration.effectivePipelines where unloaded.isDisjoint(with: plugins) {
             specs[name] = PipelineSpec(
-                name: name, stages: stages, journalDirectory: configuration.journal.directory.path,
+                name: name,
+                stages: plugins.map {
+                    PipelineSpec.Stage(
+                        plugin: $0, configuration: configuration.pluginConfigurations[$0] ?? "{}",
+                        secrets: configuration.secrets(of: $0).sorted())
+                },
+                journalDirectory: configuration.journal.directory.path,
                 directory: configuration.stateDirectory + "/pipelines/" + name,
                 pluginStateRoot: configuration.stateDirectory + "/plugins",
                 pluginDirectories: configuration.pluginDirectories,
                 retryLimit: configuration.pipelineRetryLimit, snapshotInterval: configuration.pipelineSnapshotInterval,
-                snapshotRebuild: UInt64(configuration.pipelineSnapshotRebuild), origins: origins)
+                snapshotRebuild: UInt64(configuration.pipelineSnapshotRebuild))
+        }
+        // A pipeline running as asked keeps what its check found; the others are checked now.
+        let running = supervisors.withLockedValue { $0.mapValues(\.spec) }
+        var unchecked: [PipelineSpec] = []
+        for (name, spec) in specs {
+            if var kept = running[name] {
+                let origins = kept.origins
+                kept.origins = nil
+                if kept == spec {
+                    specs[name]?.origins = origins
+                    continue
+                }
+            }
+            unchecked.append(spec)
+        }
+        let check = PluginCheck.run(
+            PluginCheck.request(
+                for: unchecked, pluginDirectories: configuration.pluginDirectories,
+                optional: configuration.isImplicitBuiltin, create: create), timeout: configuration.pipelineWatchdog)
+        if let refusal = check.refusal { throw PluginLoadError(description: refusal) }
+        // A default nobody asked for by name: its absence is worth a warning, not a refusal.
+        for off in check.off { logger.warning("\(off)") }
+        for name in check.offPipelines { specs[name] = nil }
+        for spec in unchecked where specs[spec.name] != nil {
+            guard let origins = check.origins[spec.name], origins.count == spec.stages.count else {
+                throw PluginLoadError(description: "pipeline \(spec.name): the plugin check did not name its stages")
+            }
+            specs[spec.name]?.origins = origins
         }
         return specs
     }
@@ -213,7 +229,7 @@ extension Daemon {
             unloaded.withLockedValue { if unload { $0.insert(name) } else { $0.remove(name) } }
             do {
                 let ingest = try buildPluginChain(configuration, reusing: live.ingest)
-                let specs = try pipelineSpecs(configuration)
+                let specs = try pipelineSpecs(configuration, create: false)
                 live.replace(configuration, ingest: ingest)
                 runPipelines(specs, watchdog: configuration.pipelineWatchdog)
             } catch {

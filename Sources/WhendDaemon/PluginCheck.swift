@@ -31,11 +31,17 @@ package enum PluginCheck {
         /// A built-in pipeline nobody asked for by name: a plugin that is not installed turns
         /// it off (as at start) rather than refusing the configuration.
         package var optional: Bool = false
+        /// The pipeline's name, for a pipeline: the outcome tells its stages' names by it.
+        package var pipeline: String?
     }
 
     package struct Request: Codable, Sendable {
         package var chains: [Chain]
         package var pluginDirectories: [String]
+        /// Whether each plugin's `create` is tried too (a reload, `--check-config`), or only its
+        /// library loaded and checked (whend's start: a pipeline whose plugin refuses its
+        /// configuration then fails in its own worker, with backoff, and ingest goes on).
+        package var create = true
     }
 
     package struct Outcome: Sendable {
@@ -44,6 +50,12 @@ package enum PluginCheck {
         package var refusal: String?
         /// Built-in pipelines that are off, and why.
         package var off: [String] = []
+        /// The names of the built-in pipelines that are off.
+        package var offPipelines: Set<String> = []
+        /// Each pipeline's stages' names as their libraries give them (what `_origin` says):
+        /// learnt here, in the check's process, so that whend never loads a pipeline plugin's
+        /// library (its constructors and entry point would run in the daemon).
+        package var origins: [String: [String]] = [:]
     }
 
     /// Every chain of `configuration`: its ingest middleware and each of its pipelines.
@@ -63,17 +75,23 @@ package enum PluginCheck {
             chains.append(
                 Chain(
                     what: "pipeline \(name)", role: .pipeline, stages: stages(plugins),
-                    optional: configuration.isImplicitBuiltin(name)))
+                    optional: configuration.isImplicitBuiltin(name), pipeline: name))
         }
         return Request(chains: chains, pluginDirectories: configuration.pluginDirectories)
     }
 
-    /// The pipelines of `specs`, as chains to check.
-    package static func request(for specs: [PipelineSpec], pluginDirectories: [String]) -> Request {
+    /// The pipelines of `specs`, as chains to check; those `optional` says are built-in
+    /// pipelines nobody asked for by name.
+    package static func request(
+        for specs: [PipelineSpec], pluginDirectories: [String], optional: (String) -> Bool = { _ in false },
+        create: Bool = true
+    ) -> Request {
         Request(
             chains: specs.sorted { $0.name < $1.name }.map {
-                Chain(what: "pipeline \($0.name)", role: .pipeline, stages: $0.stages)
-            }, pluginDirectories: pluginDirectories)
+                Chain(
+                    what: "pipeline \($0.name)", role: .pipeline, stages: $0.stages, optional: optional($0.name),
+                    pipeline: $0.name)
+            }, pluginDirectories: pluginDirectories, create: create)
     }
 
     // MARK: - The daemon's side
@@ -142,7 +160,13 @@ package enum PluginCheck {
                     else { return }
                     if let path = report["scratch"] as? String { scratch = path }
                     if let what = report["creating"] as? String { creating = what }
-                    if let off = report["off"] as? String { outcome.off.append(off) }
+                    if let off = report["off"] as? String {
+                        outcome.off.append(off)
+                        if let pipeline = report["pipeline"] as? String { outcome.offPipelines.insert(pipeline) }
+                    }
+                    if let pipeline = report["pipeline"] as? String, let origins = report["origins"] as? [String] {
+                        outcome.origins[pipeline] = origins
+                    }
                     if let refusal = report["refused"] as? String { outcome.refusal = refusal }
                     if report["ok"] as? Bool == true { finished = true }
                 }
@@ -187,8 +211,9 @@ package enum PluginCheck {
 
     /// `whend --plugin-check`: reads a `Request` on standard input, loads and creates every
     /// chain's plugins as a worker would, destroys them, and reports on descriptor 3, one JSON
-    /// object a line: `scratch`, then `creating` before each `create`, `off` for a built-in
-    /// pipeline whose plugin is not installed, and `ok` or `refused` at the end.
+    /// object a line: `scratch`, then a pipeline's stages' names (`origins`), `creating` before
+    /// each `create`, `off` for a built-in pipeline whose plugin is not installed, and `ok` or
+    /// `refused` at the end.
     package static func serve(logger: Logger) -> Never {
         signal(SIGPIPE, SIG_IGN)
         // As a pipeline worker: whend ends the check, not a Ctrl-C meant for whend.
@@ -228,7 +253,7 @@ package enum PluginCheck {
                 libraries = try PluginLibrary.loadChain(
                     chain.stages.map(\.plugin), directories: request.pluginDirectories)
             } catch  where chain.optional {
-                report(["off": "built-in \(chain.what) is off: \(error)"])
+                report(["off": "built-in \(chain.what) is off: \(error)", "pipeline": chain.pipeline ?? ""])
                 continue
             } catch {
                 refuse("\(chain.what): \(error)")
@@ -251,6 +276,10 @@ package enum PluginCheck {
                     }
                 }
             }
+            if let pipeline = chain.pipeline {
+                report(["pipeline": pipeline, "origins": libraries.map(\.name)])
+            }
+            guard request.create else { continue }
             var instances: [PluginInstance] = []
             for (stage, library) in zip(chain.stages, libraries) {
                 report(["creating": "plugin \(stage.plugin) of \(chain.what)"])

@@ -31,6 +31,41 @@ import Testing
         #expect(daemon.stop() == 0)
     }
 
+    /// A pipeline plugin runs in processes of its own, never in whend: not its `create` or
+    /// `handle`, and not its library's constructors or entry point either. whend learnt a
+    /// pipeline stage's roles and name by loading its library itself, at start and at every
+    /// reload; the plugin check's process tells it now. The fixture's constructor writes the pid
+    /// of every process that loads it.
+    @Test func whendNeverLoadsAPipelinePluginsLibrary() throws {
+        let daemon = DaemonProcess("no-dlopen")
+        let plugins = daemon.directory + "/plugins"
+        try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
+        chmod(plugins, 0o755)
+        let marker = daemon.directory + "/loaded-by"
+        _ = try buildTestPlugin(
+            "constructor", into: plugins, name: "constructor", defines: ["-DMARKER=\"\(marker)\""])
+        let config = daemon.directory + "/whend.conf"
+        try "plugin_dirs = \(plugins)\npipeline.c = constructor\n".write(
+            toFile: config, atomically: true, encoding: .utf8)
+        daemon.environment = ["WHEND_CONFIG": config]
+        try daemon.start()
+        defer { daemon.stop() }
+        let whend = try #require(daemon.process?.processIdentifier)
+        #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"when","name":"a"}"#]).acks.last == 1)
+        #expect(try daemon.whenctl(["plugins", "--wait", "--timeout", "30"]).status == 0)
+        // A reload that changes the pipeline: checked and started again.
+        try "plugin_dirs = \(plugins)\npipeline.c = constructor\npipeline.d = constructor\n".write(
+            toFile: config, atomically: true, encoding: .utf8)
+        #expect(try daemon.whenctl(["reload"]).status == 0)
+        #expect(eventually { (try? daemon.pipeline("d")?["pid"] as? Int).map { $0 > 0 } ?? false })
+        let loaders = ((try? String(contentsOfFile: marker, encoding: .utf8)) ?? "").split(separator: "\n").compactMap {
+            Int32($0)
+        }
+        // The check at start, the worker, the check at reload, the new worker at least.
+        #expect(loaders.count >= 4, "\(loaders)")
+        #expect(!loaders.contains(whend), "whend (pid \(whend)) loaded the pipeline plugin's library")
+    }
+
     /// Ctrl-C in the terminal of `make run` sends SIGINT to every process of the foreground
     /// group: whend and its pipeline workers alike. whend stops them itself; a worker that died
     /// of the SIGINT first was logged "killed by signal 2; restarting" once a pipeline before
@@ -110,17 +145,22 @@ import Testing
                 })
             let state = daemon.stateDirectory
             var directories = [state]
-            if let walker = FileManager.default.enumerator(atPath: state) {
-                for case let relative as String in walker {
-                    var isDirectory: ObjCBool = false
-                    if FileManager.default.fileExists(atPath: state + "/" + relative, isDirectory: &isDirectory),
-                        isDirectory.boolValue
-                    {
-                        directories.append(state + "/" + relative)
+            // A worker makes its pipeline's and its plugins' directories once it has started.
+            #expect(
+                eventually {
+                    directories = [state]
+                    if let walker = FileManager.default.enumerator(atPath: state) {
+                        for case let relative as String in walker {
+                            var isDirectory: ObjCBool = false
+                            if FileManager.default.fileExists(
+                                atPath: state + "/" + relative, isDirectory: &isDirectory), isDirectory.boolValue
+                            {
+                                directories.append(state + "/" + relative)
+                            }
+                        }
                     }
-                }
-            }
-            #expect(directories.count >= 9, "\(directories)")
+                    return directories.count >= 9
+                }, "\(directories)")
             for directory in directories {
                 var st = stat()
                 #expect(stat(directory, &st) == 0)
