@@ -159,20 +159,28 @@ package final class PluginServices: Sendable {
     package static let counterNameLimit = 128
     private let countersRefused = NIOLockedValueBox(false)
 
+    /// Each name a plugin counted under, as it is shown: its secrets hidden (a plugin that
+    /// counts under a name holding its token must not show the token in `whenctl plugins` or the
+    /// metrics), scrubbed once per name rather than at every call.
+    private let shownNames = NIOLockedValueBox<[String: String]>([:])
+
     /// `host.count`: adds `delta`, saturating (a plugin adding `Int64.max` twice must not trap
     /// the process that hosts it). A name past the limits is not counted, and said once.
     package func count(_ counter: UnsafePointer<CChar>, _ delta: Int64) {
         let length = strnlen(counter, Self.counterNameLimit + 1)
         let key = String(
             decoding: UnsafeRawBufferPointer(start: counter, count: min(length, Self.counterNameLimit)), as: UTF8.self)
+        let shown = shownNames.withLockedValue { names -> String? in
+            if let shown = names[key] { return shown }
+            guard length <= Self.counterNameLimit, names.count < Self.counterLimit else { return nil }
+            let shown = secrets.isEmpty ? key : Secrets.scrub(key, secrets)
+            names[key] = shown
+            return shown
+        }
         let refused = counters.withLockedValue { counters -> Bool in
-            if let value = counters[key] {
-                let (sum, overflow) = value.addingReportingOverflow(delta)
-                counters[key] = overflow ? (delta > 0 ? .max : .min) : sum
-                return false
-            }
-            guard length <= Self.counterNameLimit, counters.count < Self.counterLimit else { return true }
-            counters[key] = delta
+            guard let shown else { return true }
+            let (sum, overflow) = (counters[shown] ?? 0).addingReportingOverflow(delta)
+            counters[shown] = overflow ? (delta > 0 ? .max : .min) : sum
             return false
         }
         let saidBefore = countersRefused.withLockedValue { said in
@@ -180,8 +188,9 @@ package final class PluginServices: Sendable {
             return said
         }
         if refused && !saidBefore {
+            let named = Secrets.scrub(key.debugDescription, secrets)
             logger.warning(
-                "plugin \(name): a counter named \(key.debugDescription)\(length > Self.counterNameLimit ? "…" : "") is not counted: a plugin has at most \(Self.counterLimit) counters, of names of at most \(Self.counterNameLimit) bytes (said once)"
+                "plugin \(name): a counter named \(named)\(length > Self.counterNameLimit ? "…" : "") is not counted: a plugin has at most \(Self.counterLimit) counters, of names of at most \(Self.counterNameLimit) bytes (said once)"
             )
         }
     }

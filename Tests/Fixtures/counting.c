@@ -1,8 +1,9 @@
 /* A C plugin for the tests whose counters (host->count) are as careless as a plugin's can be:
  * for every record it counts "records" once, adds INT64_MAX to "huge" and INT64_MIN to "tiny"
  * (past what a counter holds from the second record on), counts a name never used before
- * (one per record, without end), and a name of 1000 bytes. Ingest middleware and a pipeline
- * stage both; it passes every record on unchanged. */
+ * (one per record, without end), a name of 1000 bytes, and a name that quotes its configuration
+ * (which may hold a secret). Ingest middleware and a pipeline stage both; it passes every record
+ * on unchanged. */
 #include "whend_plugin.h"
 #include <stdint.h>
 #include <stdio.h>
@@ -14,13 +15,13 @@ typedef struct {
     const whend_host *host;
     unsigned long long handled;
     char long_name[1001];
+    char config_name[128];
 } counting;
 
 static counting instances[8];
 static int created;
 
 static void *create(const whend_host *host, const char *config, size_t length, char *error, size_t capacity) {
-    (void)config, (void)length;
     if (created == 8) {
         snprintf(error, capacity, "at most 8 instances");
         return NULL;
@@ -30,6 +31,7 @@ static void *create(const whend_host *host, const char *config, size_t length, c
     c->handled = 0;
     memset(c->long_name, 'x', 1000);
     c->long_name[1000] = 0;
+    snprintf(c->config_name, sizeof c->config_name, "config %.*s", (int)(length < 100 ? length : 100), config);
     return c;
 }
 
@@ -47,6 +49,7 @@ static int handle(void *instance, const whend_record *record, whend_next_fn next
     host->count(host->context, "tiny", INT64_MIN);
     host->count(host->context, name, 1);
     host->count(host->context, c->long_name, 1);
+    host->count(host->context, c->config_name, 1);
     return next(next_context, record->json, record->length);
 }
 

@@ -219,10 +219,12 @@ import WhendWire
     }
 
     /// A plugin's counters (`host.count`) are its word: a name per record, names of 1000 bytes,
-    /// sums past what an Int64 holds. As ingest middleware in whend itself, and as a pipeline
-    /// stage in a worker, every event is still stored (adding past Int64.max trapped: whend
-    /// died at the second event), the counters saturate, and at most 256 names are kept, of at most
-    /// 128 bytes each (a longer one is not counted). `whenctl plugins` and the metrics show both stages' counters.
+    /// sums past what an Int64 holds, a name quoting its configuration's token. As ingest
+    /// middleware in whend itself, and as a pipeline stage in a worker, every event is still
+    /// stored (adding past Int64.max trapped: whend died at the second event), the counters
+    /// saturate, at most 256 names are kept, of at most 128 bytes each (a longer one is not
+    /// counted), and the token is hidden wherever the counters show (it showed in `whenctl
+    /// plugins` and the metrics). Both stages' counters show in both.
     @Test func aPluginsCountersAreBoundedAndSaturate() throws {
         let daemon = DaemonProcess("counting")
         let plugins = daemon.directory + "/plugins"
@@ -230,8 +232,13 @@ import WhendWire
         chmod(plugins, 0o755)
         _ = try buildTestPlugin("counting", into: plugins, name: "counting")
         let config = daemon.directory + "/whend.conf"
-        try "plugin_dirs = \(plugins)\ningest = counting\npipeline.cp = counting\n".write(
-            toFile: config, atomically: true, encoding: .utf8)
+        let token = "tok-\(UInt32.random(in: 0...UInt32.max))"
+        try """
+        plugin_dirs = \(plugins)
+        ingest = counting
+        pipeline.cp = counting
+        plugin.counting = {"token": "\(token)"}
+        """.write(toFile: config, atomically: true, encoding: .utf8)
         daemon.environment = ["WHEND_CONFIG": config]
         try daemon.start()
         defer { daemon.stop() }
@@ -257,11 +264,14 @@ import WhendWire
             #expect(counters.count == 256, "\(counters.count) counters")
             #expect((counters["records"] as? NSNumber)?.int64Value == 600)
             #expect((counters["huge"] as? NSNumber)?.int64Value == Int64.max)
+            // Counted under a name that quotes its configuration: the token is hidden.
+            #expect((counters[#"config {"token": "***"}"#] as? NSNumber)?.int64Value == 600, "\(counters.keys)")
             #expect((counters["tiny"] as? NSNumber)?.int64Value == Int64.min)
             #expect(counters.keys.allSatisfy { $0.utf8.count <= 128 })
             #expect(counters[String(repeating: "x", count: 128)] == nil, "a long name is not counted, not cut")
         }
         let metrics = try daemon.whenctl(["metrics"]).output
+        for output in [listing, json, metrics, daemon.log] { #expect(!output.contains(token)) }
         #expect(metrics.contains(#"whend_plugin_counts{plugin="counting",pipeline="",counter="records"} 600"#))
         #expect(metrics.contains(#"whend_plugin_counts{plugin="counting",pipeline="cp",counter="records"} 600"#))
         let file = daemon.directory + "/metrics.txt"
