@@ -366,22 +366,15 @@ final class PipelineSupervisor: @unchecked Sendable {
 
     private func readReports(from fd: Int32, generation: UInt64) {
         var frames = WorkerFrameReader()
-        var buffer = [UInt8](repeating: 0, count: 65536)
-        while true {
-            let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else { return }
-            buffer.withUnsafeBytes { frames.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
-            do {
-                while let payload = try frames.next() {
-                    handle(try WorkerFrame.decodeWorkerMessage(payload), generation: generation)
-                }
-            } catch {
-                // A worker that writes what is not a message is broken: stop it.
-                logger.error("pipeline \(spec.name): the worker's message cannot be read (\(error)); killing it")
-                kill(state.withLockedValue { $0.pid }, SIGKILL)
-                return
+        do {
+            _ = try frames.pump(fd) { payload throws(WorkerFrame.DecodeError) in
+                handle(try WorkerFrame.decodeWorkerMessage(payload), generation: generation)
+                return true
             }
+        } catch {
+            // A worker that writes what is not a message is broken: stop it.
+            logger.error("pipeline \(spec.name): the worker's message cannot be read (\(error)); killing it")
+            kill(state.withLockedValue { $0.pid }, SIGKILL)
         }
     }
 

@@ -268,23 +268,18 @@ package enum PipelineWorker {
 
     /// The daemon's first message. Exits if there is none or it is not a start.
     private static func readStart(_ frames: inout WorkerFrameReader, logger: Logger) -> (UInt64, PipelineSpec) {
-        var buffer = [UInt8](repeating: 0, count: 65536)
-        while true {
-            do {
-                if let payload = try frames.next() {
-                    guard case .start(let generation, let json) = try WorkerFrame.decodeSupervisorMessage(payload),
-                        let spec = try? JSONDecoder().decode(PipelineSpec.self, from: Data(json))
-                    else { break }
-                    return (generation, spec)
-                }
-            } catch {
-                break
+        var start: (UInt64, PipelineSpec)?
+        let end = try? frames.pump(WorkerChannel.command) { payload throws(WorkerFrame.DecodeError) in
+            if case .start(let generation, let json) = try WorkerFrame.decodeSupervisorMessage(payload),
+                let spec = try? JSONDecoder().decode(PipelineSpec.self, from: Data(json))
+            {
+                start = (generation, spec)
             }
-            let n = buffer.withUnsafeMutableBytes { read(WorkerChannel.command, $0.baseAddress, $0.count) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else { exit(4) }
-            buffer.withUnsafeBytes { frames.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+            return false
         }
+        if let start { return start }
+        // The daemon is gone before it said anything: nothing to run, nobody to tell.
+        if end == .closed { exit(4) }
         logger.error("whend --pipeline-worker: the daemon's first message is not a pipeline to run")
         exit(2)
     }
@@ -339,27 +334,20 @@ package enum PipelineWorker {
         // means whend is gone.
         Thread {
             var frames = frames
-            var buffer = [UInt8](repeating: 0, count: 65536)
-            while true {
-                do {
-                    while let payload = try frames.next() {
-                        if case .stored(let from, let batch) = try WorkerFrame.decodeSupervisorMessage(payload) {
-                            // Meant for a worker that died: its batches are not this one's.
-                            guard from == generation else { continue }
-                            output.stored(batch: batch)
-                        }
+            do {
+                _ = try frames.pump(WorkerChannel.command) { payload throws(WorkerFrame.DecodeError) in
+                    // Meant for a worker that died: its batches are not this one's.
+                    if case .stored(let from, let batch) = try WorkerFrame.decodeSupervisorMessage(payload),
+                        from == generation
+                    {
+                        output.stored(batch: batch)
                     }
-                } catch {
-                    logger.error("pipeline \(spec.name): the daemon's message cannot be read: \(error)")
-                    exit(4)
+                    return true
                 }
-                let n = buffer.withUnsafeMutableBytes {
-                    read(WorkerChannel.command, $0.baseAddress, $0.count)
-                }
-                if n < 0 && errno == EINTR { continue }
-                guard n > 0 else { exit(4) }
-                buffer.withUnsafeBytes { frames.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+            } catch {
+                logger.error("pipeline \(spec.name): the daemon's message cannot be read: \(error)")
             }
+            exit(4)
         }.start()
         var cursor = PipelineSpec.savedCursor(at: spec.cursorPath)
         let firstStart = !FileManager.default.fileExists(atPath: spec.cursorPath)

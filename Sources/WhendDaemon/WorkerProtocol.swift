@@ -319,6 +319,33 @@ package struct DerivedBatchFrame {
 
 /// Splits a byte stream into frames' payloads.
 package struct WorkerFrameReader: Sendable {
+    /// Why `pump` returned.
+    package enum End: Equatable {
+        /// The peer closed its end (or the descriptor cannot be read).
+        case closed
+        /// `handle` asked to stop.
+        case stopped
+    }
+
+    /// Reads `fd` and hands each whole frame's payload to `handle`, in order, until the peer is
+    /// gone or `handle` returns false; a frame that cannot be a frame throws. What was read past
+    /// a stop stays in the reader, for whoever reads on. The one loop for every reader of frames
+    /// (the worker's first message and its acknowledgements, the supervisor's reports).
+    package mutating func pump(
+        _ fd: Int32, _ handle: (ArraySlice<UInt8>) throws(WorkerFrame.DecodeError) -> Bool
+    ) throws(WorkerFrame.DecodeError) -> End {
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        while true {
+            while let payload = try next() {
+                guard try handle(payload) else { return .stopped }
+            }
+            let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else { return .closed }
+            buffer.withUnsafeBytes { append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+        }
+    }
+
     private var pending: [UInt8] = []
     private var start = 0
 
