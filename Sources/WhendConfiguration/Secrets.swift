@@ -148,7 +148,7 @@ package enum Secrets {
     package static let logLineLimit = 64 * 1024
 
     /// `text`'s first `limit` bytes with every secret in them hidden, one the cut falls in too.
-    static func scrub(_ text: [UInt8], _ secrets: Set<String>, keeping limit: Int) -> String {
+    package static func scrub(_ text: [UInt8], _ secrets: Set<String>, keeping limit: Int) -> String {
         let needles = secrets.filter { $0.count >= 4 }
         let bytes = text.count > limit ? Array(text[..<limit]) : text
         guard !needles.isEmpty else { return String(decoding: bytes, as: UTF8.self) }

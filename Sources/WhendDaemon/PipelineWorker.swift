@@ -494,11 +494,13 @@ package enum PipelineWorker {
             }
             if progressDue {
                 // The counters first: whend has them by the time it sees the cursor they go with.
-                for plugin in chain.plugins {
+                // Under the stage's name as configured, which whend knows (a library may call
+                // itself otherwise: its counters were dropped).
+                for (stage, plugin) in zip(spec.stages, chain.plugins) {
                     let counters = plugin.counters
-                    if counters != countersSent[plugin.name] {
-                        output.counters(plugin: plugin.name, counters)
-                        countersSent[plugin.name] = counters
+                    if counters != countersSent[stage.plugin] {
+                        output.counters(plugin: stage.plugin, counters)
+                        countersSent[stage.plugin] = counters
                     }
                 }
                 output.progress(cursor: durable, failures: failures, deadLetters: deadLetters, skipped: skipped)

@@ -132,7 +132,8 @@ package enum PluginCheck {
         close(input[1])
 
         var outcome = Outcome()
-        var creating: String?
+        /// What the check was doing, for a check that died or hung: the plugin to blame.
+        var during = ""
         var scratch: String?
         var finished = false
         var framer = LineFramer(maxLineBytes: 1 << 20)
@@ -159,7 +160,8 @@ package enum PluginCheck {
                         let report = try? JSONSerialization.jsonObject(with: Data(buffer: line)) as? [String: Any]
                     else { return }
                     if let path = report["scratch"] as? String { scratch = path }
-                    if let what = report["creating"] as? String { creating = what }
+                    if let what = report["creating"] as? String { during = " while \(what) was created" }
+                    if let what = report["loading"] as? String { during = " while \(what) were loaded" }
                     if let off = report["off"] as? String {
                         outcome.off.append(off)
                         if let pipeline = report["pipeline"] as? String { outcome.offPipelines.insert(pipeline) }
@@ -181,14 +183,14 @@ package enum PluginCheck {
         }
         if outcome.refusal != nil { return outcome }
         let signalled = status & 0x7F
-        let during = creating.map { " while \($0) was created" } ?? ""
+        let advice = during.isEmpty ? "" : "; fix that plugin or take it out of the configuration"
         if timedOut {
             outcome.refusal =
-                "the plugin check did not finish within \(Settings.number(timeout)) s\(during); it was killed"
+                "the plugin check did not finish within \(Settings.number(timeout)) s\(during); it was killed\(advice)"
         } else if signalled != 0 {
-            outcome.refusal = "the plugin check was killed by signal \(signalled)\(during)"
+            outcome.refusal = "the plugin check was killed by signal \(signalled)\(during)\(advice)"
         } else if !finished || status != 0 {
-            outcome.refusal = "the plugin check exited with status \((status >> 8) & 0xFF)\(during)"
+            outcome.refusal = "the plugin check exited with status \((status >> 8) & 0xFF)\(during)\(advice)"
         }
         return outcome
     }
@@ -218,7 +220,15 @@ package enum PluginCheck {
         signal(SIGPIPE, SIG_IGN)
         // As a pipeline worker: whend ends the check, not a Ctrl-C meant for whend.
         signal(SIGINT, SIG_IGN)
-        let reports = FileHandle(fileDescriptor: 3, closeOnDealloc: false)
+        // The report pipe moves out of the plugins' way before any is loaded, as a worker's do:
+        // descriptors 3 and 4 are /dev/null for a plugin (the header says so), and a plugin's
+        // constructor that wrote to, or closed, descriptor 3 forged or broke the check.
+        let reportDescriptor = fcntl(3, F_DUPFD_CLOEXEC, WorkerChannel.lowest)
+        let null = open("/dev/null", O_RDWR | O_CLOEXEC)
+        guard reportDescriptor >= 0, null >= 0 else { exit(4) }
+        for fd: Int32 in [3, 4] { dup2(null, fd) }
+        close(null)
+        let reports = FileHandle(fileDescriptor: reportDescriptor, closeOnDealloc: false)
         func report(_ object: [String: Any]) {
             guard let data = try? JSONSerialization.data(withJSONObject: object) else { return }
             try? reports.write(contentsOf: data + Data("\n".utf8))
@@ -248,6 +258,9 @@ package enum PluginCheck {
             exit(1)
         }
         for (number, chain) in request.chains.enumerated() {
+            // A library's constructors run as it loads: one that crashes or hangs is named.
+            report(["loading": "the libraries of \(chain.what) (\(chain.stages.map(\.plugin).joined(separator: ", ")))"]
+            )
             let libraries: [PluginLibrary]
             do {
                 libraries = try PluginLibrary.loadChain(

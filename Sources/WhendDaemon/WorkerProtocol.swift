@@ -153,10 +153,11 @@ package enum WorkerFrame {
             var values: [String: Int64] = [:]
             for _ in 0..<count {
                 let name = try r.run()
-                guard name.count <= PluginServices.counterNameLimit else {
-                    throw DecodeError(description: "a counter's name of \(name.count) bytes")
-                }
-                values[String(decoding: name, as: UTF8.self)] = Int64(bitPattern: try r.integer())
+                let value = Int64(bitPattern: try r.integer())
+                // A name the worker should not have sent is not shown; the frame itself is whole,
+                // and its worker not broken for it.
+                guard name.count <= PluginServices.counterNameLimit else { continue }
+                values[String(decoding: name, as: UTF8.self)] = value
             }
             return .counters(plugin: plugin, values: values)
         default:

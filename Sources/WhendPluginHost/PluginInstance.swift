@@ -159,23 +159,27 @@ package final class PluginServices: Sendable {
     package static let counterNameLimit = 128
     private let countersRefused = NIOLockedValueBox(false)
 
-    /// Each name a plugin counted under, as it is shown: its secrets hidden (a plugin that
-    /// counts under a name holding its token must not show the token in `whenctl plugins` or the
-    /// metrics), scrubbed once per name rather than at every call.
-    private let shownNames = NIOLockedValueBox<[String: String]>([:])
+    /// Each name a plugin counted under (its bytes as given), as it is shown (`shownName`):
+    /// made once per name rather than at every call.
+    private let shownNames = NIOLockedValueBox<[[UInt8]: String]>([:])
 
     /// `host.count`: adds `delta`, saturating (a plugin adding `Int64.max` twice must not trap
-    /// the process that hosts it). A name past the limits is not counted, and said once.
+    /// the process that hosts it). An empty name, or one past the limits, is not counted, and
+    /// said once.
     package func count(_ counter: UnsafePointer<CChar>, _ delta: Int64) {
         let length = strnlen(counter, Self.counterNameLimit + 1)
-        let key = String(
-            decoding: UnsafeRawBufferPointer(start: counter, count: min(length, Self.counterNameLimit)), as: UTF8.self)
-        let shown = shownNames.withLockedValue { names -> String? in
-            if let shown = names[key] { return shown }
-            guard length <= Self.counterNameLimit, names.count < Self.counterLimit else { return nil }
-            let shown = secrets.isEmpty ? key : Secrets.scrub(key, secrets)
-            names[key] = shown
-            return shown
+        var shown: String?
+        // Its length is checked before it is looked up: a longer name whose first bytes are a
+        // name counted already is not that name.
+        if length > 0 && length <= Self.counterNameLimit {
+            let key = Array(UnsafeRawBufferPointer(start: counter, count: length))
+            shown = shownNames.withLockedValue { names -> String? in
+                if let shown = names[key] { return shown }
+                guard names.count < Self.counterLimit else { return nil }
+                let shown = Self.shownName(key, secrets)
+                names[key] = shown
+                return shown
+            }
         }
         let refused = counters.withLockedValue { counters -> Bool in
             guard let shown else { return true }
@@ -188,11 +192,40 @@ package final class PluginServices: Sendable {
             return said
         }
         if refused && !saidBefore {
-            let named = Secrets.scrub(key.debugDescription, secrets)
+            // Scrubbed whole before it is cut, so that a secret the cut falls in is hidden too.
+            let longest = secrets.map(\.utf8.count).max() ?? 0
+            let whole = Array(
+                UnsafeRawBufferPointer(start: counter, count: strnlen(counter, 1024 + 24 * longest)))
+            let named = Self.printable(Secrets.scrub(whole, secrets, keeping: Self.counterNameLimit))
             logger.warning(
-                "plugin \(name): a counter named \(named)\(length > Self.counterNameLimit ? "…" : "") is not counted: a plugin has at most \(Self.counterLimit) counters, of names of at most \(Self.counterNameLimit) bytes (said once)"
+                "plugin \(name): a counter named \(named.debugDescription)\(whole.count > Self.counterNameLimit ? "…" : "") is not counted: a plugin has at most \(Self.counterLimit) counters, of names of 1 to \(Self.counterNameLimit) bytes (said once)"
             )
         }
+    }
+
+    /// A counter's name as `whenctl plugins` and the metrics show it: UTF-8 (a byte that is not
+    /// is U+FFFD), its secrets hidden, no control character (a newline or an escape sequence
+    /// would forge or garble a listing), and at most `counterNameLimit` bytes (U+FFFD takes three:
+    /// a name of 60 invalid bytes became 180, which whend took for a broken worker's message).
+    /// Two names may show the same; their counts are summed.
+    static func shownName(_ bytes: [UInt8], _ secrets: Set<String>) -> String {
+        let decoded = String(decoding: bytes, as: UTF8.self)
+        let printable = printable(secrets.isEmpty ? decoded : Secrets.scrub(decoded, secrets))
+        var shown = ""
+        for character in printable {
+            guard shown.utf8.count + character.utf8.count <= counterNameLimit else { break }
+            shown.append(character)
+        }
+        return shown
+    }
+
+    private static func printable(_ text: String) -> String {
+        String(
+            String.UnicodeScalarView(
+                text.unicodeScalars.map { scalar in
+                    let v = scalar.value
+                    return v < 0x20 || (0x7F...0x9F).contains(v) || v == 0x2028 || v == 0x2029 ? "\u{FFFD}" : scalar
+                }))
     }
 
     package init(

@@ -130,7 +130,7 @@ struct Crashes: ParsableCommand {
                     files.first { $0.hasPrefix(CrashReportStore.fileName(seq: seq, kind: "").dropLast(5)) }
                 }
             guard let file, let data = FileManager.default.contents(atPath: directory + "/" + file),
-                let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any]
+                let object = foundationObject(data)
             else {
                 throw Failure(
                     files.isEmpty
@@ -148,8 +148,12 @@ struct Crashes: ParsableCommand {
         if files.isEmpty && !json { out.write("no crash reports in \(directory)") }
         for file in files {
             guard let data = FileManager.default.contents(atPath: directory + "/" + file),
-                let r = try? JSONSerialization.jsonObject(with: data) as? [String: Any]
-            else { continue }
+                let r = foundationObject(data)
+            else {
+                FileHandle.standardError.write(
+                    Data("whenctl crashes: \(directory)/\(file) is not a crash report; skipped\n".utf8))
+                continue
+            }
             let error = r["error"] as? [String: Any] ?? [:]
             if json {
                 let summary: [String: Any] = [
@@ -186,4 +190,56 @@ struct Crashes: ParsableCommand {
             out.write("    #\(c["seq"] ?? "?")  \(c["time"] ?? "")  \(c["type"] ?? ""): \(what)")
         }
     }
+}
+
+/// A JSON object whend wrote, as Foundation reads it. whend keeps the escape of a surrogate that
+/// has no partner (`\udfff`, as JavaScript's and Python's encoders write one), which Foundation
+/// refuses: a crash report whose breadcrumbs held one was left out of `whenctl crashes` without
+/// a word. Such an escape reads as U+FFFD here.
+func foundationObject(_ data: Data) -> [String: Any]? {
+    if let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any] { return object }
+    return try? JSONSerialization.jsonObject(with: Data(replacingLoneSurrogateEscapes(Array(data))))
+        as? [String: Any]
+}
+
+/// `json` with every `\uD800`–`\uDFFF` escape that is not half of a pair spelled `\uFFFD`.
+func replacingLoneSurrogateEscapes(_ json: [UInt8]) -> [UInt8] {
+    func unit(at i: Int) -> UInt16? {
+        guard i + 6 <= json.count, json[i] == UInt8(ascii: "\\"), json[i + 1] == UInt8(ascii: "u") else { return nil }
+        return UInt16(String(decoding: json[(i + 2)..<(i + 6)], as: UTF8.self), radix: 16)
+    }
+    var out: [UInt8] = []
+    out.reserveCapacity(json.count)
+    var i = 0
+    var inString = false
+    while i < json.count {
+        let byte = json[i]
+        if !inString {
+            if byte == UInt8(ascii: "\"") { inString = true }
+            out.append(byte)
+            i += 1
+            continue
+        }
+        if byte == UInt8(ascii: "\"") {
+            inString = false
+        } else if byte == UInt8(ascii: "\\") {
+            if let u = unit(at: i), (0xD800...0xDFFF).contains(u) {
+                if u <= 0xDBFF, let low = unit(at: i + 6), (0xDC00...0xDFFF).contains(low) {
+                    out += json[i..<(i + 12)]
+                    i += 12
+                } else {
+                    out += Array("\\uFFFD".utf8)
+                    i += 6
+                }
+                continue
+            }
+            // Any other escape: its two bytes as they are (an escaped quote ends no string).
+            out += json[i..<min(i + 2, json.count)]
+            i += 2
+            continue
+        }
+        out.append(byte)
+        i += 1
+    }
+    return out
 }

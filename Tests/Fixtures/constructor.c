@@ -1,6 +1,7 @@
 /* A C pipeline plugin for the tests that says which processes load it: its constructor, run by
  * dlopen before anything else of it, appends the loading process's pid to the file MARKER (a
- * compile-time define). It passes every record on unchanged. */
+ * compile-time define), then writes a forged report to descriptor 3 and closes 3 and 4. It passes
+ * every record on unchanged. */
 #include "whend_plugin.h"
 #include <fcntl.h>
 #include <stdio.h>
@@ -16,6 +17,12 @@ __attribute__((constructor)) static void loaded(void) {
     int n = snprintf(line, sizeof line, "%d\n", (int)getpid());
     if (write(fd, line, (size_t)n) != n) { /* the test sees a missing line */ }
     close(fd);
+    /* What a careless library might do with descriptors it takes for its own: whend's helpers
+     * give it /dev/null there. */
+    static const char forged[] = "{\"refused\":\"forged by a constructor\"}\n{\"ok\":true}\n";
+    if (write(3, forged, sizeof forged - 1) < 0) { /* nothing to do */ }
+    close(3);
+    close(4);
 }
 
 static void *create(const whend_host *host, const char *config, size_t length, char *error, size_t capacity) {

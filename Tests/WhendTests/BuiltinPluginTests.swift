@@ -387,6 +387,26 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
         #expect(records.output.contains("slow network") && !records.output.contains("userTapsGetStarted"))
     }
 
+    /// whend keeps an unpaired surrogate's escape as the app sent it (`\udfff`), and a crash
+    /// report's breadcrumbs quote it; Foundation refuses it, and `whenctl crashes` left such a
+    /// report out without a word (found from outside). It lists and shows it, the escape read as
+    /// U+FFFD.
+    @Test func aCrashReportQuotingAnUnpairedSurrogateIsListedAndShown() throws {
+        let daemon = try daemonWithBuiltins("crash-surrogate")
+        try sendSession(
+            daemon, app: "com.example.odd", session: "lone",
+            [
+                #"{"type":"when","name":"typed","params":{"k":"\udfff"}}"#,
+                #"{"type":"error","message":"boom","fatal":true}"#,
+            ])
+        let list = { try whenctl(["crashes", "--state-dir", daemon.stateDirectory, "--json"]) }
+        #expect(eventually { (try? list().output.contains(#""session":"lone""#)) == true })
+        daemon.stop()
+        let shown = try whenctl(["crashes", "--state-dir", daemon.stateDirectory, "2"])
+        #expect(shown.status == 0, "\(shown.error)")
+        #expect(shown.output.contains("boom"), "\(shown.output)")
+    }
+
     @Test func crashReportsReportsTheFailureOfAPluginAfterIt() throws {
         let fixtures = scratchDirectory("crash-fixtures")
         chmod(fixtures, 0o755)

@@ -231,13 +231,16 @@ import WhendWire
         try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
         chmod(plugins, 0o755)
         _ = try buildTestPlugin("counting", into: plugins, name: "counting")
+        // The pipeline's copy under another file name than the name its library gives itself.
+        _ = try buildTestPlugin("counting", into: plugins, name: "counted")
         let config = daemon.directory + "/whend.conf"
         let token = "tok-\(UInt32.random(in: 0...UInt32.max))"
         try """
         plugin_dirs = \(plugins)
         ingest = counting
-        pipeline.cp = counting
+        pipeline.cp = counted
         plugin.counting = {"token": "\(token)"}
+        plugin.counted = {"token": "\(token)"}
         """.write(toFile: config, atomically: true, encoding: .utf8)
         daemon.environment = ["WHEND_CONFIG": config]
         try daemon.start()
@@ -249,7 +252,7 @@ import WhendWire
         #expect(
             eventually {
                 listing = (try? daemon.whenctl(["plugins"]).output) ?? ""
-                return listing.contains("  counting: ") && listing.contains("records 600,")
+                return listing.contains("  counted: ") && listing.contains("records 600,")
                     && listing.components(separatedBy: "records 600,").count == 3
             }, "\(listing)")
         let json = try daemon.whenctl(["plugins", "--json"]).output
@@ -258,7 +261,7 @@ import WhendWire
         let pipeline = (reply["pipelines"] as? [[String: Any]] ?? []).first { $0["name"] as? String == "cp" }
         let stages = [
             ingest?["counters"] as? [String: Any] ?? [:],
-            (pipeline?["counters"] as? [String: Any])?["counting"] as? [String: Any] ?? [:],
+            (pipeline?["counters"] as? [String: Any])?["counted"] as? [String: Any] ?? [:],
         ]
         for counters in stages {
             #expect(counters.count == 256, "\(counters.count) counters")
@@ -269,11 +272,21 @@ import WhendWire
             #expect((counters["tiny"] as? NSNumber)?.int64Value == Int64.min)
             #expect(counters.keys.allSatisfy { $0.utf8.count <= 128 })
             #expect(counters[String(repeating: "x", count: 128)] == nil, "a long name is not counted, not cut")
+            // A longer name that begins with a counted one is not that one.
+            #expect((counters[String(repeating: "A", count: 128)] as? NSNumber)?.int64Value == 600)
+            // Bytes that are not UTF-8 show as U+FFFD, the name cut to 128 bytes: counted (60
+            // such bytes made a name of 180, and whend killed the worker that sent it, forever).
+            #expect((counters[String(repeating: "\u{FFFD}", count: 42)] as? NSNumber)?.int64Value == 600)
+            // No control character shows, and no empty name.
+            #expect((counters["new\u{FFFD}line\u{FFFD}[2J"] as? NSNumber)?.int64Value == 600)
+            #expect(counters[""] == nil)
         }
         let metrics = try daemon.whenctl(["metrics"]).output
-        for output in [listing, json, metrics, daemon.log] { #expect(!output.contains(token)) }
+        // Nor any part of it where a name too long to count is cut in the warning about it.
+        for output in [listing, json, metrics, daemon.log] { #expect(!output.contains(token.prefix(7))) }
         #expect(metrics.contains(#"whend_plugin_counts{plugin="counting",pipeline="",counter="records"} 600"#))
-        #expect(metrics.contains(#"whend_plugin_counts{plugin="counting",pipeline="cp",counter="records"} 600"#))
+        #expect(metrics.contains(#"whend_plugin_counts{plugin="counted",pipeline="cp",counter="records"} 600"#))
+        #expect(pipeline?["restarts"] as? Int == 0, "\(daemon.log)")
         let file = daemon.directory + "/metrics.txt"
         try metrics.write(toFile: file, atomically: true, encoding: .utf8)
         let check = try runCommand("/bin/sh", ["-c", "exec promtool check metrics < '\(file)'"])
