@@ -159,9 +159,9 @@ package final class PluginServices: Sendable {
     package static let counterNameLimit = 128
     private let countersRefused = NIOLockedValueBox(false)
 
-    /// Each name a plugin counted under (its bytes as given), as it is shown (`shownName`):
+    /// Each name a plugin counted under (as UTF-8 decodes it), as it is shown (`shownName`):
     /// made once per name rather than at every call.
-    private let shownNames = NIOLockedValueBox<[[UInt8]: String]>([:])
+    private let shownNames = NIOLockedValueBox<[String: String]>([:])
 
     /// `host.count`: adds `delta`, saturating (a plugin adding `Int64.max` twice must not trap
     /// the process that hosts it). An empty name, or one past the limits, is not counted, and
@@ -172,7 +172,9 @@ package final class PluginServices: Sendable {
         // Its length is checked before it is looked up: a longer name whose first bytes are a
         // name counted already is not that name.
         if length > 0 && length <= Self.counterNameLimit {
-            let key = Array(UnsafeRawBufferPointer(start: counter, count: length))
+            // A String, not the bytes: a short name allocates nothing on this per-record path.
+            // Names whose bytes decode alike show alike, and are summed either way.
+            let key = String(decoding: UnsafeRawBufferPointer(start: counter, count: length), as: UTF8.self)
             shown = shownNames.withLockedValue { names -> String? in
                 if let shown = names[key] { return shown }
                 guard names.count < Self.counterLimit else { return nil }
@@ -208,8 +210,7 @@ package final class PluginServices: Sendable {
     /// would forge or garble a listing), and at most `counterNameLimit` bytes (U+FFFD takes three:
     /// a name of 60 invalid bytes became 180, which whend took for a broken worker's message).
     /// Two names may show the same; their counts are summed.
-    static func shownName(_ bytes: [UInt8], _ secrets: Set<String>) -> String {
-        let decoded = String(decoding: bytes, as: UTF8.self)
+    static func shownName(_ decoded: String, _ secrets: Set<String>) -> String {
         let printable = printable(secrets.isEmpty ? decoded : Secrets.scrub(decoded, secrets))
         var shown = ""
         for character in printable {
