@@ -85,9 +85,7 @@ private func whens(_ range: ClosedRange<Int>) -> [String] {
     /// embedded defaults (the built-in pipelines) pass.
     @Test func checkConfigFailsNamingAPluginThatDoesNotExist() throws {
         let directory = scratchDirectory("cfg-check")
-        let plugins = directory + "/plugins"
-        try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
-        chmod(plugins, 0o755)
+        let plugins = try pluginDirectory(in: directory)
         _ = try buildTestPlugin("recorder", into: plugins, name: "recorder")
         _ = try buildGatePlugin(into: plugins, name: "gate")
         let config = directory + "/whend.conf"
@@ -120,9 +118,7 @@ private func whens(_ range: ClosedRange<Int>) -> [String] {
     /// connection's events hung.
     @Test func twoNamesOfOneLibraryAreRefusedNotDeadlocked() throws {
         let daemon = DaemonProcess("cfg-symlink")
-        let plugins = daemon.directory + "/plugins"
-        try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
-        chmod(plugins, 0o755)
+        let plugins = try pluginDirectory(in: daemon.directory)
         _ = try buildGatePlugin(into: plugins, name: "gate")
         try FileManager.default.createSymbolicLink(atPath: plugins + "/libgate2.so", withDestinationPath: "libgate.so")
         _ = try buildTestPlugin("recorder", into: plugins, name: "recorder")

@@ -38,9 +38,7 @@ import Testing
     /// of every process that loads it.
     @Test func whendNeverLoadsAPipelinePluginsLibrary() throws {
         let daemon = DaemonProcess("no-dlopen")
-        let plugins = daemon.directory + "/plugins"
-        try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
-        chmod(plugins, 0o755)
+        let plugins = try pluginDirectory(in: daemon.directory)
         let marker = daemon.directory + "/loaded-by"
         _ = try buildTestPlugin(
             "constructor", into: plugins, name: "constructor", defines: ["-DMARKER=\"\(marker)\""])

@@ -28,9 +28,7 @@ import WhendWire
     /// A daemon whose configuration loads the `pretty` fixture, built with `defines`.
     func prettyDaemon(_ name: String, defines: [String], settings: String) throws -> DaemonProcess {
         let daemon = DaemonProcess(name)
-        let plugins = daemon.directory + "/plugins"
-        try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
-        chmod(plugins, 0o755)
+        let plugins = try pluginDirectory(in: daemon.directory)
         _ = try buildTestPlugin("pretty", into: plugins, name: "pretty", defines: defines)
         let config = daemon.directory + "/whend.conf"
         try "plugin_dirs = \(plugins)\n\(settings)\n".write(toFile: config, atomically: true, encoding: .utf8)
@@ -129,9 +127,7 @@ import WhendWire
 
     @Test func theReadmesDenyAppsCannotBeEscapedBySpacesEscapesOrNesting() throws {
         let daemon = DaemonProcess("deny-apps")
-        let plugins = daemon.directory + "/plugins"
-        try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
-        chmod(plugins, 0o755)
+        let plugins = try pluginDirectory(in: daemon.directory)
         let source = try Self.readmeBlock(after: "### In C", language: "c")
         #expect(source.hasPrefix("/* deny-apps.c"))
         try source.write(toFile: daemon.directory + "/deny-apps.c", atomically: true, encoding: .utf8)
@@ -181,9 +177,7 @@ import WhendWire
     /// the README's filter behind the pretty-printing fixture is not bypassed either.
     @Test func aPluginAfterOneThatPrettyPrintsSeesTheRecordCanonical() throws {
         let daemon = DaemonProcess("deny-chain")
-        let plugins = daemon.directory + "/plugins"
-        try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
-        chmod(plugins, 0o755)
+        let plugins = try pluginDirectory(in: daemon.directory)
         try Self.readmeBlock(after: "### In C", language: "c")
             .write(toFile: daemon.directory + "/deny-apps.c", atomically: true, encoding: .utf8)
         let root = DocumentationTests.root
@@ -227,9 +221,7 @@ import WhendWire
     /// plugins` and the metrics). Both stages' counters show in both.
     @Test func aPluginsCountersAreBoundedAndSaturate() throws {
         let daemon = DaemonProcess("counting")
-        let plugins = daemon.directory + "/plugins"
-        try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
-        chmod(plugins, 0o755)
+        let plugins = try pluginDirectory(in: daemon.directory)
         _ = try buildTestPlugin("counting", into: plugins, name: "counting")
         // The pipeline's copy under another file name than the name its library gives itself.
         _ = try buildTestPlugin("counting", into: plugins, name: "counted")

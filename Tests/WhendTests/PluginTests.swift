@@ -25,9 +25,7 @@ func buildTestPlugin(_ source: String, into directory: String, name: String, def
     /// (built here with cc), loaded with dlopen into a running daemon as ingest middleware.
     @Test func swiftAndCPluginsChangeDropAndRejectBeforeTheJournal() throws {
         let daemon = DaemonProcess("plugins")
-        let plugins = daemon.directory + "/plugins"
-        try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
-        chmod(plugins, 0o755)
+        let plugins = try pluginDirectory(in: daemon.directory)
         _ = try buildGatePlugin(into: plugins, name: "gate")
         let marker = daemon.directory + "/old-plugin-ran"
         _ = try buildGatePlugin(
@@ -110,9 +108,7 @@ func buildTestPlugin(_ source: String, into directory: String, name: String, def
 /// A daemon with one pipeline, `rec`, of the C recorder plugin.
 func pipelineDaemon(_ name: String, settings: String = "") throws -> (DaemonProcess, seen: String) {
     let daemon = DaemonProcess(name)
-    let plugins = daemon.directory + "/plugins"
-    try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
-    chmod(plugins, 0o755)
+    let plugins = try pluginDirectory(in: daemon.directory)
     _ = try buildTestPlugin("recorder", into: plugins, name: "recorder")
     let config = daemon.directory + "/whend.conf"
     try "plugin_dirs = \(plugins)\npipeline.rec = recorder\n\(settings)".write(

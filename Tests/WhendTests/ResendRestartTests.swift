@@ -141,9 +141,7 @@ import WhendWire
     /// either: a client's event with the same three is stored, not acknowledged as a resend.
     @Test func aDerivedRecordIsNoFirstCopyOfAClientsEventAfterARestart() throws {
         let daemon = DaemonProcess("rs-derived")
-        let plugins = daemon.directory + "/plugins"
-        try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
-        chmod(plugins, 0o755)
+        let plugins = try pluginDirectory(in: daemon.directory)
         _ = try buildTestPlugin("claimid", into: plugins, name: "claimid")
         let config = daemon.directory + "/whend.conf"
         try "plugin_dirs = \(plugins)\npipeline.claims = claimid\n".write(

@@ -122,9 +122,7 @@ import WhendConfiguration
     /// dumps no registers, which printed the bytes they pointed at — the configuration's.
     @Test func aCrashingPluginsBacktraceDumpsNoRegisters() throws {
         let directory = scratchDirectory("secret-crash")
-        let plugins = directory + "/plugins"
-        try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
-        chmod(plugins, 0o755)
+        let plugins = try pluginDirectory(in: directory)
         _ = try buildTestPlugin("recorder", into: plugins, name: "recorder")
         let token = "crashtok" + String(UInt32.random(in: 0...UInt32.max), radix: 36)
         let config = directory + "/whend.conf"

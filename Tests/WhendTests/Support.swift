@@ -388,3 +388,12 @@ struct SplitMix {
     }
     mutating func int(_ n: Int) -> Int { Int(next() % UInt64(n)) }
 }
+
+/// `parent`/plugins, made for the plugin libraries a test builds, 0755 whatever the umask: whend
+/// refuses a plugin directory others may write.
+func pluginDirectory(in parent: String) throws -> String {
+    let plugins = parent + "/plugins"
+    try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
+    chmod(plugins, 0o755)
+    return plugins
+}

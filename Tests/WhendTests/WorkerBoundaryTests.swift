@@ -9,9 +9,7 @@ import WhendWire
 @Suite(.serialized) struct WorkerBoundaryTests {
     func chattyDaemon(_ name: String, configuration: String = "{}", settings: String = "") throws -> DaemonProcess {
         let daemon = DaemonProcess(name)
-        let plugins = daemon.directory + "/plugins"
-        try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
-        chmod(plugins, 0o755)
+        let plugins = try pluginDirectory(in: daemon.directory)
         _ = try buildTestPlugin("chatty", into: plugins, name: "chatty")
         let config = daemon.directory + "/whend.conf"
         try """
