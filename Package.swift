@@ -95,7 +95,7 @@ let package = Package(
             path: "Plugins/SessionRecorder"),
 
         // The wire format (PROTOCOL.md): framing, the validating scanner, normalisation. No NIO.
-        .target(name: "WhendWire", dependencies: ["CLinux"]),
+        .target(name: "WhendWire"),
         // The append-only zstd journal: writer, recovery, reader, index, verify. No NIO.
         .target(name: "WhendJournal", dependencies: ["WhendWire", "CZstd", "CScan"]),
         // whend's settings: one table for the file, the environment and the flags, and how a

@@ -137,7 +137,12 @@ final class PipelineSupervisor: @unchecked Sendable {
             record, _ in
             // whend's own scanner, not Foundation's: a record Foundation refuses (an unpaired
             // surrogate's escape, 1e999) skipped here was appended again after every restart.
-            guard bytesContain(record.line, marker), let fields = try? record.fields(),
+            // memmem: a plain search here was 12 % of whend's CPU while four pipelines far
+            // behind (their state removed, a journal of 1.4M records) looked at start.
+            guard record.line.count >= marker.count,
+                marker.withUnsafeBytes({
+                    whend_memmem(record.line.baseAddress, record.line.count, $0.baseAddress, $0.count) != nil
+                }), let fields = try? record.fields(),
                 fields.pipeline == Array(spec.name.utf8), let cause = fields.cause, cause > cursor
             else { return true }
             // A cause at or after the record itself, or from no stage of the pipeline, was forged

@@ -1,4 +1,3 @@
-import CLinux
 import Foundation
 
 /// One JSON value inside a record: a view of its bytes, valid only during the call. Reading a
@@ -91,10 +90,17 @@ public func bytesEqual(_ a: UnsafeBufferPointer<UInt8>, _ b: UnsafeBufferPointer
     return memcmp(pa, pb, a.count) == 0
 }
 
-/// Whether `needle` occurs in `haystack`: glibc's `memmem`, which skips ahead with SIMD and a
-/// two-way search (a byte-at-a-time loop was 12 % of whend's CPU while four pipelines far behind
-/// looked for their derived records at start; redact runs it on every event).
+/// Whether `needle` occurs in `haystack` (a plain search: the needles are short keys).
 public func bytesContain(_ haystack: UnsafeBufferPointer<UInt8>, _ needle: [UInt8]) -> Bool {
-    guard !needle.isEmpty, haystack.count >= needle.count, let h = haystack.baseAddress else { return false }
-    return needle.withUnsafeBufferPointer { whend_memmem(h, haystack.count, $0.baseAddress, $0.count) != nil }
+    guard haystack.count >= needle.count, let first = needle.first else { return false }
+    return needle.withUnsafeBufferPointer { n in
+        var i = 0
+        while i <= haystack.count - n.count {
+            if haystack[i] == first && bytesEqual(UnsafeBufferPointer(rebasing: haystack[i..<(i + n.count)]), n) {
+                return true
+            }
+            i += 1
+        }
+        return false
+    }
 }
