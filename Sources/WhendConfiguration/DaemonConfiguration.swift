@@ -53,6 +53,19 @@ package struct DaemonConfiguration: Sendable {
     /// Pipelines: ordered plugin names, by pipeline name (`pipeline.<name>` keys). An empty
     /// list removes a built-in pipeline of that name.
     package var pipelines: [String: [String]] = [:]
+    /// `isolation.<plugin>`: "process" or "shared", by plugin name.
+    package var pluginIsolation: [String: String] = [:]
+    /// The plugins built with whend: trusted to share the pipeline host unless configured otherwise.
+    package static let builtinPlugins: Set<String> = [
+        "screen-tracking", "crash-reports", "analytics", "session-recorder", "redact", "nats", "otlp",
+    ]
+
+    /// Whether `plugin`'s pipelines may run in the shared pipeline host: a pipeline runs there
+    /// when every one of its plugins may.
+    package func runsShared(_ plugin: String) -> Bool {
+        pluginIsolation[plugin].map { $0 == "shared" } ?? Self.builtinPlugins.contains(plugin)
+    }
+
     /// Whether the built-in plugins run in their own pipelines unless configured otherwise.
     package var builtinPipelines = true
 

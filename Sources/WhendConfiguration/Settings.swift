@@ -20,7 +20,7 @@ package enum SettingError: Error, CustomStringConvertible, Equatable {
         switch self {
         case .unknownKey(let source, let key):
             return
-                "\(source): unknown key \"\(key)\"; the keys are \(Settings.all.map(\.key).joined(separator: ", ")) plugin.<name> and pipeline.<name>"
+                "\(source): unknown key \"\(key)\"; the keys are \(Settings.all.map(\.key).joined(separator: ", ")) plugin.<name>, pipeline.<name> and isolation.<plugin>"
         case .notAllowed(let source, let key, let value, let allowed):
             // A plugin's value that is refused is not known to be JSON a redaction understands.
             guard !key.hasPrefix("plugin.") else {
@@ -323,6 +323,21 @@ package enum Settings {
         }
     }
 
+    /// `isolation.<plugin> = process | shared`: whether a plugin's pipelines run in a process
+    /// of their own, or in the shared pipeline host with the other trusted ones (a crash there
+    /// restarts them all from their cursors).
+    package static func isolationSetting(_ plugin: String) -> Setting {
+        Setting(
+            key: "isolation.\(plugin)", allowed: "process or shared",
+            help: "where plugin \(plugin)'s pipelines run (default: shared for a built-in plugin, else process)",
+            reload: .live, value: { $0.pluginIsolation[plugin] ?? "" }
+        ) { c, v in
+            guard v.isEmpty || v == "process" || v == "shared" else { return false }
+            c.pluginIsolation[plugin] = v.isEmpty ? nil : v
+            return true
+        }
+    }
+
     /// Plugin names in order; nil if one is named twice (a chain holds one instance of a
     /// plugin: named twice, its `next` would call into itself while it handles the record).
     package static func pluginList(_ value: String) -> [String]? {
@@ -333,6 +348,7 @@ package enum Settings {
     package static func setting(_ key: String) -> Setting? {
         if key.hasPrefix("plugin."), key.count > 7 { return pluginSetting(String(key.dropFirst(7))) }
         if key.hasPrefix("pipeline."), key.count > 9 { return pipelineSetting(String(key.dropFirst(9))) }
+        if key.hasPrefix("isolation."), key.count > 10 { return isolationSetting(String(key.dropFirst(10))) }
         return all.first { $0.key == key }
     }
 
@@ -340,7 +356,8 @@ package enum Settings {
     package static func settings(of configurations: DaemonConfiguration...) -> [Setting] {
         let plugins = Set(configurations.flatMap { $0.pluginConfigurations.keys }).sorted()
         let pipelines = Set(configurations.flatMap { $0.pipelines.keys }).sorted()
-        return all + plugins.map(pluginSetting) + pipelines.map(pipelineSetting)
+        let isolated = Set(configurations.flatMap { $0.pluginIsolation.keys }).sorted()
+        return all + plugins.map(pluginSetting) + pipelines.map(pipelineSetting) + isolated.map(isolationSetting)
     }
 
     /// The settings whose values differ between two configurations.

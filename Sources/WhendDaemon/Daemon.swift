@@ -100,6 +100,8 @@ package final class Daemon: Sendable {
     private let lastConnectionRefusalLog = NIOLockedValueBox<Date>(.distantPast)
     private let nextConnectionID = NIOLockedValueBox<UInt64>(0)
     let supervisors = NIOLockedValueBox<[String: PipelineSupervisor]>([:])
+    /// The process the trusted pipelines share, started when the first of them runs.
+    let sharedHost = NIOLockedValueBox<SharedPipelineHost?>(nil)
     /// Records retention deleted before a pipeline read them, by pipeline (since start).
     let retentionLosses = NIOLockedValueBox<[String: UInt64]>([:])
     /// Plugins `whenctl plugins unload` took out of routing, until `load` puts them back.

@@ -35,7 +35,8 @@ extension Daemon {
                 pluginStateRoot: configuration.stateDirectory + "/plugins",
                 pluginDirectories: configuration.pluginDirectories,
                 retryLimit: configuration.pipelineRetryLimit, snapshotInterval: configuration.pipelineSnapshotInterval,
-                snapshotRebuild: UInt64(configuration.pipelineSnapshotRebuild))
+                snapshotRebuild: UInt64(configuration.pipelineSnapshotRebuild),
+                shared: plugins.allSatisfy { configuration.runsShared($0) })
         }
         // A pipeline running as asked keeps what its check found; the others are checked now.
         let running = supervisors.withLockedValue { $0.mapValues(\.spec) }
@@ -89,8 +90,14 @@ extension Daemon {
                 running[name] = nil
             }
             for (name, spec) in specs where running[name] == nil {
+                let host =
+                    spec.shared == true
+                    ? sharedHost.withLockedValue {
+                        if $0 == nil { $0 = SharedPipelineHost(executable: executable, logger: logger) }
+                        return $0
+                    } : nil
                 let supervisor = PipelineSupervisor(
-                    spec: spec, executable: executable, watchdog: watchdog, logger: logger,
+                    spec: spec, host: host, executable: executable, watchdog: watchdog, logger: logger,
                     journalWrittenThrough: { [weak self] in self?.writer.statistics.writtenThrough ?? 0 }
                 ) { [weak self] records, stored in
                     self?.appendDerived(records, pipeline: name, stored: stored)
@@ -109,6 +116,7 @@ extension Daemon {
             return Array(running.values)
         }
         for supervisor in all { supervisor.stop() }
+        sharedHost.withLockedValue { $0 }?.stop()
     }
 
     /// Appends records a pipeline's plugins derived, as one journal batch (it shares ingest's

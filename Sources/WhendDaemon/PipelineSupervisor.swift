@@ -67,6 +67,12 @@ final class PipelineSupervisor: @unchecked Sendable {
     }
 
     let spec: PipelineSpec
+    /// The shared host this pipeline runs in; nil: a worker process of its own.
+    private let host: SharedPipelineHost?
+    /// The host running the current worker (shared pipelines only).
+    private let hostLife = NIOLockedValueBox<SharedPipelineHost.Life?>(nil)
+    /// How the current worker said it ended (shared pipelines only).
+    private let ended = NIOLockedValueBox<UInt64?>(nil)
     private let executable: String
     private let watchdog: TimeInterval
     private let logger: Logger
@@ -86,11 +92,12 @@ final class PipelineSupervisor: @unchecked Sendable {
     private let stopSignal = DispatchSemaphore(value: 0)
 
     init(
-        spec: PipelineSpec, executable: String, watchdog: TimeInterval, logger: Logger,
+        spec: PipelineSpec, host: SharedPipelineHost?, executable: String, watchdog: TimeInterval, logger: Logger,
         journalWrittenThrough: @escaping @Sendable () -> UInt64,
         appendDerived: @escaping @Sendable ([DerivedRecord], @escaping @Sendable (Bool) -> Void) -> Void
     ) {
         self.spec = spec
+        self.host = host
         self.executable = executable
         self.watchdog = watchdog
         self.logger = logger
@@ -193,26 +200,51 @@ final class PipelineSupervisor: @unchecked Sendable {
 
     /// Asks the worker to stop (SIGTERM, then SIGKILL after `grace`) and waits for it.
     func stop(grace: TimeInterval = 2) {
-        let pid = state.withLockedValue {
-            $0.stopping = true
-            return $0.pid
-        }
-        if pid > 0 { kill(pid, SIGTERM) }
+        state.withLockedValue { $0.stopping = true }
+        askToStop()
         stopSignal.signal()
         if finished.wait(timeout: .now() + grace) == .timedOut {
-            let pid = state.withLockedValue { $0.pid }
-            if pid > 0 { kill(pid, SIGKILL) }
+            killWorker(why: "it did not stop within \(grace) s")
             finished.wait()
         }
     }
 
-    /// Kills the worker; the supervisor starts it again from its cursor.
+    /// Stops the worker; the supervisor starts it again from its cursor.
     func restart() {
-        let pid = state.withLockedValue {
-            $0.excused = true
-            return $0.pid
+        state.withLockedValue { $0.excused = true }
+        if host == nil { killWorker(why: nil) } else { askToStop() }
+    }
+
+    /// The worker finishes its record, saves its cursor and ends: SIGTERM for a process, a
+    /// `stop` message in the shared host (which runs other pipelines).
+    private func askToStop() {
+        if host != nil {
+            acknowledgementQueue.async { [self] in
+                if acknowledgements.fd >= 0 {
+                    writeAll(acknowledgements.fd, WorkerFrame.encode(SupervisorMessage.stop))
+                }
+            }
+        } else {
+            let pid = state.withLockedValue { $0.pid }
+            if pid > 0 { kill(pid, SIGTERM) }
         }
-        if pid > 0 { kill(pid, SIGKILL) }
+    }
+
+    /// Kills the current worker at once. In the shared host, that is the host, and every
+    /// pipeline in it restarts from its cursor: `why` is logged.
+    private func killWorker(why: String?) {
+        if host != nil {
+            guard let life = hostLife.withLockedValue({ $0 }) else { return }
+            if let why {
+                logger.error(
+                    "pipeline \(spec.name): \(why); killing the shared pipeline host \(life.pid) (its other pipelines restart from their cursors too)"
+                )
+            }
+            life.kill()
+        } else {
+            let pid = state.withLockedValue { $0.pid }
+            if pid > 0 { kill(pid, SIGKILL) }
+        }
     }
 
     private func supervise() {
@@ -279,9 +311,18 @@ final class PipelineSupervisor: @unchecked Sendable {
         // The spec goes over the worker's command pipe, never on its command line: it holds
         // plugin configuration, secrets included, and /proc/PID/cmdline is readable by all. The
         // frames have descriptors of their own (standard output is whend's log).
-        let spawned = HelperProcess.spawn(
-            executable, "--pipeline-worker", standardInput: nil,
-            descriptors: [(fds[1], WorkerFrame.reportDescriptor), (ackFds[0], WorkerFrame.commandDescriptor)])
+        let spawned: Result<pid_t, HelperProcess.SpawnError>
+        ended.withLockedValue { $0 = nil }
+        if let host {
+            spawned = host.attach(report: fds[1], command: ackFds[0]).map { life in
+                hostLife.withLockedValue { $0 = life }
+                return life.pid
+            }
+        } else {
+            spawned = HelperProcess.spawn(
+                executable, "--pipeline-worker", standardInput: nil,
+                descriptors: [(fds[1], WorkerFrame.reportDescriptor), (ackFds[0], WorkerFrame.commandDescriptor)])
+        }
         close(fds[1])
         close(ackFds[0])
         let pid: pid_t
@@ -305,7 +346,7 @@ final class PipelineSupervisor: @unchecked Sendable {
         }
         // A batch failed after the rewind above: this worker would take its records for
         // appended. The next one starts after the rewind.
-        if failed { kill(pid, SIGKILL) }
+        if failed { killWorker(why: "derived records were not stored") }
         var told = spec
         if let poison = state.withLockedValue({ $0.poison }) {
             told.poison = poison.seq
@@ -316,14 +357,20 @@ final class PipelineSupervisor: @unchecked Sendable {
         acknowledgementQueue.sync {
             acknowledgements = (ackFds[1], generation)
             writeAll(ackFds[1], WorkerFrame.encode(start))
+            // A stop asked while the worker started found no one to tell.
+            if host != nil, state.withLockedValue({ $0.stopping }) {
+                writeAll(ackFds[1], WorkerFrame.encode(SupervisorMessage.stop))
+            }
         }
         let watchdogTimer = DispatchSource.makeTimerSource(queue: .global())
         watchdogTimer.schedule(deadline: .now() + 1, repeating: 1)
         watchdogTimer.setEventHandler { [self] in
             let silent = state.withLockedValue { Date().timeIntervalSince($0.lastReport) }
             if silent > watchdog {
-                logger.error("pipeline \(spec.name): worker \(pid) silent for \(Int(silent)) s; killing it")
-                kill(pid, SIGKILL)
+                if host == nil {
+                    logger.error("pipeline \(spec.name): worker \(pid) silent for \(Int(silent)) s; killing it")
+                }
+                killWorker(why: "silent for \(Int(silent)) s")
             }
         }
         watchdogTimer.resume()
@@ -334,6 +381,14 @@ final class PipelineSupervisor: @unchecked Sendable {
         acknowledgementQueue.sync {
             acknowledgements = (-1, 0)
             close(ackFds[1])
+        }
+        if let host = hostLife.withLockedValue({ $0 }) {
+            defer { hostLife.withLockedValue { $0 = nil } }
+            if let status = ended.withLockedValue({ $0 }) { return "exited with status \(status)" }
+            // Its pipes closed without a last word: the host died, or is broken.
+            if let how = host.waitForEnd(seconds: 5) { return how }
+            killWorker(why: "its pipes closed without a word from it")
+            return host.waitForEnd(seconds: 30) ?? "lost (the shared pipeline host \(host.pid) would not die)"
         }
         var status: Int32 = 0
         while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
@@ -374,7 +429,7 @@ final class PipelineSupervisor: @unchecked Sendable {
         } catch {
             // A worker that writes what is not a message is broken: stop it.
             logger.error("pipeline \(spec.name): the worker's message cannot be read (\(error)); killing it")
-            kill(state.withLockedValue { $0.pid }, SIGKILL)
+            killWorker(why: "its message cannot be read")
         }
     }
 
@@ -389,6 +444,8 @@ final class PipelineSupervisor: @unchecked Sendable {
                 $0.deadLetters = Int(clamping: deadLetters)
                 $0.skipped = skipped
             }
+        case .ended(let status):
+            ended.withLockedValue { $0 = status }
         case .counters(let plugin, let values):
             // Only the pipeline's own stages: a worker's word names no other plugin.
             guard spec.stages.contains(where: { $0.plugin == plugin }) else { return }
@@ -429,8 +486,9 @@ final class PipelineSupervisor: @unchecked Sendable {
                 logger.error(
                     "pipeline \(spec.name): its worker sent a derived record it cannot have derived (\(forged)); nothing of its batch is stored; killing it"
                 )
-                let pid = state.withLockedValue { $0.generation == generation ? $0.pid : 0 }
-                if pid > 0 { kill(pid, SIGKILL) }
+                if state.withLockedValue({ $0.generation == generation }) {
+                    killWorker(why: "it sent a derived record it cannot have derived")
+                }
                 return
             }
             let take = state.withLockedValue { s -> Take in
@@ -458,26 +516,26 @@ final class PipelineSupervisor: @unchecked Sendable {
             appendDerived(fresh) { [self] stored in
                 // Answered in the order appended: what is known stored moves on only while
                 // nothing before it failed.
-                let stop = state.withLockedValue { s -> pid_t? in
+                let stop = state.withLockedValue { s -> Bool in
                     s.appending -= 1
                     if stored {
                         if s.failedGeneration == nil, through > s.storedThrough { s.storedThrough = through }
-                        return nil
+                        return false
                     }
-                    guard s.failedGeneration == nil else { return nil }
+                    guard s.failedGeneration == nil else { return false }
                     // The worker running now (this batch's, or one started since, which passed
                     // these records as appended) stops; the next one starts from what is stored.
                     s.failedGeneration = s.generation
                     s.excused = true
-                    return s.pid
+                    return s.pid > 0
                 }
                 if stored {
                     acknowledge(generation: generation, batch: batch)
-                } else if let pid = stop {
+                } else if stop {
                     logger.error(
                         "pipeline \(spec.name): derived records were not stored; its worker restarts and derives them again"
                     )
-                    if pid > 0 { kill(pid, SIGKILL) }
+                    killWorker(why: "derived records were not stored")
                 }
             }
         }

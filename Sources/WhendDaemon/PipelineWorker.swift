@@ -2,6 +2,7 @@ import CLinux
 import CWhendPlugin
 import Foundation
 import Logging
+import Synchronization
 import WhendConfiguration
 import WhendJournal
 import WhendPluginHost
@@ -38,6 +39,8 @@ package struct PipelineSpec: Codable, Sendable, Equatable {
     /// this worker writes it to the dead letters rather than handle it again.
     package var poison: UInt64?
     package var poisonReason: String?
+    /// Runs in the shared pipeline host (every stage's plugin trusted), not a process of its own.
+    package var shared: Bool?
 
     var cursorPath: String { directory + "/cursor" }
     var snapshotPath: String { directory + "/snapshot" }
@@ -184,8 +187,38 @@ package final class CompletionTracker: @unchecked Sendable {
 enum WorkerChannel {
     /// Above the descriptors a plugin would pick by hand.
     static let lowest: Int32 = 100
-    nonisolated(unsafe) static var report: Int32 = WorkerFrame.reportDescriptor
-    nonisolated(unsafe) static var command: Int32 = WorkerFrame.commandDescriptor
+}
+
+/// One pipeline run's ends of its pipes to the daemon, and whether it was asked to stop. A
+/// worker process has one; the shared pipeline host one per pipeline it runs.
+final class WorkerLink: @unchecked Sendable {
+    // Unchecked: the descriptors are set once; `stopAsked` is an atomic.
+    let report: Int32
+    let command: Int32
+    /// A worker process exits when the daemon is gone; in the shared host, only the pipeline
+    /// ends (the host itself goes when its socket to the daemon closes).
+    let exitsProcess: Bool
+    private let stopAsked = Atomic<Bool>(false)
+    /// The reader of the daemon's acknowledgements started: it closes `command` when the
+    /// daemon closes its end (closing it under a blocked read would not wake the read).
+    let readerStarted = Atomic<Bool>(false)
+
+    init(report: Int32, command: Int32, exitsProcess: Bool) {
+        self.report = report
+        self.command = command
+        self.exitsProcess = exitsProcess
+    }
+
+    /// Asked by the daemon (`stop`), by SIGTERM, or the daemon is gone.
+    var stopRequested: Bool { workerStopRequested != 0 || stopAsked.load(ordering: .relaxed) }
+
+    func requestStop() { stopAsked.store(true, ordering: .relaxed) }
+
+    /// The daemon cannot be told anything more.
+    func daemonGone() {
+        if exitsProcess { exit(4) }
+        requestStop()
+    }
 }
 
 /// The record a worker is handling, in `PipelineSpec.handlingPath`, mapped shared: one store
@@ -210,6 +243,8 @@ final class HandlingMarker: @unchecked Sendable {
         word?.pointee = 0
     }
 
+    deinit { if let word { munmap(word, 8) } }
+
     func set(_ seq: UInt64) { word?.pointee = seq }
 
     /// What a worker that is gone left in `path`: the record it was handling, or 0.
@@ -222,8 +257,8 @@ final class HandlingMarker: @unchecked Sendable {
     }
 }
 
-/// Set by SIGTERM in a worker; read between records.
-nonisolated(unsafe) private var workerStopRequested: sig_atomic_t = 0
+/// Set by SIGTERM in a worker process or the shared host; read between records.
+nonisolated(unsafe) var workerStopRequested: sig_atomic_t = 0
 
 /// A pipeline's worker process: it loads the pipeline's plugins, reads the journal itself from
 /// the pipeline's cursor, in `_seq` order, and runs each record through the chain.
@@ -259,17 +294,35 @@ package enum PipelineWorker {
         }
         for fd in [WorkerFrame.reportDescriptor, WorkerFrame.commandDescriptor] { dup2(null, fd) }
         close(null)
-        WorkerChannel.report = report
-        WorkerChannel.command = command
+        // SIGTERM (the daemon stopping the pipeline): finish the record in hand, save the
+        // cursor, let the plugins close (destroy), exit 0. The daemon's blocked signals are
+        // inherited across exec, so unblock it first.
+        TerminationSignals.unblock([SIGTERM])
+        signal(SIGTERM) { _ in workerStopRequested = 1 }
+        let link = WorkerLink(report: report, command: command, exitsProcess: true)
         var frames = WorkerFrameReader()
-        let (generation, spec) = readStart(&frames, logger: logger)
-        run(spec, generation: generation, frames: frames, logger: logger)
+        switch readStart(&frames, link) {
+        case .success(let (generation, spec)):
+            exit(run(spec, generation: generation, frames: frames, link: link, logger: logger))
+        case .failure(.closed):
+            // The daemon is gone before it said anything: nothing to run, nobody to tell.
+            exit(4)
+        case .failure(.notAStart):
+            logger.error("whend --pipeline-worker: the daemon's first message is not a pipeline to run")
+            exit(2)
+        }
     }
 
-    /// The daemon's first message. Exits if there is none or it is not a start.
-    private static func readStart(_ frames: inout WorkerFrameReader, logger: Logger) -> (UInt64, PipelineSpec) {
+    enum NoStart: Error {
+        case closed, notAStart
+    }
+
+    /// The daemon's first message: the pipeline to run, and the worker's generation.
+    static func readStart(_ frames: inout WorkerFrameReader, _ link: WorkerLink) -> Result<
+        (UInt64, PipelineSpec), NoStart
+    > {
         var start: (UInt64, PipelineSpec)?
-        let end = try? frames.pump(WorkerChannel.command) { payload throws(WorkerFrame.DecodeError) in
+        let end = try? frames.pump(link.command) { payload throws(WorkerFrame.DecodeError) in
             if case .start(let generation, let json) = try WorkerFrame.decodeSupervisorMessage(payload),
                 let spec = try? JSONDecoder().decode(PipelineSpec.self, from: Data(json))
             {
@@ -277,23 +330,19 @@ package enum PipelineWorker {
             }
             return false
         }
-        if let start { return start }
-        // The daemon is gone before it said anything: nothing to run, nobody to tell.
-        if end == .closed { exit(4) }
-        logger.error("whend --pipeline-worker: the daemon's first message is not a pipeline to run")
-        exit(2)
+        if let start { return .success(start) }
+        return .failure(end == .closed ? .closed : .notAStart)
     }
 
-    static func run(_ spec: PipelineSpec, generation: UInt64, frames: WorkerFrameReader, logger: Logger) -> Never {
-        // SIGTERM (the daemon stopping the pipeline): finish the record in hand, save the
-        // cursor, let the plugins close (destroy), exit 0. The daemon's blocked signals are
-        // inherited across exec, so unblock it first.
-        TerminationSignals.unblock([SIGTERM])
-        signal(SIGTERM) { _ in workerStopRequested = 1 }
+    /// Runs one pipeline until it is asked to stop (or cannot go on), and says how it ended as
+    /// a worker process's exit status: 0 stopped, 3 its plugins could not be loaded.
+    static func run(
+        _ spec: PipelineSpec, generation: UInt64, frames: WorkerFrameReader, link: WorkerLink, logger: Logger
+    ) -> Int32 {
         let completions = CompletionTracker()
-        let output = WorkerOutput(completions: completions)
+        let output = WorkerOutput(completions: completions, link: link)
         var deferred = false
-        func buildChain() -> PluginChain {
+        func buildChain() -> PluginChain? {
             do {
                 try DurableFile.createDirectory(spec.directory)
                 var instances: [PluginInstance] = []
@@ -319,10 +368,10 @@ package enum PipelineWorker {
                 return PluginChain(instances)
             } catch {
                 logger.error("pipeline \(spec.name): \(error)")
-                exit(3)
+                return nil
             }
         }
-        var chain = buildChain()
+        guard var chain = buildChain() else { return 3 }
         let handling = HandlingMarker(path: spec.handlingPath)
         let keepsState = spec.snapshotInterval > 0 && chain.plugins.contains { $0.keepsState }
         // A snapshot left from when the pipeline kept state is never resumed from now: it must
@@ -332,22 +381,24 @@ package enum PipelineWorker {
         }
         // whend acknowledges each batch of derived records once stored; the end of its pipe
         // means whend is gone.
+        link.readerStarted.store(true, ordering: .relaxed)
         Thread {
             var frames = frames
             do {
-                _ = try frames.pump(WorkerChannel.command) { payload throws(WorkerFrame.DecodeError) in
+                _ = try frames.pump(link.command) { payload throws(WorkerFrame.DecodeError) in
+                    switch try WorkerFrame.decodeSupervisorMessage(payload) {
                     // Meant for a worker that died: its batches are not this one's.
-                    if case .stored(let from, let batch) = try WorkerFrame.decodeSupervisorMessage(payload),
-                        from == generation
-                    {
-                        output.stored(batch: batch)
+                    case .stored(let from, let batch) where from == generation: output.stored(batch: batch)
+                    case .stop: link.requestStop()
+                    default: break
                     }
                     return true
                 }
             } catch {
                 logger.error("pipeline \(spec.name): the daemon's message cannot be read: \(error)")
             }
-            exit(4)
+            if !link.exitsProcess { close(link.command) }
+            link.daemonGone()
         }.start()
         var cursor = PipelineSpec.savedCursor(at: spec.cursorPath)
         let firstStart = !FileManager.default.fileExists(atPath: spec.cursorPath)
@@ -374,7 +425,8 @@ package enum PipelineWorker {
                 // before snapshots) is no state either: resuming at it would handle the records
                 // after it against empty state.
                 chain = PluginChain([])
-                chain = buildChain()
+                guard let rebuilt = buildChain() else { return 3 }
+                chain = rebuilt
                 let from = cursor > spec.snapshotRebuild ? cursor - spec.snapshotRebuild : 0
                 logger.error(
                     "pipeline \(spec.name): no saved state can be used; its plugins rebuild theirs from the journal, from _seq \(from + 1) (pipeline_snapshot_rebuild = \(spec.snapshotRebuild)) to its cursor \(cursor)"
@@ -513,7 +565,7 @@ package enum PipelineWorker {
         JournalReader(directory: JournalDirectory(path: spec.journalDirectory)).read(
             fromSeq: cursor + 1, follow: true,
             body: { record, _ in
-                guard workerStopRequested == 0 else { return false }
+                guard !link.stopRequested else { return false }
                 guard let seq = record.seq, seq > cursor else { return true }
                 if let expected, seq > expected {
                     // Gone before this pipeline read them: said, counted, never silent.
@@ -586,12 +638,12 @@ package enum PipelineWorker {
                         }
                         // Sleep in slices, reporting, so that the daemon sees the worker alive.
                         let until = Date().addingTimeInterval(delay)
-                        while Date() < until && workerStopRequested == 0 {
+                        while Date() < until && !link.stopRequested {
                             report()
                             Thread.sleep(forTimeInterval: min(0.1, max(0, until.timeIntervalSinceNow)))
                         }
                         // Stopping: the record is not done, so the cursor stays before it.
-                        if workerStopRequested != 0 { return false }
+                        if link.stopRequested { return false }
                         continue
                     }
                     break
@@ -617,7 +669,7 @@ package enum PipelineWorker {
                     lastTrim = Date()
                     trimmedAt = cursor
                 }
-                return workerStopRequested == 0
+                return !link.stopRequested
             },
             onProblem: { problem in logger.warning("pipeline \(spec.name): \(problem)") })
         // The plugins close before the process ends (an analytics spool, a session index, a
@@ -630,7 +682,7 @@ package enum PipelineWorker {
         output.flush()
         completions.drain(seconds: 1)
         report(force: true)
-        exit(0)
+        return 0
     }
 
     /// Moments at which a test can have the worker SIGKILL itself, to reach each phase of its
@@ -758,8 +810,12 @@ final class WorkerOutput: @unchecked Sendable {
     private var unacknowledged: [UInt64: [UInt64]] = [:]
     private var nextBatch: UInt64 = 1
     private let completions: CompletionTracker
+    private let link: WorkerLink
 
-    init(completions: CompletionTracker) { self.completions = completions }
+    init(completions: CompletionTracker, link: WorkerLink) {
+        self.completions = completions
+        self.link = link
+    }
 
     func progress(cursor: UInt64, failures: Int, deadLetters: Int, skipped: UInt64) {
         send(
@@ -823,7 +879,7 @@ final class WorkerOutput: @unchecked Sendable {
         }
         let frame = pending.finish(batch: batch)
         // The daemon is gone: nothing to report to.
-        if frame.withUnsafeBytes({ writeFully(WorkerChannel.report, $0) }) != nil { exit(4) }
+        if frame.withUnsafeBytes({ writeFully(link.report, $0) }) != nil { link.daemonGone() }
         pending.reset()
     }
 
@@ -833,8 +889,8 @@ final class WorkerOutput: @unchecked Sendable {
         for cause in causes { completions.derivedStored(cause) }
     }
 
-    private func send(_ frame: [UInt8]) {
+    func send(_ frame: [UInt8]) {
         // The daemon is gone: nothing to report to.
-        if !writeAll(WorkerChannel.report, frame) { exit(4) }
+        if !writeAll(link.report, frame) { link.daemonGone() }
     }
 }

@@ -30,6 +30,9 @@ package enum WorkerMessage: Equatable, Sendable {
     case derived(batch: UInt64, records: [DerivedRecord])
     /// A stage's counters (`host.count`) since its worker started, whole, sent when they change.
     case counters(plugin: String, values: [String: Int64])
+    /// The worker's last word, in the shared pipeline host, where a pipeline ends without its
+    /// process: how it ended, as a worker process's exit status would say.
+    case ended(status: UInt64)
 }
 
 /// The daemon's messages to a worker, on `WorkerFrame.commandDescriptor`.
@@ -42,6 +45,9 @@ package enum SupervisorMessage: Equatable, Sendable {
     /// pass their causes. A worker ignores acknowledgements of another generation: they were
     /// meant for a worker that died.
     case stored(generation: UInt64, batch: UInt64)
+    /// Finish the record in hand, save the cursor, close the plugins and end (a worker process
+    /// exits 0). The shared pipeline host stops one pipeline so, without a signal.
+    case stop
 }
 
 /// The framing both ways: a 4-byte little-endian length, then that many bytes: a tag byte and
@@ -64,7 +70,7 @@ package enum WorkerFrame {
     static let minimumRecordLength = 8 + 4 + 1 + 4
 
     enum Tag: UInt8 {
-        case progress = 1, derived = 2, start = 3, stored = 4, counters = 5
+        case progress = 1, derived = 2, start = 3, stored = 4, counters = 5, ended = 6, stop = 7
     }
 
     package struct DecodeError: Error, CustomStringConvertible {
@@ -94,6 +100,9 @@ package enum WorkerFrame {
                 w.run(Array(name.utf8))
                 w.integer(UInt64(bitPattern: value))
             }
+        case .ended(let status):
+            w.tag(.ended)
+            w.integer(status)
         }
         return w.frame()
     }
@@ -109,6 +118,8 @@ package enum WorkerFrame {
             w.tag(.stored)
             w.integer(generation)
             w.integer(batch)
+        case .stop:
+            w.tag(.stop)
         }
         return w.frame()
     }
@@ -160,6 +171,8 @@ package enum WorkerFrame {
                 values[String(decoding: name, as: UTF8.self)] = value
             }
             return .counters(plugin: plugin, values: values)
+        case .ended:
+            return .ended(status: try r.integer())
         default:
             throw DecodeError(description: "not a worker's message")
         }
@@ -170,6 +183,7 @@ package enum WorkerFrame {
         switch try r.tag() {
         case .start: return .start(generation: try r.integer(), spec: Array(try r.run()))
         case .stored: return .stored(generation: try r.integer(), batch: try r.integer())
+        case .stop: return .stop
         default: throw DecodeError(description: "not the daemon's message")
         }
     }

@@ -52,6 +52,10 @@ struct Whend: AsyncParsableCommand {
     @Flag(name: .long, help: .hidden)
     var pipelineWorker = false
 
+    /// Run as the shared pipeline host: the daemon hands it each trusted pipeline's pipes.
+    @Flag(name: .long, help: .hidden)
+    var pipelineHost = false
+
     /// Create and destroy the plugins of the chains the caller gives on standard input, and
     /// report on descriptor 3 (`PluginCheck`): --check-config and reload run it.
     @Flag(name: .long, help: .hidden)
@@ -117,6 +121,10 @@ struct Whend: AsyncParsableCommand {
             // A pipeline's worker process, started by the daemon (PipelineSupervisor).
             LoggingSystem.bootstrap { label in StreamLogHandler.standardError(label: label) }
             PipelineWorker.run(logger: Logger(label: "whend-pipeline"))
+        }
+        if pipelineHost {
+            LoggingSystem.bootstrap { label in StreamLogHandler.standardError(label: label) }
+            PipelineHostProcess.serve(logger: Logger(label: "whend-pipeline"))
         }
         if pluginCheck {
             LoggingSystem.bootstrap { label in StreamLogHandler.standardError(label: label) }

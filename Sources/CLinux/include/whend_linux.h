@@ -27,4 +27,13 @@ const void *whend_memmem(const void *haystack, size_t haystack_length, const voi
 /// glibc's malloc_trim: gives free pages back to the system, inside its heaps as well.
 int whend_malloc_trim(size_t pad);
 
+/// Sends `count` descriptors (at most 8) with one byte over the Unix socket `socket`, in one
+/// message (SCM_RIGHTS). 0, or -1 with errno set.
+int whend_send_descriptors(int socket, const int *descriptors, int count);
+
+/// Receives one message of whend_send_descriptors: the descriptors it carried (close-on-exec)
+/// into `descriptors`, at most `capacity` of them. How many came; 0 at the end of the stream;
+/// -1 with errno set. Descriptors beyond `capacity` are closed.
+int whend_receive_descriptors(int socket, int *descriptors, int capacity);
+
 #endif

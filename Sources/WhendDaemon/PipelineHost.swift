@@ -1,0 +1,233 @@
+import CLinux
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+import Synchronization
+import WhendWire
+
+/// The shared pipeline host: one process in which the trusted pipelines (the built-in plugins',
+/// and those of plugins configured `isolation.<name> = shared`) run, each on a thread of its
+/// own with its own cursor, snapshot and backoff. Each pipeline speaks to its supervisor
+/// exactly as a worker process does, on a pair of pipes of its own that whend hands the host
+/// over a Unix socket; a pipeline that ends says how (`WorkerMessage.ended`) where a process
+/// would exit. One process, not one per pipeline: one copy of Swift's runtime and Foundation,
+/// and no process per pipeline to schedule. The price: a crash of any of its plugins, or a
+/// pipeline that stops answering, takes the host down, and every pipeline in it restarts from
+/// its cursor and snapshot (exactly once and byte-identical to a replay, as after any
+/// worker's death). A plugin whend did not build runs in a process of its own unless it is
+/// configured otherwise.
+package enum PipelineHostProcess {
+    /// Where the host, as it starts, finds its socket to whend.
+    static let socketDescriptor: Int32 = 3
+
+    /// The host's main: runs each pipeline whend hands it until whend closes the socket (or
+    /// SIGTERM), then lets the pipelines stop and exits.
+    package static func serve(logger: Logger) -> Never {
+        signal(SIGPIPE, SIG_IGN)
+        // As a worker process: Ctrl-C in whend's terminal is whend's to act on.
+        signal(SIGINT, SIG_IGN)
+        let socket = fcntl(socketDescriptor, F_DUPFD_CLOEXEC, WorkerChannel.lowest)
+        let null = open("/dev/null", O_RDWR | O_CLOEXEC)
+        guard socket >= 0, null >= 0 else {
+            logger.error(
+                "whend --pipeline-host: its socket to the daemon cannot be moved: \(String(cString: strerror(errno)))")
+            exit(4)
+        }
+        // Descriptors 3 and 4 lead nowhere, as in a worker process: a plugin that picks them by
+        // hand reaches /dev/null.
+        for fd in [WorkerFrame.reportDescriptor, WorkerFrame.commandDescriptor] { dup2(null, fd) }
+        close(null)
+        TerminationSignals.unblock([SIGTERM])
+        signal(SIGTERM) { _ in workerStopRequested = 1 }
+        let running = Atomic<Int>(0)
+        // Stopping (SIGTERM, or whend closed the socket): every pipeline finishes its record,
+        // saves its cursor and closes its plugins, then the host exits.
+        Thread {
+            while workerStopRequested == 0 || running.load(ordering: .acquiring) > 0 {
+                Thread.sleep(forTimeInterval: 0.02)
+            }
+            exit(0)
+        }.start()
+        var descriptors: [Int32] = [-1, -1, -1]
+        while true {
+            let count = whend_receive_descriptors(socket, &descriptors, 3)
+            if count < 0 && errno == EINTR { continue }
+            guard count > 0 else { break }
+            guard count == 2 else {
+                // Not a pipeline's pair: nothing to run on it.
+                for fd in descriptors.prefix(Int(count)) { close(fd) }
+                continue
+            }
+            let (report, command) = (descriptors[0], descriptors[1])
+            running.add(1, ordering: .acquiringAndReleasing)
+            let thread = Thread {
+                runPipeline(report: report, command: command, logger: logger)
+                running.subtract(1, ordering: .acquiringAndReleasing)
+            }
+            // The plugins' work, not the host's loop: as much stack as a process's main thread.
+            thread.stackSize = 8 << 20
+            thread.start()
+        }
+        // whend is gone, or stops the host: its pipelines stop (their pipes are closed too).
+        workerStopRequested = 1
+        while true { pause() }
+    }
+
+    /// One pipeline, from the daemon's first message on its pipes to its last word.
+    private static func runPipeline(report: Int32, command: Int32, logger: Logger) {
+        let link = WorkerLink(report: report, command: command, exitsProcess: false)
+        var frames = WorkerFrameReader()
+        let status: Int32
+        switch PipelineWorker.readStart(&frames, link) {
+        case .success(let (generation, spec)):
+            Thread.current.name = "whend-pipe-\(spec.name.prefix(5))"
+            status = PipelineWorker.run(spec, generation: generation, frames: frames, link: link, logger: logger)
+        case .failure(.closed): status = 4
+        case .failure(.notAStart):
+            logger.error("whend --pipeline-host: the daemon's first message is not a pipeline to run")
+            status = 2
+        }
+        writeAll(report, WorkerFrame.encode(WorkerMessage.ended(status: UInt64(status))))
+        close(report)
+        // Else the reader of acknowledgements closes it once whend closes its end.
+        if !link.readerStarted.load(ordering: .relaxed) { close(command) }
+    }
+}
+
+/// whend's side of the shared pipeline host: starts it when a pipeline first needs it, hands it
+/// each pipeline's pipes, reaps it, and starts a new one for the next pipeline after it died.
+final class SharedPipelineHost: @unchecked Sendable {
+    // Unchecked: `current` is under `lock`; each Life's mutable state under its own condition.
+    /// One host process, from its start to its end.
+    final class Life: @unchecked Sendable {
+        let pid: pid_t
+        fileprivate let socket: Int32
+        private let ended = NSCondition()
+        private var exit: String?
+
+        fileprivate init(pid: pid_t, socket: Int32) {
+            self.pid = pid
+            self.socket = socket
+        }
+
+        fileprivate func end(_ how: String) {
+            ended.withLock {
+                exit = how
+                ended.broadcast()
+            }
+        }
+
+        var isOver: Bool { ended.withLock { exit != nil } }
+
+        /// How the host ended, once it has; nil if it still runs after `seconds`.
+        func waitForEnd(seconds: Double) -> String? {
+            let deadline = Date().addingTimeInterval(seconds)
+            return ended.withLock {
+                while exit == nil && ended.wait(until: deadline) {}
+                return exit
+            }
+        }
+
+        /// Kills this host (never a later one: its pid may be another process's by then).
+        func kill() {
+            ended.withLock { if exit == nil { _ = Glibc.kill(pid, SIGKILL) } }
+        }
+    }
+
+    private let executable: String
+    private let logger: Logger
+    private let lock = NIOLock()
+    private var current: Life?
+
+    init(executable: String, logger: Logger) {
+        self.executable = executable
+        self.logger = logger
+    }
+
+    /// Hands a pipeline's pipes (the worker's ends) to the running host, starting one if none
+    /// runs; the caller closes its copies. The host that runs it, or why none could.
+    func attach(report: Int32, command: Int32) -> Result<Life, HelperProcess.SpawnError> {
+        lock.withLock {
+            for _ in 0..<2 {
+                let life: Life
+                if let running = current, !running.isOver {
+                    life = running
+                } else {
+                    // Closed here, under the lock, never while an attach may send on it.
+                    if let over = current { close(over.socket) }
+                    current = nil
+                    switch start() {
+                    case .success(let started): life = started
+                    case .failure(let error): return .failure(error)
+                    }
+                    current = life
+                }
+                let pair = [report, command]
+                if pair.withUnsafeBufferPointer({ whend_send_descriptors(life.socket, $0.baseAddress, 2) }) == 0 {
+                    return .success(life)
+                }
+                // The host is going (killed, or dying): the next one takes the pipeline.
+                life.kill()
+                _ = life.waitForEnd(seconds: 5)
+            }
+            return .failure(HelperProcess.SpawnError(code: EPIPE))
+        }
+    }
+
+    private func start() -> Result<Life, HelperProcess.SpawnError> {
+        var pair: [Int32] = [0, 0]
+        guard socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &pair) == 0 else {
+            return .failure(HelperProcess.SpawnError(code: errno))
+        }
+        // Above the descriptor it goes to in the host: the spawn's dup2 onto 3 must not
+        // overwrite it.
+        var ends = pair
+        for i in 0..<2 where ends[i] <= PipelineHostProcess.socketDescriptor {
+            ends[i] = fcntl(pair[i], F_DUPFD_CLOEXEC, WorkerFrame.commandDescriptor + 1)
+            close(pair[i])
+        }
+        let spawned = HelperProcess.spawn(
+            executable, "--pipeline-host", standardInput: nil,
+            // On 4 as well, which the host puts /dev/null on, as a worker does: free at its
+            // start, Dispatch would take it for its epoll descriptor, and lose it then.
+            descriptors: [(ends[1], PipelineHostProcess.socketDescriptor), (ends[1], WorkerFrame.commandDescriptor)])
+        close(ends[1])
+        switch spawned {
+        case .failure(let error):
+            close(ends[0])
+            return .failure(error)
+        case .success(let pid):
+            let life = Life(pid: pid, socket: ends[0])
+            let thread = Thread { [logger] in
+                var status: Int32 = 0
+                while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+                let signalled = status & 0x7F
+                let how =
+                    signalled != 0
+                    ? "killed by signal \(signalled)" : "exited with status \((status >> 8) & 0xFF)"
+                if signalled != 0 || status != 0 {
+                    logger.error("the shared pipeline host \(pid) \(how); its pipelines restart from their cursors")
+                }
+                life.end(how + " (the shared pipeline host)")
+            }
+            thread.name = "whend-pipeline-host"
+            thread.start()
+            logger.info("the shared pipeline host runs as pid \(pid)")
+            return .success(life)
+        }
+    }
+
+    /// Ends the host once its pipelines were stopped: closes its socket, waits `grace`, then kills.
+    func stop(grace: TimeInterval = 2) {
+        lock.withLock {
+            guard let life = current else { return }
+            shutdown(life.socket, Int32(SHUT_RDWR))
+            if life.waitForEnd(seconds: grace) == nil {
+                life.kill()
+                _ = life.waitForEnd(seconds: 10)
+            }
+            close(life.socket)
+            current = nil
+        }
+    }
+}
