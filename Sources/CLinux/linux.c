@@ -24,6 +24,8 @@ const void *whend_memmem(const void *haystack, size_t haystack_length, const voi
 
 int whend_malloc_trim(size_t pad) { return malloc_trim(pad); }
 
+int whend_malloc_arena_max(int arenas) { return mallopt(M_ARENA_MAX, arenas); }
+
 int whend_send_descriptors(int socket, const int *descriptors, int count) {
     if (count < 0 || count > 8) {
         errno = EINVAL;

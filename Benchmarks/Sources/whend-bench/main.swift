@@ -245,9 +245,19 @@ func pssMiB(_ pid: Int) -> Double {
     return 0
 }
 
-/// whend's and its running workers' PSS, summed.
+/// The processes that run the pipelines, each named by the pipelines it runs ("screens", or
+/// "analytics+crashes+screens+sessions" for the shared pipeline host).
+func pipelineProcesses(_ pipelines: [[String: Any]]) -> [(name: String, pid: Int)] {
+    var names: [Int: [String]] = [:]
+    for p in pipelines {
+        if let name = p["name"] as? String, let pid = p["pid"] as? Int, pid > 0 { names[pid, default: []].append(name) }
+    }
+    return names.map { (name: $0.value.sorted().joined(separator: "+"), pid: $0.key) }
+}
+
+/// whend's and the processes of its running pipelines' PSS, each process once.
 func servicePSSMiB(_ daemon: Int, _ pipelines: [[String: Any]]) -> Double {
-    pssMiB(daemon) + pipelines.compactMap { $0["pid"] as? Int }.filter { $0 > 0 }.map(pssMiB).reduce(0, +)
+    pssMiB(daemon) + pipelineProcesses(pipelines).map { pssMiB($0.pid) }.reduce(0, +)
 }
 
 func runWhendShipped(connections: Int) throws -> ShippedRun {
@@ -279,12 +289,10 @@ func runWhendShipped(connections: Int) throws -> ShippedRun {
         guard let s = status(sock), let list = s["pipelines"] as? [[String: Any]],
             let last = (s["journal"] as? [String: Any])?["last_seq"] as? Int
         else { throw BenchError("whenctl status failed; see \(dir)/log") }
-        for p in list {
-            if let name = p["name"] as? String, let pid = p["pid"] as? Int, pid > 0 {
-                let peak = Double(procStatusKiB(pid, "VmHWM:")) / 1024
-                workerPeaks[name] = max(workerPeaks[name] ?? 0, peak)
-                cpu[name] = cpuSeconds(pid) * 1e6 / Double(corpusEvents)
-            }
+        for (name, pid) in pipelineProcesses(list) {
+            let peak = Double(procStatusKiB(pid, "VmHWM:")) / 1024
+            workerPeaks[name] = max(workerPeaks[name] ?? 0, peak)
+            cpu[name] = cpuSeconds(pid) * 1e6 / Double(corpusEvents)
         }
         // Caught up: every pipeline's cursor at the journal's end, and the journal no longer
         // growing (derived records are records too).
@@ -417,7 +425,7 @@ for r in shippedRounds {
         "  the whole service's PSS (whend and its workers): idle \(fmt(shipped.pssIdleMiB, 1)) MiB, after the run \(fmt(shipped.pssAfterMiB, 1)) MiB"
     )
     print(
-        "  pipeline workers' peak RSS: "
+        "  pipeline processes' peak RSS: "
             + shippedWorkerPeaks.sorted { $0.key < $1.key }.map { "\($0.key) \(fmt($0.value, 1)) MiB" }.joined(
                 separator: ", "))
 }

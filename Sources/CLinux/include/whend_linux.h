@@ -27,6 +27,10 @@ const void *whend_memmem(const void *haystack, size_t haystack_length, const voi
 /// glibc's malloc_trim: gives free pages back to the system, inside its heaps as well.
 int whend_malloc_trim(size_t pad);
 
+/// glibc's mallopt(M_ARENA_MAX, arenas): at most that many malloc arenas in the process. 1 on
+/// success.
+int whend_malloc_arena_max(int arenas);
+
 /// Sends `count` descriptors (at most 8) with one byte over the Unix socket `socket`, in one
 /// message (SCM_RIGHTS). 0, or -1 with errno set.
 int whend_send_descriptors(int socket, const int *descriptors, int count);
