@@ -110,13 +110,22 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             ]),
+        // Pipelines: the spec, the worker and the shared pipeline host, their supervisor in the
+        // daemon, the frames between them, the exactly-once ledger, snapshots and the plugin check.
+        .target(
+            name: "WhendPipelines",
+            dependencies: [
+                "WhendWire", "WhendJournal", "WhendConfiguration", "WhendPluginHost", "CWhendPlugin", "CLinux",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ]),
         // The daemon: NIO event and control sockets, connections, acks, wiring to the journal,
         // reload, metrics.
         .target(
             name: "WhendDaemon",
             dependencies: [
-                "WhendWire", "WhendJournal", "WhendConfiguration", "WhendPluginHost", "CSystemd", "CWhendPlugin",
-                "CLinux",
+                "WhendWire", "WhendJournal", "WhendConfiguration", "WhendPluginHost", "WhendPipelines", "CSystemd",
+                "CWhendPlugin", "CLinux",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -128,7 +137,7 @@ let package = Package(
         .executableTarget(
             name: "whend",
             dependencies: [
-                "WhendDaemon", "WhendConfiguration",
+                "WhendDaemon", "WhendPipelines", "WhendConfiguration",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -151,7 +160,8 @@ let package = Package(
         .testTarget(
             name: "WhendTests",
             dependencies: [
-                "WhendWire", "WhendJournal", "WhendConfiguration", "WhendPluginHost", "WhendDaemon", "WhenClient",
+                "WhendWire", "WhendJournal", "WhendConfiguration", "WhendPluginHost", "WhendPipelines", "WhendDaemon",
+                "WhenClient",
                 "WhenTesting", "whend", "whenctl",
                 "whend-demo",
                 // The connection handler alone, on NIO's test channel (ConnectionHandlerTests).

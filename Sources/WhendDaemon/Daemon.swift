@@ -7,6 +7,7 @@ import NIOCore
 import NIOPosix
 import WhendConfiguration
 import WhendJournal
+import WhendPipelines
 import WhendPluginHost
 import WhendWire
 

@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import WhendConfiguration
 import WhendJournal
+import WhendPipelines
 import WhendPluginHost
 import WhendWire
 

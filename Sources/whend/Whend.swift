@@ -4,6 +4,7 @@ import Logging
 import WhendConfiguration
 import WhendDaemon
 import WhendJournal
+import WhendPipelines
 import WhendWire
 
 @main

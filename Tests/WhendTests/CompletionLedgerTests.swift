@@ -1,5 +1,6 @@
 import Testing
 import WhendDaemon
+import WhendPipelines
 
 /// The worker's exactly-once bookkeeping, in process and without a clock: a record is finished
 /// once whend has stored every record derived from it and, where the pipeline ends in a

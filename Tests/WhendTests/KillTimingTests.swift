@@ -3,6 +3,7 @@ import PropertyBased
 import Testing
 import WhendDaemon
 import WhendJournal
+import WhendPipelines
 
 /// What the stateful built-in pipelines left behind, live or replayed: screen-tracking's derived
 /// records (the plugin's part and cause, in journal order), crash-reports' reports (by file

@@ -3,6 +3,7 @@ import Testing
 import WhendConfiguration
 import WhendDaemon
 import WhendJournal
+import WhendPipelines
 import WhendPluginHost
 
 @Suite(.serialized) struct PipelineSpeedTests {

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import WhendJournal
+import WhendPipelines
 import WhendWire
 
 /// What a whend that starts again treats as the first copies of resent events: records it can

@@ -3,6 +3,7 @@ import Testing
 import WhendConfiguration
 import WhendDaemon
 import WhendJournal
+import WhendPipelines
 import WhendPluginHost
 
 /// SIGKILLs `pipeline`'s worker as it runs now (it may be starting again after the last kill);

@@ -16,6 +16,12 @@ package struct PipelineSpec: Codable, Sendable, Equatable {
         /// Its secret values (`DaemonConfiguration.secrets(of:)`): what the plugin says prints
         /// them as `***`.
         package var secrets: [String]?
+
+        package init(plugin: String, configuration: String, secrets: [String]?) {
+            self.plugin = plugin
+            self.configuration = configuration
+            self.secrets = secrets
+        }
     }
 
     package var name: String
@@ -42,15 +48,32 @@ package struct PipelineSpec: Codable, Sendable, Equatable {
     /// Runs in the shared pipeline host (every stage's plugin trusted), not a process of its own.
     package var shared: Bool?
 
-    var cursorPath: String { directory + "/cursor" }
-    var snapshotPath: String { directory + "/snapshot" }
-    var deadLetterPath: String { directory + "/dead-letter.jsonl" }
+    package init(
+        name: String, stages: [Stage], journalDirectory: String, directory: String, pluginStateRoot: String,
+        pluginDirectories: [String], retryLimit: Int, snapshotInterval: Double, snapshotRebuild: UInt64,
+        shared: Bool
+    ) {
+        self.name = name
+        self.stages = stages
+        self.journalDirectory = journalDirectory
+        self.directory = directory
+        self.pluginStateRoot = pluginStateRoot
+        self.pluginDirectories = pluginDirectories
+        self.retryLimit = retryLimit
+        self.snapshotInterval = snapshotInterval
+        self.snapshotRebuild = snapshotRebuild
+        self.shared = shared
+    }
+
+    package var cursorPath: String { directory + "/cursor" }
+    package var snapshotPath: String { directory + "/snapshot" }
+    package var deadLetterPath: String { directory + "/dead-letter.jsonl" }
     /// Eight bytes, shared between the worker and whend: the `_seq` the worker is handling, 0
     /// between records. A worker that dies tells no one which record it died on; this does.
-    var handlingPath: String { directory + "/handling" }
+    package var handlingPath: String { directory + "/handling" }
 
     /// The last `_seq` the pipeline finished, as it was last saved.
-    static func savedCursor(at path: String) -> UInt64 {
+    package static func savedCursor(at path: String) -> UInt64 {
         guard let text = try? String(contentsOfFile: path, encoding: .utf8) else { return 0 }
         return UInt64(text.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0
     }

@@ -111,7 +111,7 @@ package struct PipelineSnapshot: Equatable {
 
     /// The cursor a snapshot file says it goes with, from its first bytes alone (unchecked):
     /// for retention, which must keep the records after it.
-    static func cursor(at path: String) -> UInt64? {
+    package static func cursor(at path: String) -> UInt64? {
         guard let handle = FileHandle(forReadingAtPath: path) else { return nil }
         defer { try? handle.close() }
         guard let head = try? handle.read(upToCount: magic.count + 8), head.count == magic.count + 8,

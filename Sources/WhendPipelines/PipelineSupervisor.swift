@@ -10,53 +10,53 @@ import WhendWire
 /// Runs one pipeline's worker process and keeps it running: restarts it with backoff when it
 /// exits or crashes, and kills and restarts it when it stops reporting (its watchdog). The
 /// worker resumes from its durable cursor, so a restart loses nothing.
-final class PipelineSupervisor: @unchecked Sendable {
+package final class PipelineSupervisor: @unchecked Sendable {
     // Unchecked: mutable state is in `state`, under its lock; the rest is set once.
-    struct State {
-        var pid: pid_t = 0
-        var cursor: UInt64 = 0
-        var failures = 0
-        var deadLetters = 0
+    package struct State {
+        package var pid: pid_t = 0
+        package var cursor: UInt64 = 0
+        package var failures = 0
+        package var deadLetters = 0
         /// Records the worker found gone from the journal (retention) and skipped.
-        var skipped: UInt64 = 0
-        var restarts = 0
-        var running = false
-        var stopping = false
-        var lastReport = Date()
-        var lastExit: String?
+        package var skipped: UInt64 = 0
+        package var restarts = 0
+        package var running = false
+        package var stopping = false
+        package var lastReport = Date()
+        package var lastExit: String?
         /// The last derived record appended, as (its cause, its ordinal among that cause's).
         /// A restarted worker handles again the records after its saved cursor, and derives
         /// again what was derived from them: those are not appended twice.
-        var appendedThrough: (cause: UInt64, ordinal: Int) = (0, 0)
+        package var appendedThrough: (cause: UInt64, ordinal: Int) = (0, 0)
         /// How far derived records are known stored, in the same terms: `appendedThrough`
         /// runs ahead of it while batches are in the journal's hands.
-        var storedThrough: (cause: UInt64, ordinal: Int) = (0, 0)
+        package var storedThrough: (cause: UInt64, ordinal: Int) = (0, 0)
         /// Batches handed to the journal and not yet answered.
-        var appending = 0
+        package var appending = 0
         /// A batch was not stored: the generation whose worker is stopped for it, so that the
         /// next one derives its records again and they are appended then.
-        var failedGeneration: UInt64?
+        package var failedGeneration: UInt64?
         /// The current worker's position in the same terms.
-        var runCause: UInt64 = 0
-        var runOrdinal = 0
+        package var runCause: UInt64 = 0
+        package var runOrdinal = 0
         /// The current worker's generation: acknowledgements carry it, and one meant for an
         /// earlier worker is never counted for a later one.
-        var generation: UInt64 = 0
+        package var generation: UInt64 = 0
         /// The record workers last died on, and how many times in a row.
-        var deaths: (seq: UInt64, count: Int) = (0, 0)
+        package var deaths: (seq: UInt64, count: Int) = (0, 0)
         /// The record the next workers write to the dead letters rather than handle, and why.
-        var poison: (seq: UInt64, why: String)?
+        package var poison: (seq: UInt64, why: String)?
         /// The worker was stopped for no fault of the record in hand (a failed store, a restart
         /// asked for): its death is not counted against that record.
-        var excused = false
+        package var excused = false
         /// Each stage's counters as the current worker last reported them, and the sum of what
         /// earlier workers reported: together, the counts since whend started.
-        var counters: [String: [String: Int64]] = [:]
-        var countersBefore: [String: [String: Int64]] = [:]
+        package var counters: [String: [String: Int64]] = [:]
+        package var countersBefore: [String: [String: Int64]] = [:]
 
         /// Each stage's counters since whend started (a record handled again after a worker's
         /// restart counts again).
-        var countersSinceStart: [String: [String: Int64]] {
+        package var countersSinceStart: [String: [String: Int64]] {
             countersBefore.merging(counters) { before, now in
                 before.merging(now) { a, b in
                     let (sum, overflow) = a.addingReportingOverflow(b)
@@ -66,7 +66,7 @@ final class PipelineSupervisor: @unchecked Sendable {
         }
     }
 
-    let spec: PipelineSpec
+    package let spec: PipelineSpec
     /// The shared host this pipeline runs in; nil: a worker process of its own.
     private let host: SharedPipelineHost?
     /// The host running the current worker (shared pipelines only).
@@ -86,12 +86,12 @@ final class PipelineSupervisor: @unchecked Sendable {
     /// and its generation. Read, written and closed only on `acknowledgementQueue`.
     nonisolated(unsafe) private var acknowledgements: (fd: Int32, generation: UInt64) = (-1, 0)
     private let acknowledgementQueue = DispatchQueue(label: "whend-pipeline-acks")
-    let state = NIOLockedValueBox(State())
+    package let state = NIOLockedValueBox(State())
     private let finished = DispatchSemaphore(value: 0)
     /// Signalled by `stop()`: a supervisor waiting out its restart backoff stops at once.
     private let stopSignal = DispatchSemaphore(value: 0)
 
-    init(
+    package init(
         spec: PipelineSpec, host: SharedPipelineHost?, executable: String, watchdog: TimeInterval, logger: Logger,
         journalWrittenThrough: @escaping @Sendable () -> UInt64,
         appendDerived: @escaping @Sendable ([DerivedRecord], @escaping @Sendable (Bool) -> Void) -> Void
@@ -106,7 +106,7 @@ final class PipelineSupervisor: @unchecked Sendable {
         state.withLockedValue { $0.cursor = PipelineSpec.savedCursor(at: spec.cursorPath) }
     }
 
-    func start() {
+    package func start() {
         let thread = Thread { [self] in
             recallDerived()
             supervise()
@@ -199,7 +199,7 @@ final class PipelineSupervisor: @unchecked Sendable {
     }
 
     /// Asks the worker to stop (SIGTERM, then SIGKILL after `grace`) and waits for it.
-    func stop(grace: TimeInterval = 2) {
+    package func stop(grace: TimeInterval = 2) {
         state.withLockedValue { $0.stopping = true }
         askToStop()
         stopSignal.signal()
@@ -210,7 +210,7 @@ final class PipelineSupervisor: @unchecked Sendable {
     }
 
     /// Stops the worker; the supervisor starts it again from its cursor.
-    func restart() {
+    package func restart() {
         state.withLockedValue { $0.excused = true }
         if host == nil { killWorker(why: nil) } else { askToStop() }
     }

@@ -100,10 +100,10 @@ package enum PipelineHostProcess {
 
 /// whend's side of the shared pipeline host: starts it when a pipeline first needs it, hands it
 /// each pipeline's pipes, reaps it, and starts a new one for the next pipeline after it died.
-final class SharedPipelineHost: @unchecked Sendable {
+package final class SharedPipelineHost: @unchecked Sendable {
     // Unchecked: `current` is under `lock`; each Life's mutable state under its own condition.
     /// One host process, from its start to its end.
-    final class Life: @unchecked Sendable {
+    package final class Life: @unchecked Sendable {
         let pid: pid_t
         fileprivate let socket: Int32
         private let ended = NSCondition()
@@ -143,7 +143,7 @@ final class SharedPipelineHost: @unchecked Sendable {
     private let lock = NIOLock()
     private var current: Life?
 
-    init(executable: String, logger: Logger) {
+    package init(executable: String, logger: Logger) {
         self.executable = executable
         self.logger = logger
     }
@@ -222,7 +222,7 @@ final class SharedPipelineHost: @unchecked Sendable {
     }
 
     /// Ends the host once its pipelines were stopped: closes its socket, waits `grace`, then kills.
-    func stop(grace: TimeInterval = 2) {
+    package func stop(grace: TimeInterval = 2) {
         lock.withLock {
             guard let life = current else { return }
             shutdown(life.socket, Int32(SHUT_RDWR))
