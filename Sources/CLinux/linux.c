@@ -67,7 +67,8 @@ int whend_receive_descriptors(int socket, int *descriptors, int capacity) {
     do {
         got = recvmsg(socket, &message, MSG_CMSG_CLOEXEC);
     } while (got < 0 && errno == EINTR);
-    if (got <= 0) return (int)got;
+    if (got == 0) return -2;
+    if (got < 0) return -1;
     int count = 0;
     for (struct cmsghdr *header = CMSG_FIRSTHDR(&message); header; header = CMSG_NXTHDR(&message, header)) {
         if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;

@@ -60,10 +60,20 @@ package struct DaemonConfiguration: Sendable {
         "screen-tracking", "crash-reports", "analytics", "session-recorder", "redact", "nats", "otlp",
     ]
 
-    /// Whether `plugin`'s pipelines may run in the shared pipeline host: a pipeline runs there
-    /// when every one of its plugins may.
-    package func runsShared(_ plugin: String) -> Bool {
-        pluginIsolation[plugin].map { $0 == "shared" } ?? Self.builtinPlugins.contains(plugin)
+    /// Whether `plugin`'s pipelines may run in the shared pipeline host (a pipeline runs there
+    /// when every one of its plugins may): as `isolation.<plugin>` says, else if it is a
+    /// built-in plugin's library, found where whend installs its own (`library`: its real
+    /// path). Not by name alone: a library of another's called `otlp`, found first in another
+    /// plugin directory, is no built-in.
+    package func runsShared(_ plugin: String, library: String?) -> Bool {
+        if let isolation = pluginIsolation[plugin] { return isolation == "shared" }
+        guard Self.builtinPlugins.contains(plugin), let library else { return false }
+        let directory = (library as NSString).deletingLastPathComponent
+        return Self.defaultPluginDirectories().contains { own in
+            guard let real = realpath(own, nil) else { return false }
+            defer { free(real) }
+            return String(cString: real) == directory
+        }
     }
 
     /// Whether the built-in plugins run in their own pipelines unless configured otherwise.

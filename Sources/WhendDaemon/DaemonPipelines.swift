@@ -24,6 +24,8 @@ extension Daemon {
         let unloaded = self.unloaded.withLockedValue { $0 }
         // A pipeline with an unloaded plugin waits at its cursor: it never skips a stage.
         for (name, plugins) in configuration.effectivePipelines where unloaded.isDisjoint(with: plugins) {
+            // Only found, not loaded (a missing one is the plugin check's to refuse).
+            let found = plugins.map { PluginLibrary.locate(name: $0, directories: configuration.pluginDirectories) }
             specs[name] = PipelineSpec(
                 name: name,
                 stages: plugins.map {
@@ -37,7 +39,8 @@ extension Daemon {
                 pluginDirectories: configuration.pluginDirectories,
                 retryLimit: configuration.pipelineRetryLimit, snapshotInterval: configuration.pipelineSnapshotInterval,
                 snapshotRebuild: UInt64(configuration.pipelineSnapshotRebuild),
-                shared: plugins.allSatisfy { configuration.runsShared($0) })
+                shared: zip(plugins, found).allSatisfy { configuration.runsShared($0, library: $1?.path) },
+                libraries: Dictionary(found.compactMap { $0 }.map { ($0.path, $0.file) }) { a, _ in a })
         }
         // A pipeline running as asked keeps what its check found; the others are checked now.
         let running = supervisors.withLockedValue { $0.mapValues(\.spec) }
@@ -107,7 +110,11 @@ extension Daemon {
                 starting.append(supervisor)
             }
         }
-        for supervisor in stopping { supervisor.stop() }
+        Self.stop(stopping)
+        // A host no pipeline needs any more goes (the next shared pipeline starts another).
+        if !supervisors.withLockedValue({ $0.values.contains { $0.spec.shared == true } }) {
+            sharedHost.withLockedValue { $0 }?.stop()
+        }
         for supervisor in starting { supervisor.start() }
     }
 
@@ -116,8 +123,22 @@ extension Daemon {
             defer { running.removeAll() }
             return Array(running.values)
         }
-        for supervisor in all { supervisor.stop() }
+        Self.stop(all)
         sharedHost.withLockedValue { $0 }?.stop()
+    }
+
+    /// Stops `supervisors` side by side: each may wait for its plugins to close (in the shared
+    /// host, up to `pipeline_watchdog`), and a stop must not take the sum of those waits.
+    private static func stop(_ supervisors: [PipelineSupervisor]) {
+        let group = DispatchGroup()
+        for supervisor in supervisors {
+            group.enter()
+            Thread {
+                supervisor.stop()
+                group.leave()
+            }.start()
+        }
+        group.wait()
     }
 
     /// Appends records a pipeline's plugins derived, as one journal batch (it shares ingest's

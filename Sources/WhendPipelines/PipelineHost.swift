@@ -19,6 +19,8 @@ import WhendWire
 package enum PipelineHostProcess {
     /// Where the host, as it starts, finds its socket to whend.
     static let socketDescriptor: Int32 = 3
+    /// How long the host waits for its pipelines to stop once asked, before it exits anyway.
+    static let stopDeadline: TimeInterval = 5
 
     /// The host's main: runs each pipeline whend hands it until whend closes the socket (or
     /// SIGTERM), then lets the pipelines stop and exits.
@@ -45,18 +47,28 @@ package enum PipelineHostProcess {
         _ = whend_malloc_arena_max(2)
         let running = Atomic<Int>(0)
         // Stopping (SIGTERM, or whend closed the socket): every pipeline finishes its record,
-        // saves its cursor and closes its plugins, then the host exits.
+        // saves its cursor and closes its plugins, then the host exits; within a few seconds
+        // whatever they do (a plugin stuck in a call would keep an orphan host, whend gone,
+        // running for ever, and saving cursors beside a new whend's pipelines if it returned).
         Thread {
-            while workerStopRequested == 0 || running.load(ordering: .acquiring) > 0 {
+            while workerStopRequested == 0 { Thread.sleep(forTimeInterval: 0.02) }
+            let deadline = Date().addingTimeInterval(stopDeadline)
+            while running.load(ordering: .acquiring) > 0 && Date() < deadline {
                 Thread.sleep(forTimeInterval: 0.02)
+            }
+            if running.load(ordering: .acquiring) > 0 {
+                logger.error(
+                    "whend --pipeline-host: its pipelines did not stop within \(Int(stopDeadline)) s; exiting without them")
+                _exit(4)
             }
             exit(0)
         }.start()
         var descriptors: [Int32] = [-1, -1, -1]
         while true {
             let count = whend_receive_descriptors(socket, &descriptors, 3)
-            if count < 0 && errno == EINTR { continue }
-            guard count > 0 else { break }
+            if count == -1 && errno == EINTR { continue }
+            // The end of the stream, or a socket that cannot be read: whend is gone, or stops it.
+            guard count >= 0 else { break }
             guard count == 2 else {
                 // Not a pipeline's pair: nothing to run on it.
                 for fd in descriptors.prefix(Int(count)) { close(fd) }
@@ -106,6 +118,9 @@ package final class SharedPipelineHost: @unchecked Sendable {
     package final class Life: @unchecked Sendable {
         let pid: pid_t
         fileprivate let socket: Int32
+        /// The plugin libraries its pipelines loaded, by path: a file replaced since (an
+        /// upgrade) is not loaded again by this process (dlopen answers with what it has).
+        fileprivate var libraries: [String: String] = [:]
         private let ended = NSCondition()
         private var exit: String?
 
@@ -149,9 +164,20 @@ package final class SharedPipelineHost: @unchecked Sendable {
     }
 
     /// Hands a pipeline's pipes (the worker's ends) to the running host, starting one if none
-    /// runs; the caller closes its copies. The host that runs it, or why none could.
-    func attach(report: Int32, command: Int32) -> Result<Life, HelperProcess.SpawnError> {
+    /// runs; the caller closes its copies. `libraries`: the files of the pipeline's plugins, by
+    /// path (`PipelineSpec.libraries`); a host that loaded another file at one of those paths
+    /// is retired first. The host that runs it, or why none could.
+    func attach(report: Int32, command: Int32, libraries: [String: String]) -> Result<Life, HelperProcess.SpawnError>
+    {
         lock.withLock {
+            if let running = current, !running.isOver,
+                let path = libraries.first(where: { path, file in running.libraries[path].map { $0 != file } ?? false })?.key
+            {
+                logger.notice(
+                    "\(path) changed since the shared pipeline host \(running.pid) loaded it; a new host runs its pipelines"
+                )
+                retire(running)
+            }
             for _ in 0..<2 {
                 let life: Life
                 if let running = current, !running.isOver {
@@ -168,6 +194,7 @@ package final class SharedPipelineHost: @unchecked Sendable {
                 }
                 let pair = [report, command]
                 if pair.withUnsafeBufferPointer({ whend_send_descriptors(life.socket, $0.baseAddress, 2) }) == 0 {
+                    life.libraries.merge(libraries) { _, new in new }
                     return .success(life)
                 }
                 // The host is going (killed, or dying): the next one takes the pipeline.
@@ -219,6 +246,14 @@ package final class SharedPipelineHost: @unchecked Sendable {
             logger.info("the shared pipeline host runs as pid \(pid)")
             return .success(life)
         }
+    }
+
+    /// Asks `life`'s pipelines to stop (they end, and their supervisors start them again in a
+    /// new host) and forgets it; it exits once they have, within `stopDeadline`. Under `lock`.
+    private func retire(_ life: Life) {
+        shutdown(life.socket, Int32(SHUT_RDWR))
+        close(life.socket)
+        current = nil
     }
 
     /// Ends the host once its pipelines were stopped: closes its socket, waits `grace`, then kills.

@@ -49,6 +49,12 @@ package final class PipelineSupervisor: @unchecked Sendable {
         /// The worker was stopped for no fault of the record in hand (a failed store, a restart
         /// asked for): its death is not counted against that record.
         package var excused = false
+        /// A restart asked for before the worker could be told (its pipe not yet open).
+        var restartAsked = false
+        /// The record this pipeline had in hand when the shared host died: whose plugin crashed
+        /// it is not known, so the pipeline handles that record again in a process of its own,
+        /// where a crash is its own, and goes back to the host once past it.
+        package var quarantine: UInt64?
         /// Each stage's counters as the current worker last reported them, and the sum of what
         /// earlier workers reported: together, the counts since whend started.
         package var counters: [String: [String: Int64]] = [:]
@@ -203,22 +209,28 @@ package final class PipelineSupervisor: @unchecked Sendable {
         state.withLockedValue { $0.stopping = true }
         askToStop()
         stopSignal.signal()
-        if finished.wait(timeout: .now() + grace) == .timedOut {
-            killWorker(why: "it did not stop within \(grace) s")
+        // In the shared host, killing it stops every pipeline there: a plugin closing slowly
+        // (analytics waits out a delivery under way) is given as long as a silent one.
+        let wait = hostLife.withLockedValue({ $0 }) != nil ? max(grace, watchdog) : grace
+        if finished.wait(timeout: .now() + wait) == .timedOut {
+            killWorker(why: "it did not stop within \(Int(wait)) s")
             finished.wait()
         }
     }
 
     /// Stops the worker; the supervisor starts it again from its cursor.
     package func restart() {
-        state.withLockedValue { $0.excused = true }
-        if host == nil { killWorker(why: nil) } else { askToStop() }
+        state.withLockedValue {
+            $0.excused = true
+            $0.restartAsked = true
+        }
+        if hostLife.withLockedValue({ $0 }) == nil { killWorker(why: nil) } else { askToStop() }
     }
 
     /// The worker finishes its record, saves its cursor and ends: SIGTERM for a process, a
     /// `stop` message in the shared host (which runs other pipelines).
     private func askToStop() {
-        if host != nil {
+        if hostLife.withLockedValue({ $0 }) != nil {
             acknowledgementQueue.async { [self] in
                 if acknowledgements.fd >= 0 {
                     writeAll(acknowledgements.fd, WorkerFrame.encode(SupervisorMessage.stop))
@@ -233,8 +245,7 @@ package final class PipelineSupervisor: @unchecked Sendable {
     /// Kills the current worker at once. In the shared host, that is the host, and every
     /// pipeline in it restarts from its cursor: `why` is logged.
     private func killWorker(why: String?) {
-        if host != nil {
-            guard let life = hostLife.withLockedValue({ $0 }) else { return }
+        if let life = hostLife.withLockedValue({ $0 }) {
             if let why {
                 logger.error(
                     "pipeline \(spec.name): \(why); killing the shared pipeline host \(life.pid) (its other pipelines restart from their cursors too)"
@@ -252,7 +263,7 @@ package final class PipelineSupervisor: @unchecked Sendable {
         while !state.withLockedValue({ $0.stopping }) {
             let started = Date()
             let cursorBefore = state.withLockedValue { $0.cursor }
-            let exit = runWorkerOnce()
+            let (exit, inHost) = runWorkerOnce()
             let (stopping, cursorAfter) = state.withLockedValue {
                 $0.running = false
                 $0.pid = 0
@@ -260,10 +271,12 @@ package final class PipelineSupervisor: @unchecked Sendable {
                 return ($0.stopping, $0.cursor)
             }
             if stopping { break }
-            countDeath(exit)
-            // A worker that ran a good while, or moved its cursor on, is no crash loop: it
-            // earns a fresh backoff. One that dies on the same record again waits longer each time.
-            if Date().timeIntervalSince(started) > 60 || cursorAfter > cursorBefore { backoff = 0.1 }
+            let asked = state.withLockedValue { $0.excused }
+            countDeath(exit, inHost: inHost)
+            // A worker that ran a good while, or moved its cursor on, or whose end was asked
+            // for, is no crash loop: it earns a fresh backoff. One that dies on the same record
+            // again waits longer each time.
+            if Date().timeIntervalSince(started) > 60 || cursorAfter > cursorBefore || asked { backoff = 0.1 }
             logger.error("pipeline \(spec.name): worker \(exit); restarting in \(String(format: "%.1f", backoff)) s")
             state.withLockedValue { $0.restarts += 1 }
             // Not a plain sleep: a stop must not wait out a backoff of up to 10 s.
@@ -276,8 +289,24 @@ package final class PipelineSupervisor: @unchecked Sendable {
     /// A worker that died while handling a record: the same record `retryLimit` times in a row
     /// (its cursor never passing it) and the next workers write it to the dead letters rather
     /// than die on it for ever. (With `retryLimit` 0, they try for ever, as with any failure.)
-    private func countDeath(_ exit: String) {
+    private func countDeath(_ exit: String, inHost: Bool) {
         let seq = HandlingMarker.read(spec.handlingPath)
+        if inHost {
+            // Any plugin of the host may have killed it: no record is charged with the death,
+            // and the one in hand is handled next in a process of this pipeline's own.
+            let quarantined: UInt64? = state.withLockedValue { s in
+                defer { s.excused = false }
+                guard seq > 0, seq > s.cursor, !s.excused, s.quarantine == nil else { return nil }
+                s.quarantine = seq
+                return seq
+            }
+            if let seq = quarantined {
+                logger.error(
+                    "pipeline \(spec.name): the shared pipeline host died while it handled _seq \(seq); it handles that record in a process of its own, and goes back to the host once past it"
+                )
+            }
+            return
+        }
         let poisoned: (UInt64, Int)? = state.withLockedValue { s in
             if let poison = s.poison, s.cursor >= poison.seq { s.poison = nil }
             defer { s.excused = false }
@@ -298,14 +327,14 @@ package final class PipelineSupervisor: @unchecked Sendable {
     }
 
     /// Starts the worker, reads its reports until it exits, and says how it ended.
-    private func runWorkerOnce() -> String {
+    private func runWorkerOnce() -> (String, inHost: Bool) {
         var fds: [Int32] = [0, 0]
-        guard framePipe(&fds) else { return "could not start (pipe: \(String(cString: strerror(errno))))" }
+        guard framePipe(&fds) else { return ("could not start (pipe: \(String(cString: strerror(errno))))", false) }
         var ackFds: [Int32] = [0, 0]
         guard framePipe(&ackFds) else {
             close(fds[0])
             close(fds[1])
-            return "could not start (pipe: \(String(cString: strerror(errno))))"
+            return ("could not start (pipe: \(String(cString: strerror(errno))))", false)
         }
         rewindAfterFailedStore()
         // The spec goes over the worker's command pipe, never on its command line: it holds
@@ -313,8 +342,12 @@ package final class PipelineSupervisor: @unchecked Sendable {
         // frames have descriptors of their own (standard output is whend's log).
         let spawned: Result<pid_t, HelperProcess.SpawnError>
         ended.withLockedValue { $0 = nil }
-        if let host {
-            spawned = host.attach(report: fds[1], command: ackFds[0]).map { life in
+        let quarantined = state.withLockedValue { s -> Bool in
+            if let seq = s.quarantine, s.cursor >= seq { s.quarantine = nil }
+            return s.quarantine != nil
+        }
+        if let host, !quarantined {
+            spawned = host.attach(report: fds[1], command: ackFds[0], libraries: spec.libraries ?? [:]).map { life in
                 hostLife.withLockedValue { $0 = life }
                 return life.pid
             }
@@ -331,7 +364,7 @@ package final class PipelineSupervisor: @unchecked Sendable {
         case .failure(let error):
             close(fds[0])
             close(ackFds[1])
-            return "could not start (\(error))"
+            return ("could not start (\(error))", false)
         }
         let (generation, failed) = state.withLockedValue {
             $0.pid = pid
@@ -358,7 +391,12 @@ package final class PipelineSupervisor: @unchecked Sendable {
             acknowledgements = (ackFds[1], generation)
             writeAll(ackFds[1], WorkerFrame.encode(start))
             // A stop asked while the worker started found no one to tell.
-            if host != nil, state.withLockedValue({ $0.stopping }) {
+            if hostLife.withLockedValue({ $0 }) != nil,
+                state.withLockedValue({ s in
+                    defer { s.restartAsked = false }
+                    return s.stopping || s.restartAsked
+                })
+            {
                 writeAll(ackFds[1], WorkerFrame.encode(SupervisorMessage.stop))
             }
         }
@@ -367,7 +405,7 @@ package final class PipelineSupervisor: @unchecked Sendable {
         watchdogTimer.setEventHandler { [self] in
             let silent = state.withLockedValue { Date().timeIntervalSince($0.lastReport) }
             if silent > watchdog {
-                if host == nil {
+                if hostLife.withLockedValue({ $0 }) == nil {
                     logger.error("pipeline \(spec.name): worker \(pid) silent for \(Int(silent)) s; killing it")
                 }
                 killWorker(why: "silent for \(Int(silent)) s")
@@ -384,17 +422,17 @@ package final class PipelineSupervisor: @unchecked Sendable {
         }
         if let host = hostLife.withLockedValue({ $0 }) {
             defer { hostLife.withLockedValue { $0 = nil } }
-            if let status = ended.withLockedValue({ $0 }) { return "exited with status \(status)" }
+            if let status = ended.withLockedValue({ $0 }) { return ("exited with status \(status)", false) }
             // Its pipes closed without a last word: the host died, or is broken.
-            if let how = host.waitForEnd(seconds: 5) { return how }
+            if let how = host.waitForEnd(seconds: 5) { return (how, true) }
             killWorker(why: "its pipes closed without a word from it")
-            return host.waitForEnd(seconds: 30) ?? "lost (the shared pipeline host \(host.pid) would not die)"
+            return (host.waitForEnd(seconds: 30) ?? "lost (the shared pipeline host \(host.pid) would not die)", true)
         }
         var status: Int32 = 0
         while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
         let signalled = status & 0x7F
-        if signalled != 0 { return "killed by signal \(signalled)" }
-        return "exited with status \((status >> 8) & 0xFF)"
+        if signalled != 0 { return ("killed by signal \(signalled)", false) }
+        return ("exited with status \((status >> 8) & 0xFF)", false)
     }
 
     /// A pipe whose ends leak into no other child and sit above the worker's frame descriptors,
@@ -436,6 +474,16 @@ package final class PipelineSupervisor: @unchecked Sendable {
     private func handle(_ message: WorkerMessage, generation: UInt64) {
         switch message {
         case .progress(let cursor, let failures, let deadLetters, let skipped):
+            let passed: pid_t? = state.withLockedValue { s in
+                guard host != nil, let seq = s.quarantine, cursor >= seq, s.generation == generation else { return nil }
+                s.quarantine = nil
+                s.excused = true
+                return s.pid
+            }
+            if let pid = passed, pid > 0 {
+                logger.notice("pipeline \(spec.name): past the record it had in hand; back to the shared pipeline host")
+                kill(pid, SIGTERM)
+            }
             state.withLockedValue {
                 $0.lastReport = Date()
                 $0.cursor = cursor

@@ -47,11 +47,15 @@ package struct PipelineSpec: Codable, Sendable, Equatable {
     package var poisonReason: String?
     /// Runs in the shared pipeline host (every stage's plugin trusted), not a process of its own.
     package var shared: Bool?
+    /// Each stage's library as found when the pipeline was set up: its real path, and which
+    /// file was there ("device:inode"). A file replaced at a path changes the spec (the
+    /// pipeline starts again, on the new file), and retires a shared host that loaded the old.
+    package var libraries: [String: String]?
 
     package init(
         name: String, stages: [Stage], journalDirectory: String, directory: String, pluginStateRoot: String,
         pluginDirectories: [String], retryLimit: Int, snapshotInterval: Double, snapshotRebuild: UInt64,
-        shared: Bool
+        shared: Bool, libraries: [String: String]
     ) {
         self.name = name
         self.stages = stages
@@ -63,6 +67,7 @@ package struct PipelineSpec: Codable, Sendable, Equatable {
         self.snapshotInterval = snapshotInterval
         self.snapshotRebuild = snapshotRebuild
         self.shared = shared
+        self.libraries = libraries
     }
 
     package var cursorPath: String { directory + "/cursor" }

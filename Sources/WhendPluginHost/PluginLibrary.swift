@@ -66,6 +66,26 @@ package final class PluginLibrary: @unchecked Sendable {
         return libraries
     }
 
+    /// Where `load` would find `name`'s library (its real path) and which file is there now
+    /// ("device:inode"), without opening it; nil if there is none.
+    package static func locate(name: String, directories: [String]) -> (path: String, file: String)? {
+        guard !name.isEmpty, name.utf8.allSatisfy({ isNameByte($0) }) else { return nil }
+        for directory in directories {
+            for file in ["lib\(name).so", "\(name).so"] {
+                let candidate = directory + "/" + file
+                guard FileManager.default.fileExists(atPath: candidate), let real = realpath(candidate, nil) else {
+                    continue
+                }
+                let path = String(cString: real)
+                free(real)
+                var st = stat()
+                guard stat(path, &st) == 0 else { return nil }
+                return (path, "\(st.st_dev):\(st.st_ino)")
+            }
+        }
+        return nil
+    }
+
     /// Finds `name` in `directories` (as `lib<name>.so` or `<name>.so`), checks where it lives,
     /// opens it and checks its ABI before calling any of its code.
     package static func load(name: String, directories: [String]) throws(PluginLoadError) -> PluginLibrary {

@@ -8,7 +8,7 @@ import Testing
 @Suite(.serialized) struct PipelineHostTests {
     /// The built-in pipelines and a fixture plugin's (Tests/Fixtures/chatty.c, which aborts its
     /// process on a record named "crash"), with `settings` added.
-    func mixedDaemon(_ name: String, settings: String = "") throws -> DaemonProcess {
+    func mixedDaemon(_ name: String, retryLimit: Int = 2, settings: String = "") throws -> DaemonProcess {
         let daemon = DaemonProcess(name, arguments: ["--builtin-pipelines", "true"])
         let plugins = try pluginDirectory(in: daemon.directory)
         _ = try buildTestPlugin("chatty", into: plugins, name: "chatty")
@@ -18,7 +18,7 @@ import Testing
         plugin_dirs = \(plugins):\(built)
         pipeline.chat = chatty
         plugin.chatty = {"quiet": true}
-        pipeline_retry_limit = 2
+        pipeline_retry_limit = \(retryLimit)
         \(settings)
         """.write(toFile: config, atomically: true, encoding: .utf8)
         daemon.environment = ["WHEND_CONFIG": config]
@@ -123,5 +123,118 @@ import Testing
         #expect(Self.builtins.allSatisfy { after[$0] == host }, "\(before) → \(after)")
         #expect(!daemon.log.contains("killing the shared pipeline host"), "\(daemon.log.suffix(2000))")
         #expect(!daemon.log.contains("worker killed"), "\(daemon.log.suffix(2000))")
+    }
+
+    /// Whose plugin killed the shared host is not known: a pipeline that had a record in hand
+    /// (here recorder, stuck on _seq 1) is not charged with the death, and handles that record
+    /// again in a process of its own; the one whose plugin crashes (chatty, on _seq 2) crashes
+    /// there alone, and with pipeline_retry_limit = 1 its record goes to its dead letters. Both
+    /// go back to the host. (Charged with the host's death, recorder's _seq 1 went to its dead
+    /// letters: a record lost to a pipeline that never failed on it.)
+    @Test func aHostsDeathIsNotChargedToAnotherPipelinesRecord() throws {
+        let daemon = try mixedDaemon(
+            "host-quarantine", retryLimit: 1,
+            settings: """
+                isolation.chatty = shared
+                isolation.recorder = shared
+                pipeline.rec = recorder
+                plugin.recorder = {"hang_at": 1}
+                """)
+        let plugins = daemon.directory + "/plugins"
+        _ = try buildTestPlugin("recorder", into: plugins, name: "recorder")
+        try FileManager.default.createDirectory(
+            atPath: daemon.stateDirectory + "/plugins/recorder", withIntermediateDirectories: true)
+        try daemon.start()
+        defer { daemon.stop() }
+        let before = workers(daemon, ["chat", "rec", "screens"])
+        #expect(before["chat"] == before["screens"] && before["rec"] == before["screens"], "\(before)")
+        let events = [#"{"type":"when","name":"tap","id":"a"}"#, #"{"type":"when","name":"crash","id":"b"}"#]
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 2)
+        #expect(try daemon.waitForPipeline("rec", cursor: 2, seconds: 30), "\(daemon.log.suffix(3000))")
+        #expect(try daemon.waitForPipeline("chat", cursor: 2, seconds: 30), "\(daemon.log.suffix(3000))")
+        let deadLetters = { (pipeline: String) in
+            (try? String(
+                contentsOfFile: daemon.stateDirectory + "/pipelines/\(pipeline)/dead-letter.jsonl", encoding: .utf8))
+                ?? ""
+        }
+        #expect(deadLetters("rec").isEmpty, "recorder's record was charged: \(deadLetters("rec"))")
+        #expect(deadLetters("chat").contains("\"crash\""), "\(daemon.log.suffix(3000))")
+        let seen =
+            (try? String(contentsOfFile: daemon.stateDirectory + "/plugins/recorder/seen", encoding: .utf8)) ?? ""
+        #expect(seen.split(separator: "\n") == ["1", "2"], "\(seen)")
+        #expect(daemon.log.contains("pipeline rec: the shared pipeline host died while it handled _seq 1"))
+        // Back in one host, a new one.
+        var after: [String: Int] = [:]
+        #expect(
+            eventually(30) {
+                after = workers(daemon, ["chat", "rec", "screens"])
+                return Set(after.values).count == 1
+            }, "\(after)")
+        #expect(after["screens"] != before["screens"])
+    }
+
+    /// A built-in plugin's name is not trust: a library called otlp found first in another
+    /// plugin directory (here the chatty fixture) runs in a process of its own.
+    @Test func aLibraryNamedLikeABuiltinElsewhereIsNotTrusted() throws {
+        let daemon = try mixedDaemon("host-spoof", settings: "pipeline.spoof = otlp")
+        _ = try buildTestPlugin("chatty", into: daemon.directory + "/plugins", name: "otlp")
+        try daemon.start()
+        defer { daemon.stop() }
+        let pids = workers(daemon, Self.builtins.union(["spoof"]))
+        #expect(pids["spoof"] != nil && pids["spoof"] != pids["screens"], "\(pids)")
+    }
+
+    /// A plugin's library replaced (an upgrade: a new file renamed over the old) and whend
+    /// reloaded: the pipeline runs the new file, in a new host (the running one would have
+    /// answered its dlopen with the old code, and derived what a replay no longer derives).
+    @Test func aReplacedLibraryIsLoadedByANewHost() throws {
+        let daemon = try mixedDaemon("host-upgrade", settings: "isolation.chatty = shared")
+        try daemon.start()
+        defer { daemon.stop() }
+        let before = workers(daemon, ["chat", "screens"])
+        let host = try #require(before["chat"])
+        #expect(before["screens"] == host)
+        let plugins = daemon.directory + "/plugins"
+        let upgrade = daemon.directory + "/upgrade"
+        try FileManager.default.createDirectory(atPath: upgrade, withIntermediateDirectories: true)
+        let built = try buildTestPlugin("chatty", into: upgrade, name: "chatty")
+        #expect(rename(built, plugins + "/libchatty.so") == 0)
+        #expect(try daemon.whenctl(["reload"]).status == 0)
+        var after: [String: Int] = [:]
+        #expect(
+            eventually(30) {
+                after = workers(daemon, ["chat", "screens"])
+                return after["chat"] != host && after["screens"] == after["chat"]
+            }, "\(before) → \(after)")
+        // Its plugin loaded there (once its thread started), from the file now at the path.
+        var chatty: [Substring] = []
+        #expect(
+            eventually {
+                // Read to its end: /proc's files say they are empty, and a read by their size stops short.
+                let file = FileHandle(forReadingAtPath: "/proc/\(after["chat"] ?? 0)/maps")
+                let maps = String(decoding: file?.readDataToEndOfFile() ?? Data(), as: UTF8.self)
+                chatty = maps.split(separator: "\n").filter { $0.contains("libchatty.so") }
+                return !chatty.isEmpty
+            }, "\(after)")
+        #expect(chatty.allSatisfy { !$0.contains("(deleted)") }, "\(chatty)")
+    }
+
+    /// whend SIGKILLed while a shared pipeline is stuck in its plugin: the host does not run on
+    /// for ever without it, but exits within seconds.
+    @Test func anOrphanedHostExitsEvenWithAPipelineStuck() throws {
+        let daemon = try mixedDaemon(
+            "host-orphan",
+            settings: "isolation.recorder = shared\npipeline.rec = recorder\nplugin.recorder = {\"hang_at\": 1}")
+        _ = try buildTestPlugin("recorder", into: daemon.directory + "/plugins", name: "recorder")
+        try FileManager.default.createDirectory(
+            atPath: daemon.stateDirectory + "/plugins/recorder", withIntermediateDirectories: true)
+        try daemon.start()
+        let host = try #require(workers(daemon, ["rec", "screens"])["rec"])
+        #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"when","name":"tap"}"#]).acks.last == 1)
+        // Stuck: recorder's marker says it hangs.
+        #expect(eventually { FileManager.default.fileExists(atPath: daemon.stateDirectory + "/plugins/recorder/hung") })
+        daemon.crash()
+        #expect(eventually(20) { kill(pid_t(host), 0) != 0 }, "the host \(host) outlived whend")
+        if kill(pid_t(host), 0) == 0 { kill(pid_t(host), SIGKILL) }
     }
 }

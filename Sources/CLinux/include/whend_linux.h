@@ -36,8 +36,9 @@ int whend_malloc_arena_max(int arenas);
 int whend_send_descriptors(int socket, const int *descriptors, int count);
 
 /// Receives one message of whend_send_descriptors: the descriptors it carried (close-on-exec)
-/// into `descriptors`, at most `capacity` of them. How many came; 0 at the end of the stream;
-/// -1 with errno set. Descriptors beyond `capacity` are closed.
+/// into `descriptors`, at most `capacity` of them. How many came (0: the message came without
+/// them, say the receiver had no descriptor free); -2 at the end of the stream; -1 with errno
+/// set. Descriptors beyond `capacity` are closed.
 int whend_receive_descriptors(int socket, int *descriptors, int capacity);
 
 #endif
