@@ -58,7 +58,8 @@ package enum PipelineHostProcess {
             }
             if running.load(ordering: .acquiring) > 0 {
                 logger.error(
-                    "whend --pipeline-host: its pipelines did not stop within \(Int(stopDeadline)) s; exiting without them")
+                    "whend --pipeline-host: its pipelines did not stop within \(Int(stopDeadline)) s; exiting without them"
+                )
                 _exit(4)
             }
             exit(0)
@@ -167,11 +168,11 @@ package final class SharedPipelineHost: @unchecked Sendable {
     /// runs; the caller closes its copies. `libraries`: the files of the pipeline's plugins, by
     /// path (`PipelineSpec.libraries`); a host that loaded another file at one of those paths
     /// is retired first. The host that runs it, or why none could.
-    func attach(report: Int32, command: Int32, libraries: [String: String]) -> Result<Life, HelperProcess.SpawnError>
-    {
+    func attach(report: Int32, command: Int32, libraries: [String: String]) -> Result<Life, HelperProcess.SpawnError> {
         lock.withLock {
             if let running = current, !running.isOver,
-                let path = libraries.first(where: { path, file in running.libraries[path].map { $0 != file } ?? false })?.key
+                let path = libraries.first(where: { path, file in running.libraries[path].map { $0 != file } ?? false }
+                )?.key
             {
                 logger.notice(
                     "\(path) changed since the shared pipeline host \(running.pid) loaded it; a new host runs its pipelines"
