@@ -373,27 +373,17 @@ package enum PipelineWorker {
         func buildChain() -> PluginChain? {
             do {
                 try DurableFile.createDirectory(spec.directory)
-                var instances: [PluginInstance] = []
-                for (index, stage) in spec.stages.enumerated() {
-                    let library = try PluginLibrary.load(name: stage.plugin, directories: spec.pluginDirectories)
-                    if library.roles & WHEND_ROLE_DEFERRED != 0 {
-                        guard index == spec.stages.count - 1 else {
-                            throw PluginLoadError(
-                                description:
-                                    "plugin \(stage.plugin) finishes records later, so it must be the last stage of pipeline \(spec.name)"
-                            )
-                        }
-                        deferred = true
-                    }
-                    instances.append(
-                        try PluginInstance(
-                            library: library, configuration: stage.configuration, secrets: Set(stage.secrets ?? []),
-                            stateDirectory: spec.pluginStateRoot + "/" + stage.plugin, logger: logger,
-                            emit: { plugin, json in output.emit(json, origin: plugin) },
-                            complete: { seq in completions.complete(seq) },
-                            completeThrough: { seq in completions.completeThrough(seq) }))
-                }
-                return PluginChain(instances)
+                let built = try PipelineChainBuilder.build(
+                    spec.stages.map {
+                        .init(plugin: $0.plugin, configuration: $0.configuration, secrets: Set($0.secrets ?? []))
+                    }, directories: spec.pluginDirectories, stateRoot: spec.pluginStateRoot,
+                    logger: logger,
+                    services: .init(
+                        emit: { plugin, json in output.emit(json, origin: plugin) },
+                        complete: { seq in completions.complete(seq) },
+                        completeThrough: { seq in completions.completeThrough(seq) }))
+                deferred = built.deferred
+                return built.chain
             } catch {
                 logger.error("pipeline \(spec.name): \(error)")
                 return nil

@@ -263,30 +263,23 @@ package enum PluginCheck {
             )
             let libraries: [PluginLibrary]
             do {
-                libraries = try PluginLibrary.loadChain(
-                    chain.stages.map(\.plugin), directories: request.pluginDirectories)
+                switch chain.role {
+                case .ingest:
+                    libraries = try PluginLibrary.loadChain(
+                        chain.stages.map(\.plugin), directories: request.pluginDirectories)
+                case .pipeline:
+                    libraries = try PipelineChainBuilder.libraries(
+                        chain.stages.map(\.plugin), directories: request.pluginDirectories)
+                }
             } catch  where chain.optional {
                 report(["off": "built-in \(chain.what) is off: \(error)", "pipeline": chain.pipeline ?? ""])
                 continue
             } catch {
                 refuse("\(chain.what): \(error)")
             }
-            for (index, (stage, library)) in zip(chain.stages, libraries).enumerated() {
-                switch chain.role {
-                case .ingest:
-                    guard library.roles & WHEND_ROLE_INGEST != 0 else {
-                        refuse(
-                            "plugin \(stage.plugin) (\(library.path)) is not ingest middleware; it cannot be in ingest")
-                    }
-                case .pipeline:
-                    guard library.roles & WHEND_ROLE_PIPELINE != 0 else {
-                        refuse("plugin \(stage.plugin) (\(library.path)) cannot be a pipeline stage (\(chain.what))")
-                    }
-                    guard library.roles & WHEND_ROLE_DEFERRED == 0 || index == chain.stages.count - 1 else {
-                        refuse(
-                            "plugin \(stage.plugin) finishes records later, so it must be the last stage of \(chain.what)"
-                        )
-                    }
+            for (stage, library) in zip(chain.stages, libraries) where chain.role == .ingest {
+                guard library.roles & WHEND_ROLE_INGEST != 0 else {
+                    refuse("plugin \(stage.plugin) (\(library.path)) is not ingest middleware; it cannot be in ingest")
                 }
             }
             if let pipeline = chain.pipeline {

@@ -27,16 +27,11 @@ package final class PipelineReplay {
     ) throws(PluginLoadError) {
         let sink = DerivedSink(output: output)
         derived = sink
-        var instances: [PluginInstance] = []
-        for stage in stages {
-            let library = try PluginLibrary.load(name: stage.plugin, directories: pluginDirectories)
-            instances.append(
-                try PluginInstance(
-                    library: library, configuration: stage.configuration,
-                    stateDirectory: stateDirectory + "/" + stage.plugin, logger: logger,
-                    emit: { plugin, json in sink.emit(json, origin: plugin) }))
-        }
-        chain = PluginChain(instances)
+        chain = try PipelineChainBuilder.build(
+            stages.map { .init(plugin: $0.plugin, configuration: $0.configuration) }, directories: pluginDirectories,
+            stateRoot: stateDirectory, logger: logger,
+            services: .init(emit: { plugin, json in sink.emit(json, origin: plugin) })
+        ).chain
     }
 
     /// The stages of pipeline `name` as `configuration` defines it.
