@@ -453,13 +453,8 @@ package enum PipelineWorker {
             }
         }
         var savedCursor = cursor
-        // A worker's first snapshot comes early (within half a second): workers that keep dying
-        // young still move on the point their successors resume from.
-        var lastSnapshot = Date().addingTimeInterval(-max(0, spec.snapshotInterval - 0.5))
         var snapshotCursor = cursor
-        // At least `snapshotInterval`, and at least twenty times what the last snapshot took:
-        // a large state costs its pipeline no more than a twentieth of its time to save.
-        var snapshotSpacing = spec.snapshotInterval
+        var policy = CheckpointPolicy(snapshotInterval: spec.snapshotInterval, now: monotonicSeconds())
         // A pipeline that has never saved a cursor starts at the journal's oldest record, and
         // what retention deleted before it existed is no gap of its.
         var expected: UInt64? = FileManager.default.fileExists(atPath: spec.cursorPath) ? cursor + 1 : nil
@@ -470,45 +465,32 @@ package enum PipelineWorker {
         }
         var failures = 0
         var deadLetters = 0
-        var lastSave = Date()
-        var lastProgress = Date.distantPast
-
-        var lastFlush = Date()
         /// The records through which the plugins' held effects are durable (`chain.flush()`).
         var flushedThrough = cursor
-        var lastPluginFlush = Date()
         var flushFailure: String?
         var lastProgressCursor = cursor
-        /// When the worker last gave freed memory back, and at which cursor.
-        var lastTrim = Date()
+        /// The cursor at which the worker last gave freed memory back.
         var trimmedAt = cursor
         /// What the daemon was last told of each stage's counters.
         var countersSent: [String: [String: Int64]] = [:]
 
-        // Called after every record; the work is done at most every 0.1 s (derived records: every
-        // 5 ms, or sooner when 256 KiB wait). The cursor saved is below the oldest record not
+        // Called after every record; the work is done as `CheckpointPolicy` says. The cursor saved is below the oldest record not
         // finished (a deferred stage's, or one whose derived records whend has not stored yet).
         /// `idle`: nothing more to read for now, so what is held is flushed and the progress told
         /// at once rather than at the next tick (an idle worker's cursor must not lag).
         func report(force: Bool = false, idle: Bool = false) {
-            let now = Date()
-            if output.pendingBytes > 0,
-                force || output.pendingBytes >= 256 << 10 || now.timeIntervalSince(lastFlush) >= 0.005
-            {
-                output.flush()
-                lastFlush = now
-            }
-            let saveDue = force || now.timeIntervalSince(lastSave) >= 0.1
+            let now = monotonicSeconds()
+            if policy.outputDue(now: now, pendingBytes: output.pendingBytes, force: force) { output.flush() }
+            let saveDue = policy.saveDue(now: now, force: force)
             let snapshotDue =
                 keepsState && !chain.plugins.isEmpty && cursor != snapshotCursor
-                && (force || now.timeIntervalSince(lastSnapshot) >= snapshotSpacing)
+                && policy.snapshotDue(now: now, force: force)
             // Neither the cursor nor a snapshot passes records whose effects a plugin still
             // holds in memory: they are made durable first, or both wait.
             var flushed = true
-            if snapshotDue
-                || (cursor != flushedThrough && (force || idle || now.timeIntervalSince(lastPluginFlush) >= 0.1))
+            if policy.pluginFlushDue(
+                now: now, force: force, idle: idle, snapshotDue: snapshotDue, behind: cursor != flushedThrough)
             {
-                lastPluginFlush = now
                 do {
                     try chain.flush()
                     flushedThrough = cursor
@@ -526,11 +508,11 @@ package enum PipelineWorker {
                 }
             }
             if snapshotDue && flushed {
-                lastSnapshot = now
+                policy.snapshotBegun(now: now)
                 // The state goes with a cursor only when every record handled is finished: its
                 // derived records stored, the deferred stage done. Wait for that, briefly.
                 output.flush()
-                lastFlush = now
+                policy.outputSent(now: now)
                 if completions.watermark(acceptedThrough: cursor) != cursor { completions.drain(seconds: 2) }
                 if completions.watermark(acceptedThrough: cursor) == cursor {
                     do {
@@ -539,17 +521,19 @@ package enum PipelineWorker {
                         }
                         killPoint(.snapshotSaved, spec)
                         snapshotCursor = cursor
-                        snapshotSpacing = max(spec.snapshotInterval, 20 * Date().timeIntervalSince(now))
+                        policy.snapshotSaved(started: now, finished: monotonicSeconds())
                     } catch {
                         logger.error("pipeline \(spec.name): its plugins' state was not saved: \(error)")
                     }
                 }
             }
-            let tickDue = force || now.timeIntervalSince(lastProgress) >= 0.25
             // Not after every record: the watermark takes the completions' lock.
-            guard saveDue || tickDue || idle else { return }
+            guard saveDue || idle || policy.progressDue(now: now, force: force, idle: false, moved: false) else {
+                return
+            }
             let durable = min(completions.watermark(acceptedThrough: cursor), flushedThrough)
-            let progressDue = tickDue || (idle && durable != lastProgressCursor)
+            let progressDue = policy.progressDue(
+                now: now, force: force, idle: idle, moved: durable != lastProgressCursor)
             if saveDue, durable != savedCursor {
                 do {
                     try save(durable, to: spec.cursorPath)
@@ -560,7 +544,7 @@ package enum PipelineWorker {
                     // again at the next save.
                     logger.error("pipeline \(spec.name): \(error); the cursor stays at \(savedCursor)")
                 }
-                lastSave = now
+                policy.cursorSaved(now: now)
             }
             if progressDue {
                 // The counters first: whend has them by the time it sees the cursor they go with.
@@ -574,7 +558,7 @@ package enum PipelineWorker {
                     }
                 }
                 output.progress(cursor: durable, failures: failures, deadLetters: deadLetters, skipped: skipped)
-                lastProgress = now
+                policy.progressSent(now: now)
                 lastProgressCursor = durable
             }
         }
@@ -676,15 +660,14 @@ package enum PipelineWorker {
                 // Nothing more to read for now: what was derived goes to whend at once.
                 if output.pendingBytes > 0 {
                     output.flush()
-                    lastFlush = Date()
+                    policy.outputSent(now: monotonicSeconds())
                 }
                 report(idle: true)
                 // Memory the plugins freed goes back to the system once in a while: glibc keeps a
                 // freed heap's pages (sessions forgotten, batches sent), and after a burst a
                 // worker held a third more than its state (crashes: 89 → 60 MiB of PSS).
-                if cursor != trimmedAt, Date().timeIntervalSince(lastTrim) >= 10 {
+                if policy.trimDue(now: monotonicSeconds(), handledSince: cursor != trimmedAt) {
                     _ = whend_malloc_trim(0)
-                    lastTrim = Date()
                     trimmedAt = cursor
                 }
                 return !link.stopRequested
