@@ -260,6 +260,18 @@ extension Daemon {
             do {
                 let ingest = try buildPluginChain(configuration, reusing: live.ingest)
                 let specs = try pipelineSpecs(configuration, create: false)
+                // A built-in pipeline whose library is missing stays off: loaded, it would run
+                // nowhere, and saying so is the answer.
+                let stillUnloaded = unloaded.withLockedValue { $0 }
+                let off = configuration.effectivePipelines.filter {
+                    specs[$0.key] == nil && $0.value.contains(name) && stillUnloaded.isDisjoint(with: $0.value)
+                }
+                if !unload, !off.isEmpty {
+                    unloaded.withLockedValue { $0 = before }
+                    return ControlReply.failure(
+                        "plugin \(name) cannot be loaded: pipeline \(off.keys.sorted().joined(separator: ", ")) is off, its library is not in \(configuration.pluginDirectories.joined(separator: ":")) (see whend's log); install it, or set plugin_dirs, and reload"
+                    )
+                }
                 live.replace(configuration, ingest: ingest)
                 runPipelines(specs, watchdog: configuration.pipelineWatchdog)
             } catch {

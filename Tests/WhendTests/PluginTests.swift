@@ -295,4 +295,19 @@ private func sendWhens(_ daemon: DaemonProcess, named name: String, connections:
         #expect(try daemon.whenctl(["plugins", "unload", "nosuch"]).status == 1)
         #expect(daemon.stop() == 0)
     }
+
+    /// `load` of a plugin whose library is not installed says so and fails: its built-in
+    /// pipeline is off, and would stay off (it answered that the plugin was loaded).
+    @Test func loadingAPluginThatIsNotInstalledFails() throws {
+        let empty = scratchDirectory("no-plugins")
+        chmod(empty, 0o755)
+        let daemon = DaemonProcess(
+            "load-missing", arguments: ["--builtin-pipelines", "true", "--plugin-dirs", empty])
+        try daemon.start()
+        defer { daemon.stop() }
+        #expect(try daemon.whenctl(["plugins", "unload", "analytics"]).status == 0)
+        let load = try daemon.whenctl(["plugins", "load", "analytics"])
+        #expect(load.status == 1, "\(load)")
+        #expect(load.error.contains("cannot be loaded") && load.error.contains(empty), "\(load)")
+    }
 }
