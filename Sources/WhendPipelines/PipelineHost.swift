@@ -50,10 +50,18 @@ package enum PipelineHostProcess {
         // saves its cursor and closes its plugins, then the host exits; within a few seconds
         // whatever they do (a plugin stuck in a call would keep an orphan host, whend gone,
         // running for ever, and saving cursors beside a new whend's pipelines if it returned).
+        // whend gone (its death makes the host an orphan) ends the host at once, as it ends a
+        // worker process: its pipelines must not finish records, save cursors or close plugins
+        // beside those of the whend started next, on the same files.
+        let parent = getppid()
         Thread {
-            while workerStopRequested == 0 { Thread.sleep(forTimeInterval: 0.02) }
+            while workerStopRequested == 0 {
+                if getppid() != parent { _exit(4) }
+                Thread.sleep(forTimeInterval: 0.02)
+            }
             let deadline = Date().addingTimeInterval(stopDeadline)
             while running.load(ordering: .acquiring) > 0 && Date() < deadline {
+                if getppid() != parent { _exit(4) }
                 Thread.sleep(forTimeInterval: 0.02)
             }
             if running.load(ordering: .acquiring) > 0 {

@@ -15,8 +15,15 @@ package final class PipelineSupervisor: @unchecked Sendable {
     package struct State {
         package var pid: pid_t = 0
         package var cursor: UInt64 = 0
+        /// Failed attempts and dead letters since whend started (each worker counts its own).
         package var failures = 0
         package var deadLetters = 0
+        var failuresBefore = 0
+        var deadLettersBefore = 0
+        /// Deaths of the shared host in a row while this pipeline ran there, and until when the
+        /// pipeline runs in a process of its own for them.
+        var hostDeaths = 0
+        var ownProcessUntil: Date?
         /// Records the worker found gone from the journal (retention) and skipped.
         package var skipped: UInt64 = 0
         package var restarts = 0
@@ -73,6 +80,10 @@ package final class PipelineSupervisor: @unchecked Sendable {
     }
 
     package let spec: PipelineSpec
+    /// Deaths of the shared host in a row, none charged to a record, after which a pipeline
+    /// runs in a process of its own for `ownProcessPeriod`.
+    static let hostDeathsBeforeOwnProcess = 3
+    static let ownProcessPeriod: TimeInterval = 600
     /// The shared host this pipeline runs in; nil: a worker process of its own.
     private let host: SharedPipelineHost?
     /// The host running the current worker (shared pipelines only).
@@ -232,9 +243,10 @@ package final class PipelineSupervisor: @unchecked Sendable {
     private func askToStop() {
         if hostLife.withLockedValue({ $0 }) != nil {
             acknowledgementQueue.async { [self] in
-                if acknowledgements.fd >= 0 {
-                    writeAll(acknowledgements.fd, WorkerFrame.encode(SupervisorMessage.stop))
-                }
+                guard acknowledgements.fd >= 0 else { return }
+                writeAll(acknowledgements.fd, WorkerFrame.encode(SupervisorMessage.stop))
+                // Told: the next worker is not to be stopped for it.
+                state.withLockedValue { $0.restartAsked = false }
             }
         } else {
             let pid = state.withLockedValue { $0.pid }
@@ -271,12 +283,19 @@ package final class PipelineSupervisor: @unchecked Sendable {
                 return ($0.stopping, $0.cursor)
             }
             if stopping { break }
-            let asked = state.withLockedValue { $0.excused }
+            let asked = state.withLockedValue { s in
+                // A good while in the host: its deaths before are no longer "in a row".
+                if inHost, Date().timeIntervalSince(started) > 60 { s.hostDeaths = 0 }
+                return s.excused
+            }
             countDeath(exit, inHost: inHost)
             // A worker that ran a good while, or moved its cursor on, or whose end was asked
             // for, is no crash loop: it earns a fresh backoff. One that dies on the same record
             // again waits longer each time.
-            if Date().timeIntervalSince(started) > 60 || cursorAfter > cursorBefore || asked { backoff = 0.1 }
+            // The host's death is not this pipeline's doing, as far as it knows.
+            if Date().timeIntervalSince(started) > 60 || cursorAfter > cursorBefore || asked || inHost {
+                backoff = 0.1
+            }
             logger.error("pipeline \(spec.name): worker \(exit); restarting in \(String(format: "%.1f", backoff)) s")
             state.withLockedValue { $0.restarts += 1 }
             // Not a plain sleep: a stop must not wait out a backoff of up to 10 s.
@@ -294,15 +313,30 @@ package final class PipelineSupervisor: @unchecked Sendable {
         if inHost {
             // Any plugin of the host may have killed it: no record is charged with the death,
             // and the one in hand is handled next in a process of this pipeline's own.
-            let quarantined: UInt64? = state.withLockedValue { s in
+            let (quarantined, isolated): (UInt64?, Bool) = state.withLockedValue { s in
                 defer { s.excused = false }
-                guard seq > 0, seq > s.cursor, !s.excused, s.quarantine == nil else { return nil }
+                guard !s.excused else { return (nil, false) }
+                // A plugin that crashes the host with no record in hand (a thread of its own, its
+                // create) is never caught by a record: after a few deaths in a row, every
+                // pipeline of the host runs alone for a while, the culprit crashing only itself.
+                s.hostDeaths += 1
+                if s.hostDeaths >= Self.hostDeathsBeforeOwnProcess {
+                    s.hostDeaths = 0
+                    s.ownProcessUntil = Date().addingTimeInterval(Self.ownProcessPeriod)
+                    return (nil, true)
+                }
+                guard seq > 0, seq > s.cursor, s.quarantine == nil else { return (nil, false) }
                 s.quarantine = seq
-                return seq
+                return (seq, false)
             }
             if let seq = quarantined {
                 logger.error(
                     "pipeline \(spec.name): the shared pipeline host died while it handled _seq \(seq); it handles that record in a process of its own, and goes back to the host once past it"
+                )
+            }
+            if isolated {
+                logger.error(
+                    "pipeline \(spec.name): the shared pipeline host died \(Self.hostDeathsBeforeOwnProcess) times in a row while it ran there; it runs in a process of its own for \(Int(Self.ownProcessPeriod / 60)) minutes"
                 )
             }
             return
@@ -344,7 +378,8 @@ package final class PipelineSupervisor: @unchecked Sendable {
         ended.withLockedValue { $0 = nil }
         let quarantined = state.withLockedValue { s -> Bool in
             if let seq = s.quarantine, s.cursor >= seq { s.quarantine = nil }
-            return s.quarantine != nil
+            if let until = s.ownProcessUntil, Date() >= until { s.ownProcessUntil = nil }
+            return s.quarantine != nil || s.ownProcessUntil != nil
         }
         if let host, !quarantined {
             spawned = host.attach(report: fds[1], command: ackFds[0], libraries: spec.libraries ?? [:]).map { life in
@@ -375,6 +410,8 @@ package final class PipelineSupervisor: @unchecked Sendable {
             $0.generation += 1
             $0.countersBefore = $0.countersSinceStart
             $0.counters = [:]
+            $0.failuresBefore = $0.failures
+            $0.deadLettersBefore = $0.deadLetters
             return ($0.generation, $0.failedGeneration != nil)
         }
         // A batch failed after the rewind above: this worker would take its records for
@@ -488,8 +525,8 @@ package final class PipelineSupervisor: @unchecked Sendable {
                 $0.lastReport = Date()
                 $0.cursor = cursor
                 // The worker's word: past what an Int holds is the most it holds, not a trap.
-                $0.failures = Int(clamping: failures)
-                $0.deadLetters = Int(clamping: deadLetters)
+                $0.failures = $0.failuresBefore &+ Int(clamping: failures)
+                $0.deadLetters = $0.deadLettersBefore &+ Int(clamping: deadLetters)
                 $0.skipped = skipped
             }
         case .ended(let status):

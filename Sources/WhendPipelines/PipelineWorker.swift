@@ -242,7 +242,8 @@ final class WorkerLink: @unchecked Sendable {
 
     func requestStop() { stopAsked.store(true, ordering: .relaxed) }
 
-    /// The daemon cannot be told anything more.
+    /// The daemon cannot be told anything more: gone (a worker process exits; the shared host
+    /// exits within moments, when it sees its parent gone), or done with this pipeline.
     func daemonGone() {
         if exitsProcess { exit(4) }
         requestStop()

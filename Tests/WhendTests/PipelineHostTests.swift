@@ -225,7 +225,8 @@ import Testing
     }
 
     /// whend SIGKILLed while a shared pipeline is stuck in its plugin: the host does not run on
-    /// for ever without it, but exits within seconds.
+    /// without it (for ever, or for the seconds its pipelines take to stop, saving cursors beside
+    /// the next whend's), but exits at once.
     @Test func anOrphanedHostExitsEvenWithAPipelineStuck() throws {
         let daemon = try mixedDaemon(
             "host-orphan",
@@ -239,7 +240,34 @@ import Testing
         // Stuck: recorder's marker says it hangs.
         #expect(eventually { FileManager.default.fileExists(atPath: daemon.stateDirectory + "/plugins/recorder/hung") })
         daemon.crash()
-        #expect(eventually(20) { kill(pid_t(host), 0) != 0 }, "the host \(host) outlived whend")
+        // At once: its pipelines must not go on beside those of the next whend, on the same files.
+        #expect(eventually(2) { kill(pid_t(host), 0) != 0 }, "the host \(host) outlived whend")
         if kill(pid_t(host), 0) == 0 { kill(pid_t(host), SIGKILL) }
+    }
+
+    /// A plugin that kills the host with no record in hand (here: in its create) is never
+    /// caught by a record. After three such deaths in a row, the host's pipelines run in
+    /// processes of their own: the culprit crashes only itself, and the built-ins go on.
+    @Test func aHostThatKeepsDyingWithNoRecordInHandSplitsUp() throws {
+        let daemon = try mixedDaemon(
+            "host-split",
+            settings:
+                "isolation.recorder = shared\npipeline.rec = recorder\nplugin.recorder = {\"create_crashes\":true}")
+        _ = try buildTestPlugin("recorder", into: daemon.directory + "/plugins", name: "recorder")
+        try FileManager.default.createDirectory(
+            atPath: daemon.stateDirectory + "/plugins/recorder", withIntermediateDirectories: true)
+        try daemon.start()
+        defer { daemon.stop() }
+        #expect(
+            eventually(30) { daemon.log.contains("pipeline screens: the shared pipeline host died 3 times in a row") },
+            "\(daemon.log.suffix(3000))")
+        #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"when","name":"tap"}"#]).acks.last == 1)
+        #expect(try daemon.waitForPipeline("screens", cursor: 1, seconds: 30))
+        // Alone, screens no longer dies with the host: its restarts stay put.
+        let restartsThen = restarts(daemon, "screens")
+        usleep(3_000_000)
+        #expect(restarts(daemon, "screens") == restartsThen, "\(daemon.log.suffix(2000))")
+        let pids = workers(daemon, ["screens", "crashes"])
+        #expect(pids["screens"] != pids["crashes"], "\(pids)")
     }
 }
