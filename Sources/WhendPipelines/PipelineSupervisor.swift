@@ -296,7 +296,10 @@ package final class PipelineSupervisor: @unchecked Sendable {
             if Date().timeIntervalSince(started) > 60 || cursorAfter > cursorBefore || asked || inHost {
                 backoff = 0.1
             }
-            logger.error("pipeline \(spec.name): worker \(exit); restarting in \(String(format: "%.1f", backoff)) s")
+            // A worker that stopped cleanly was asked to (a restart, a record passed in a process
+            // of its own, a host retired for an upgraded library): news, not an error.
+            let said = "pipeline \(spec.name): worker \(exit); restarting in \(String(format: "%.1f", backoff)) s"
+            if exit == "exited with status 0" { logger.notice("\(said)") } else { logger.error("\(said)") }
             state.withLockedValue { $0.restarts += 1 }
             // Not a plain sleep: a stop must not wait out a backoff of up to 10 s.
             if stopSignal.wait(timeout: .now() + backoff) == .success { break }
