@@ -1,7 +1,7 @@
 # whend — two commands do all the set-up: `make run` and `make test`.
 SWIFT ?= swift
 # C libraries and tools whend builds with, from Debian.
-DEBIAN_PACKAGES := libzstd-dev libsystemd-dev libnats-dev zlib1g-dev zstd pkg-config
+DEBIAN_PACKAGES := libzstd-dev libsystemd-dev libnats-dev zlib1g-dev libcurl4-openssl-dev zstd pkg-config
 # What the tests use besides: systemd-socket-activate and systemd-analyze (systemd), a small
 # ext4 filesystem to freeze (e2fsprogs, util-linux), strip for the .deb (binutils), JetStream
 # for the nats plugin (nats-server), FUSE from Python for the power-cut file system (python3-fusepy),

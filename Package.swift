@@ -72,7 +72,9 @@ let package = Package(
         .target(
             name: "NatsPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport", "CNats", "WhendWire"],
             path: "Plugins/Nats"),
-        .target(name: "PluginHTTP", dependencies: ["WhendPluginSDK", "CZlib"], path: "Plugins/HTTP"),
+        // One HTTP exchange with libcurl (Debian's libcurl4-openssl-dev), on the calling thread.
+        .target(name: "CHTTP", linkerSettings: [.linkedLibrary("curl")]),
+        .target(name: "PluginHTTP", dependencies: ["WhendPluginSDK", "CZlib", "CHTTP"], path: "Plugins/HTTP"),
         .target(
             name: "AnalyticsPlugin",
             dependencies: ["WhendPluginSDK", "BuiltinPluginSupport", "WhendWire", "PluginHTTP"],

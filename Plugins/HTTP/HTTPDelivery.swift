@@ -1,10 +1,7 @@
+import CHTTP
 import CZlib
 import Foundation
 import WhendPluginSDK
-
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
 
 /// One HTTP endpoint that a plugin POSTs batches to, with the built-in plugins' policy: a batch
 /// is sent again after a failure the endpoint calls temporary (a status `retryable` accepts, a
@@ -24,8 +21,14 @@ import WhendPluginSDK
 /// at most `maxBody` bytes of an answer's body are kept, and the rest is not read (an endless
 /// body cannot grow the worker); a `Retry-After` can lengthen the wait before the next attempt
 /// but never shorten it below the backoff (a `0` cannot make the sender hammer the endpoint).
+///
+/// The exchange is libcurl's, on the sender's own thread (CHTTP): the deadline, the cut and a
+/// stop take effect inside its calls. With URLSession a cancel took effect only once its own
+/// queue turned to it, and on a loaded machine an endless answer was read for more than the
+/// deadline (gigabytes, and the batch sent twice).
 package final class HTTPDelivery: @unchecked Sendable {
-    // Unchecked: configuration is immutable; `stopping` and `Exchange` guard themselves.
+    // Unchecked: configuration is immutable; `stopping` guards itself; `client` is used by
+    // `deliver` alone, which one sender thread calls.
     package let endpoint: URL
     private let origin: Origin
     private let plugin: String
@@ -37,10 +40,8 @@ package final class HTTPDelivery: @unchecked Sendable {
     private let maxBackoff: Double
     private let retryable: @Sendable (Int) -> Bool
     private let stopping = StopSignal()
-    /// A session of its own: its delegate refuses every redirect URLSession would follow (with
-    /// the headers), so that `deliver` decides; ephemeral, so no cookie or credential is kept.
-    private let session: URLSession
-    private let exchange = Exchange()
+    /// Its connections are kept for the next batch; it keeps no cookie, credential or cache.
+    private let client: OpaquePointer?
     static let maxRedirects = 5
     /// The most of an answer's body kept: far more than otlp's partial-success message, the
     /// only body a sender reads.
@@ -82,15 +83,10 @@ package final class HTTPDelivery: @unchecked Sendable {
         self.timeout = timeout.isFinite && timeout > 0 ? min(timeout, 86400) : 10
         self.maxBackoff = max(Self.minBackoff, maxBackoff.isFinite ? maxBackoff : 60)
         self.retryable = retryable
-        let configuration = URLSessionConfiguration.ephemeral
-        configuration.httpShouldSetCookies = false
-        configuration.httpCookieStorage = nil
-        configuration.urlCredentialStorage = nil
-        configuration.urlCache = nil
-        session = URLSession(configuration: configuration, delegate: exchange, delegateQueue: nil)
+        client = whend_http_client_create()
     }
 
-    deinit { session.invalidateAndCancel() }
+    deinit { whend_http_client_destroy(client) }
 
     /// Ends every wait: a `deliver` under way returns `.stopped` at its next attempt.
     package func stop() { stopping.stop() }
@@ -174,27 +170,55 @@ package final class HTTPDelivery: @unchecked Sendable {
     }
 
     private func post(_ body: [UInt8], to url: URL) -> Answer {
-        var request = URLRequest(url: url, timeoutInterval: timeout)
-        request.httpMethod = "POST"
+        var sent = body
+        var lines = ["Content-Type: \(contentType)"]
         if gzip, let compressed = Self.gzipped(body) {
-            request.httpBody = Data(compressed)
-            request.setValue("gzip", forHTTPHeaderField: "Content-Encoding")
-        } else {
-            request.httpBody = Data(body)
+            sent = compressed
+            lines.append("Content-Encoding: gzip")
         }
-        request.setValue(contentType, forHTTPHeaderField: "Content-Type")
-        for (name, value) in headers { request.setValue(value, forHTTPHeaderField: name) }
-        let task = session.dataTask(with: request)
-        let done = exchange.begin(task)
-        task.resume()
-        if done.wait(timeout: .now() + timeout) == .timedOut {
-            exchange.expire(task)
-            task.cancel()
-            // Cancelled, the task completes promptly; bounded all the same, as the next
-            // exchange does not depend on it (a late completion of this task is ignored).
-            _ = done.wait(timeout: .now() + 5)
+        // A header a user configured cannot add a line of its own to the request.
+        for (name, value) in headers where !(name + value).contains(where: \.isNewline) {
+            lines.append("\(name): \(value)")
         }
-        return exchange.answer
+        var answer = whend_http_answer()
+        var kept = [UInt8](repeating: 0, count: Self.maxBody)
+        let outcome = withCStrings(lines) { pointers in
+            sent.withUnsafeBytes { bytes in
+                kept.withUnsafeMutableBufferPointer { into in
+                    whend_http_post(
+                        client, url.absoluteString, pointers.baseAddress, pointers.count, bytes.baseAddress,
+                        bytes.count, Int(timeout * 1000), stopping.curl, into.baseAddress, into.count, &answer)
+                }
+            }
+        }
+        let status = Int(answer.status)
+        let body = Data(kept.prefix(answer.body_length))
+        func text<T>(_ field: T) -> String? {
+            let value = withUnsafeBytes(of: field) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            return value.isEmpty ? nil : value
+        }
+        switch Int(outcome) {
+        case WHEND_HTTP_ANSWERED, WHEND_HTTP_CUT:
+            // Cut short past `maxBody`: the status the endpoint gave is its answer.
+            return Answer(
+                status: status, body: body, retryAfter: text(answer.retry_after), location: text(answer.location),
+                url: url, problem: "")
+        case WHEND_HTTP_TIMED_OUT:
+            return Answer(status: nil, body: Data(), problem: "nothing complete within the timeout")
+        case WHEND_HTTP_STOPPED:
+            return Answer(status: nil, body: Data(), problem: "stopped")
+        default:
+            return Answer(status: nil, body: Data(), problem: text(answer.problem) ?? "no answer")
+        }
+    }
+
+    /// `strings` as C strings, valid for the call of `body`.
+    private func withCStrings<R>(
+        _ strings: [String], _ body: (UnsafeBufferPointer<UnsafePointer<CChar>?>) -> R
+    ) -> R {
+        let copies = strings.map { strdup($0) }
+        defer { copies.forEach { free($0) } }
+        return copies.map { UnsafePointer($0) }.withUnsafeBufferPointer(body)
     }
 
     /// A request's origin: scheme, host and port (the scheme's default when none is written).
@@ -219,92 +243,10 @@ package final class HTTPDelivery: @unchecked Sendable {
     private struct Answer {
         var status: Int?
         var body: Data
-        var retryAfter: String?
-        var location: String?
-        var url: URL?
+        var retryAfter: String? = nil
+        var location: String? = nil
+        var url: URL? = nil
         var problem: String
-    }
-
-    /// The one request under way (a delivery posts one at a time), as the session's delegate
-    /// sees it: at most `maxBody` bytes of the answer's body gathered (then the task is
-    /// cancelled and the answer stands by its status), every redirect refused, the end
-    /// signalled. Callbacks of any other task (one given up on) are ignored.
-    private final class Exchange: NSObject, URLSessionDataDelegate, @unchecked Sendable {
-        // Unchecked: every member is guarded by `lock`.
-        private let lock = NSLock()
-        private var task: URLSessionTask?
-        private var body = Data()
-        private var truncated = false
-        private var expired = false
-        private var result = Answer(status: nil, body: Data(), problem: "")
-        private var finished = DispatchSemaphore(value: 0)
-
-        /// Starts following `task`; the semaphore is signalled when it completes.
-        func begin(_ task: URLSessionTask) -> DispatchSemaphore {
-            lock.withLock {
-                self.task = task
-                body = Data()
-                truncated = false
-                expired = false
-                result = Answer(status: nil, body: Data(), problem: "no answer")
-                finished = DispatchSemaphore(value: 0)
-                return finished
-            }
-        }
-
-        /// `task` ran out of time: whatever it had received is no answer.
-        func expire(_ task: URLSessionTask) {
-            lock.withLock {
-                guard task === self.task else { return }
-                expired = true
-            }
-        }
-
-        var answer: Answer {
-            lock.withLock {
-                if expired {
-                    self.task = nil
-                    return Answer(status: nil, body: Data(), problem: "nothing complete within the timeout")
-                }
-                return result
-            }
-        }
-
-        func urlSession(
-            _ session: URLSession, task: URLSessionTask, willPerformHTTPRedirection response: HTTPURLResponse,
-            newRequest request: URLRequest, completionHandler: @escaping (URLRequest?) -> Void
-        ) {
-            // Never with the headers: the redirect itself is the answer `deliver` decides on.
-            completionHandler(nil)
-        }
-
-        func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
-            let full: Bool = lock.withLock {
-                guard dataTask === task, !truncated else { return false }
-                body.append(data.prefix(HTTPDelivery.maxBody - body.count))
-                truncated = body.count >= HTTPDelivery.maxBody
-                return truncated
-            }
-            // An endless body must not keep the exchange, nor grow it. URLSession goes on reading
-            // until the cancel reaches its own queue (it cannot be paused: the disposition of
-            // `didReceive response` is ignored here); what it read meanwhile is dropped unkept.
-            if full { dataTask.cancel() }
-        }
-
-        func urlSession(_ session: URLSession, task: URLSessionTask, didCompleteWithError error: (any Error)?) {
-            let http = task.response as? HTTPURLResponse
-            let done: DispatchSemaphore? = lock.withLock {
-                guard task === self.task else { return nil }
-                // Cut short by us, past `maxBody`: the status the endpoint gave is its answer.
-                let status = truncated || error == nil ? http?.statusCode : nil
-                result = Answer(
-                    status: status, body: body, retryAfter: http?.value(forHTTPHeaderField: "Retry-After"),
-                    location: http?.value(forHTTPHeaderField: "Location"), url: http?.url ?? task.currentRequest?.url,
-                    problem: error.map { "\($0.localizedDescription)" } ?? "no answer")
-                return finished
-            }
-            done?.signal()
-        }
     }
 
     /// `bytes` as one gzip member (zlib's deflate with the gzip wrapper); nil if zlib fails, and
@@ -352,13 +294,20 @@ package final class SenderThread: Sendable {
 
 /// A sender's "stop": set once, read from its loop, and a sleep it cuts short.
 package final class StopSignal: @unchecked Sendable {
-    // Unchecked: `stopped` is guarded by `lock`.
+    // Unchecked: `stopped` is guarded by `lock`; `curl` is atomic.
     private let lock = NSLock()
     private var stopped = false
+    /// The same stop, for an HTTP exchange under way (its progress callback reads it).
+    let curl = whend_http_stop_create()
 
     package init() {}
 
-    package func stop() { lock.withLock { stopped = true } }
+    deinit { whend_http_stop_destroy(curl) }
+
+    package func stop() {
+        lock.withLock { stopped = true }
+        whend_http_stop_request(curl)
+    }
 
     package var isStopped: Bool { lock.withLock { stopped } }
 
