@@ -60,11 +60,6 @@ package struct DaemonConfiguration: Sendable {
         "screen-tracking", "crash-reports", "analytics", "session-recorder", "redact", "nats", "otlp",
     ]
 
-    /// The built-ins that deliver over HTTP (URLSession) run in a process of their own unless
-    /// configured otherwise: in the shared host, under a loaded test run, analytics' cut of an
-    /// endless answer waited out its timeout and the batch was sent twice.
-    package static let ownProcessBuiltins: Set<String> = ["analytics", "otlp"]
-
     /// Whether `plugin`'s pipelines may run in the shared pipeline host (a pipeline runs there
     /// when every one of its plugins may): as `isolation.<plugin>` says, else if it is a
     /// built-in plugin's library, found where whend installs its own (`library`: its real
@@ -72,9 +67,7 @@ package struct DaemonConfiguration: Sendable {
     /// plugin directory, is no built-in.
     package func runsShared(_ plugin: String, library: String?) -> Bool {
         if let isolation = pluginIsolation[plugin] { return isolation == "shared" }
-        guard Self.builtinPlugins.contains(plugin), !Self.ownProcessBuiltins.contains(plugin), let library else {
-            return false
-        }
+        guard Self.builtinPlugins.contains(plugin), let library else { return false }
         let directory = (library as NSString).deletingLastPathComponent
         return Self.defaultPluginDirectories().contains { own in
             guard let real = realpath(own, nil) else { return false }

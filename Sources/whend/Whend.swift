@@ -126,8 +126,7 @@ struct Whend: AsyncParsableCommand {
         if pipelineHost {
             LoggingSystem.bootstrap { label in StreamLogHandler.standardError(label: label) }
             // On a thread of its own, blocked on its socket for the host's life: not on one of
-            // the few threads Dispatch runs its queues on (URLSession's work for analytics and
-            // otlp among them), which this async context is.
+            // the few threads Dispatch runs its queues on, which this async context is.
             Thread { PipelineHostProcess.serve(logger: Logger(label: "whend-pipeline")) }.start()
             await withUnsafeContinuation { (_: UnsafeContinuation<Void, Never>) in }
             Glibc.exit(0)

@@ -47,8 +47,6 @@ import Testing
     }
 
     static let builtins: Set<String> = ["screens", "analytics", "crashes", "sessions"]
-    /// The built-in pipelines in the shared host (analytics, delivering over HTTP, runs alone).
-    static let shared: Set<String> = ["screens", "crashes", "sessions"]
 
     /// The four built-in pipelines run in one process, not whend's; a plugin whend did not
     /// build runs in a process of its own, and when it crashes (here, until its record goes to
@@ -60,8 +58,7 @@ import Testing
         let whend = Int(try #require(daemon.process?.processIdentifier))
         let before = workers(daemon, Self.builtins.union(["chat"]))
         let host = try #require(before["screens"])
-        #expect(Self.shared.allSatisfy { before[$0] == host }, "\(before)")
-        #expect(before["analytics"] != host, "\(before)")
+        #expect(Self.builtins.allSatisfy { before[$0] == host }, "\(before)")
         #expect(host != whend && before["chat"] != host && before["chat"] != whend, "\(before)")
         let events = [
             #"{"type":"when","name":"tap","id":"a"}"#, #"{"type":"when","name":"crash","id":"b"}"#,
@@ -80,7 +77,7 @@ import Testing
             #expect(restarts(daemon, name) == 0, "\(name): \(daemon.log.suffix(2000))")
         }
         let after = workers(daemon, Self.builtins)
-        #expect(Self.shared.allSatisfy { after[$0] == host }, "the shared host changed: \(before) → \(after)")
+        #expect(Self.builtins.allSatisfy { after[$0] == host }, "the shared host changed: \(before) → \(after)")
         #expect(!daemon.log.contains("shared pipeline host \(host) killed"), "\(daemon.log.suffix(2000))")
     }
 
@@ -90,7 +87,7 @@ import Testing
         let daemon = try mixedDaemon("host-shared", settings: "isolation.chatty = shared")
         try daemon.start()
         defer { daemon.stop() }
-        let before = workers(daemon, Self.shared.union(["chat"]))
+        let before = workers(daemon, Self.builtins.union(["chat"]))
         let host = try #require(before["screens"])
         #expect(before["chat"] == host, "\(before)")
         let events = [#"{"type":"when","name":"crash","id":"b"}"#, #"{"type":"when","name":"tap","id":"c"}"#]
@@ -99,36 +96,31 @@ import Testing
             #expect(try daemon.waitForPipeline(name, cursor: 2, seconds: 30), "\(name): \(daemon.log.suffix(2000))")
         }
         #expect(restarts(daemon, "screens") >= 1)
-        let after = workers(daemon, Self.shared.union(["chat"]))
-        #expect(
-            after["screens"] != host && Set(Self.shared.union(["chat"]).compactMap { after[$0] }).count == 1,
-            "\(before) → \(after)")
+        let after = workers(daemon, Self.builtins.union(["chat"]))
+        #expect(after["screens"] != host && Set(after.values).count == 1, "\(before) → \(after)")
     }
 
     /// A reload that changes one shared pipeline (its plugin's configuration) stops it alone
     /// and starts it anew in the same host: the others keep running and never restart.
     @Test func aReloadStopsOneSharedPipelineAlone() throws {
-        let daemon = try mixedDaemon("host-reload", settings: "isolation.chatty = shared")
+        let daemon = try mixedDaemon("host-reload")
         try daemon.start()
         defer { daemon.stop() }
-        let before = workers(daemon, Self.shared.union(["chat"]))
+        let before = workers(daemon, Self.builtins)
         let host = try #require(before["screens"])
-        #expect(before["chat"] == host, "\(before)")
         let config = try #require(daemon.environment["WHEND_CONFIG"])
         let text = try String(contentsOfFile: config, encoding: .utf8)
-        try text.replacingOccurrences(of: #"{"quiet": true}"#, with: #"{"quiet": true, "huge_bytes": 1000}"#).write(
+        try (text + "\nplugin.analytics = {\"flush_interval\": 0.5}\n").write(
             toFile: config, atomically: true, encoding: .utf8)
         let reload = try daemon.whenctl(["reload"])
-        #expect(reload.status == 0 && reload.output.contains("plugin.chatty"), "\(reload)")
+        #expect(reload.status == 0 && reload.output.contains("plugin.analytics"), "\(reload)")
         #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"when","name":"tap"}"#]).acks.last == 1)
-        for name in Self.builtins.union(["chat"]) {
-            #expect(try daemon.waitForPipeline(name, cursor: 1, seconds: 30), "\(name)")
-        }
         for name in Self.builtins {
+            #expect(try daemon.waitForPipeline(name, cursor: 1, seconds: 30), "\(name)")
             #expect(restarts(daemon, name) == 0, "\(name): \(daemon.log.suffix(2000))")
         }
-        let after = workers(daemon, Self.shared.union(["chat"]))
-        #expect(Self.shared.union(["chat"]).allSatisfy { after[$0] == host }, "\(before) → \(after)")
+        let after = workers(daemon, Self.builtins)
+        #expect(Self.builtins.allSatisfy { after[$0] == host }, "\(before) → \(after)")
         #expect(!daemon.log.contains("killing the shared pipeline host"), "\(daemon.log.suffix(2000))")
         #expect(!daemon.log.contains("worker killed"), "\(daemon.log.suffix(2000))")
     }
@@ -181,7 +173,7 @@ import Testing
         #expect(
             eventually(30) {
                 after = workers(daemon, ["chat", "rec", "screens"])
-                return Set(["chat", "rec", "screens"].compactMap { after[$0] }).count == 1
+                return Set(after.values).count == 1
             }, "\(after)")
         #expect(after["screens"] != before["screens"])
     }
