@@ -35,7 +35,7 @@ final class Analytics: WhendPlugin {
                 headers: writeKey.map { ["Authorization": "Basic " + Data(($0 + ":").utf8).base64EncodedString()] }
                     ?? [:],
                 gzip: c["gzip"] as? Bool ?? false, timeout: timeout, maxBackoff: c["max_backoff"] as? Double ?? 60,
-                retryable: { $0 == 429 || $0 >= 500 })
+                retryable: { $0 == 408 || $0 == 429 || $0 >= 500 })
         }
         guard file != nil || delivery != nil else {
             throw PluginError.fail(#"analytics: nowhere to send: set "file" or "endpoint""#)
@@ -544,14 +544,15 @@ final class AnalyticsSender: @unchecked Sendable {
                 switch delivery.deliver(
                     "a batch of \(batch.count) events", body: { Self.batchBody(batch, writeKey: writeKey) })
                 {
-                case .accepted: break
+                case .accepted: host.count("events_sent", by: Int64(batch.count))
                 case .refused: host.count("events_dropped", by: Int64(batch.count))
                 case .stopped: continue
                 }
+            } else {
+                host.count("events_sent", by: Int64(batch.count))
             }
             spool.remove(batch.count)
             fileDone = 0
-            host.count("events_sent", by: Int64(batch.count))
             if spool.compactionDue {
                 do {
                     try spool.compact { try file?.sync() }

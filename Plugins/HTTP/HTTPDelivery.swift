@@ -72,6 +72,13 @@ package final class HTTPDelivery: @unchecked Sendable {
         else {
             throw PluginError.fail("\(plugin): endpoint must be an http:// or https:// URL, not \(text)")
         }
+        for (name, value) in headers where (name + value).contains(where: \.isNewline) || name.isEmpty {
+            // Sent without it, the request would be refused (a token file with a CR at its end
+            // made every batch a 401, dropped); sent with it, it would add a line of its own.
+            throw PluginError.fail(
+                "\(plugin): the header \(name.debugDescription) has a line break in its name or value (a file with CRLF line ends?); remove it"
+            )
+        }
         endpoint = url
         self.origin = origin
         self.plugin = plugin
@@ -79,8 +86,9 @@ package final class HTTPDelivery: @unchecked Sendable {
         self.contentType = contentType
         self.headers = headers
         self.gzip = gzip
-        // A deadline must be a finite, positive number of seconds (a day at most).
-        self.timeout = timeout.isFinite && timeout > 0 ? min(timeout, 86400) : 10
+        // A deadline must be a finite, positive number of seconds: a millisecond (libcurl's
+        // unit) at least, a day at most.
+        self.timeout = timeout.isFinite && timeout > 0 ? min(max(timeout, 0.001), 86400) : 10
         self.maxBackoff = max(Self.minBackoff, maxBackoff.isFinite ? maxBackoff : 60)
         self.retryable = retryable
         client = whend_http_client_create()
@@ -101,7 +109,9 @@ package final class HTTPDelivery: @unchecked Sendable {
         while !stopping.isStopped {
             attempt += 1
             let bytes = body()
-            var answer = post(bytes, to: endpoint)
+            // One deadline for the attempt, its redirects included.
+            let deadline = Date().addingTimeInterval(timeout)
+            var answer = post(bytes, to: endpoint, before: deadline)
             var hops = 0
             var problem: String?
             while let status = answer.status, (300..<400).contains(status) {
@@ -119,8 +129,10 @@ package final class HTTPDelivery: @unchecked Sendable {
                 }
                 hops += 1
                 host.count("redirects_followed")
-                answer = post(bytes, to: target)
+                answer = post(bytes, to: target, before: deadline)
             }
+            // A stop cut the exchange: nothing to say of it, and no retry.
+            if stopping.isStopped && answer.status == nil { break }
             if problem == nil, let status = answer.status, (200..<300).contains(status) {
                 return .accepted(answer.body)
             }
@@ -169,7 +181,12 @@ package final class HTTPDelivery: @unchecked Sendable {
         return nil
     }
 
-    private func post(_ body: [UInt8], to url: URL) -> Answer {
+    private func post(_ body: [UInt8], to url: URL, before deadline: Date) -> Answer {
+        // At least a millisecond: 0 is no deadline at all to libcurl.
+        let milliseconds = Int(deadline.timeIntervalSinceNow * 1000)
+        guard milliseconds >= 1 else {
+            return Answer(status: nil, body: Data(), problem: "nothing complete within the timeout")
+        }
         var sent = body
         var lines = ["Content-Type: \(contentType)"]
         if gzip, let compressed = Self.gzipped(body) {
@@ -177,9 +194,7 @@ package final class HTTPDelivery: @unchecked Sendable {
             lines.append("Content-Encoding: gzip")
         }
         // A header a user configured cannot add a line of its own to the request.
-        for (name, value) in headers where !(name + value).contains(where: \.isNewline) {
-            lines.append("\(name): \(value)")
-        }
+        for (name, value) in headers { lines.append("\(name): \(value)") }
         var answer = whend_http_answer()
         var kept = [UInt8](repeating: 0, count: Self.maxBody)
         let outcome = withCStrings(lines) { pointers in
@@ -187,7 +202,7 @@ package final class HTTPDelivery: @unchecked Sendable {
                 kept.withUnsafeMutableBufferPointer { into in
                     whend_http_post(
                         client, url.absoluteString, pointers.baseAddress, pointers.count, bytes.baseAddress,
-                        bytes.count, Int(timeout * 1000), stopping.curl, into.baseAddress, into.count, &answer)
+                        bytes.count, milliseconds, stopping.curl, into.baseAddress, into.count, &answer)
                 }
             }
         }

@@ -36,7 +36,7 @@ final class OTLPExport: WhendPlugin {
         let delivery = try HTTPDelivery(
             plugin: "otlp", host: host, endpoint: endpoint, contentType: "application/x-protobuf", headers: headers,
             gzip: c["gzip"] as? Bool ?? false, timeout: timeout, maxBackoff: c["max_backoff"] as? Double ?? 60,
-            retryable: { [429, 502, 503, 504].contains($0) })
+            retryable: { [408, 429, 502, 503, 504].contains($0) })
         queue = ExportQueue(
             capacity: max(1, c["max_queue"] as? Int ?? 4096), batchLogs: max(1, c["batch_records"] as? Int ?? 512),
             flushInterval: c["flush_interval"] as? Double ?? 1)

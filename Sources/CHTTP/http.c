@@ -1,6 +1,7 @@
 #include "whend_http.h"
 
 #include <curl/curl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -20,6 +21,8 @@ void whend_http_stop_destroy(whend_http_stop *stop) { free(stop); }
 
 struct whend_http_client {
     CURL *easy;
+    /// The socket of the connection the last exchange left open for the next, if any.
+    curl_socket_t kept;
 };
 
 static pthread_once_t global_once = PTHREAD_ONCE_INIT;
@@ -33,6 +36,7 @@ whend_http_client *whend_http_client_create(void) {
     whend_http_client *client = calloc(1, sizeof(whend_http_client));
     if (client == NULL) return NULL;
     client->easy = curl_easy_init();
+    client->kept = CURL_SOCKET_BAD;
     if (client->easy == NULL) {
         free(client);
         return NULL;
@@ -119,6 +123,22 @@ int whend_http_post(
         return WHEND_HTTP_FAILED;
     }
     exchange x = {.stop = stop, .body = answer_body, .capacity = body_capacity, .answer = answer};
+    if (client->kept != CURL_SOCKET_BAD) {
+        // A kept connection must be quiet: bytes the peer sent unasked (a second answer to the
+        // last request, from a confused server or proxy) would be read as this request's
+        // answer. libcurl does not look, so the connection is dropped with the handle.
+        struct pollfd waiting = {.fd = client->kept, .events = POLLIN | POLLPRI};
+        if (poll(&waiting, 1, 0) != 0) {
+            CURL *fresh = curl_easy_init();
+            if (fresh == NULL) {
+                snprintf(answer->problem, sizeof answer->problem, "libcurl could not be set up");
+                return WHEND_HTTP_FAILED;
+            }
+            curl_easy_cleanup(client->easy);
+            client->easy = fresh;
+        }
+        client->kept = CURL_SOCKET_BAD;
+    }
     CURL *easy = client->easy;
     // Options of a previous exchange do not carry over; its connections do.
     curl_easy_reset(easy);
@@ -163,8 +183,24 @@ int whend_http_post(
     curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, NULL);
     curl_slist_free_all(list);
     answer->body_length = x.length;
+    int accepted = answer->status >= 200 && answer->status < 300;
+    if (result == CURLE_OK && accepted) {
+        // Reused for the next batch only after a whole 2xx: after any other answer the peer
+        // may still be in the middle of something.
+        curl_socket_t socket = CURL_SOCKET_BAD;
+        if (curl_easy_getinfo(easy, CURLINFO_ACTIVESOCKET, &socket) == CURLE_OK) client->kept = socket;
+        return WHEND_HTTP_ANSWERED;
+    }
+    CURL *fresh = curl_easy_init();
+    if (fresh != NULL) {
+        curl_easy_cleanup(client->easy);
+        client->easy = fresh;
+    }
     if (result == CURLE_OK) return WHEND_HTTP_ANSWERED;
-    if (result == CURLE_WRITE_ERROR && x.cut && answer->status > 0) return WHEND_HTTP_CUT;
+    // The endpoint said 2xx: it has the batch, however the rest of its answer went (cut past
+    // the capacity, trickled past the deadline, broken off, or a stop came). Sending it again
+    // would repeat it.
+    if (accepted || (result == CURLE_WRITE_ERROR && x.cut && answer->status > 0)) return WHEND_HTTP_CUT;
     if (result == CURLE_ABORTED_BY_CALLBACK) return WHEND_HTTP_STOPPED;
     if (result == CURLE_OPERATION_TIMEDOUT) return WHEND_HTTP_TIMED_OUT;
     snprintf(answer->problem, sizeof answer->problem, "%s", error[0] ? error : curl_easy_strerror(result));

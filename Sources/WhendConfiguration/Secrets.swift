@@ -267,7 +267,7 @@ extension Secrets {
     /// `json` with every string value that is a reference replaced by what it names:
     /// `"$credential:NAME"` by the contents of `$CREDENTIALS_DIRECTORY/NAME` (systemd's
     /// `LoadCredential=`), `"$file:/absolute/path"` by the contents of that file; one trailing
-    /// newline is dropped. Returns the text and the values read, which are secrets wherever they
+    /// line end (LF or CRLF) is dropped. Returns the text and the values read, which are secrets wherever they
     /// are.
     package static func resolveReferences(
         _ json: String, environment: [String: String] = ProcessInfo.processInfo.environment
@@ -319,7 +319,8 @@ extension Secrets {
         guard var text = String(data: try readSecretFile(path, reference: reference), encoding: .utf8) else {
             throw SecretReferenceError(reference: reference, reason: "\(path) is not UTF-8 text")
         }
-        if text.hasSuffix("\n") { text.removeLast() }
+        // One line end, LF or CRLF (one Character in Swift: `hasSuffix("\n")` missed it).
+        if text.hasSuffix("\n") || text.hasSuffix("\r\n") { text.removeLast() }
         guard !text.isEmpty else { throw SecretReferenceError(reference: reference, reason: "\(path) is empty") }
         return text
     }

@@ -243,11 +243,34 @@ package final class PluginServices: Sendable {
     }
 }
 
+/// A plugin's message as one line of whend's log: a line break in it would start a line that
+/// reads as whend's own (a collector's error message, quoted by otlp, forged a "critical" one),
+/// and a terminal escape would act on whoever reads the log. Both are shown escaped.
+func oneLogLine(_ text: String) -> String {
+    guard text.unicodeScalars.contains(where: isControl) else { return text }
+    var out = ""
+    for scalar in text.unicodeScalars {
+        switch scalar {
+        case "\n": out += "\\n"
+        case "\r": out += "\\r"
+        case "\t": out.unicodeScalars.append(scalar)
+        case _ where isControl(scalar): out += "\\u{\(String(scalar.value, radix: 16))}"
+        default: out.unicodeScalars.append(scalar)
+        }
+    }
+    return out
+}
+
+private func isControl(_ scalar: Unicode.Scalar) -> Bool {
+    let v = scalar.value
+    return (v < 0x20 && v != 0x09) || (0x7F...0x9F).contains(v) || v == 0x2028 || v == 0x2029
+}
+
 private let hostLog: @convention(c) (UnsafeMutableRawPointer?, Int32, UnsafePointer<CChar>?) -> Void = {
     context, level, message in
     guard let context, let message else { return }
     let services = Unmanaged<PluginServices>.fromOpaque(context).takeUnretainedValue()
-    let text = "plugin \(services.name): \(Secrets.scrubbedLogLine(message, services.secrets))"
+    let text = "plugin \(services.name): \(oneLogLine(Secrets.scrubbedLogLine(message, services.secrets)))"
     switch level {
     case WHEND_LOG_DEBUG: services.logger.debug("\(text)")
     case WHEND_LOG_INFO: services.logger.info("\(text)")

@@ -308,6 +308,17 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
         #expect(eventually { server.requests.count >= 2 })
         let file = daemon.stateDirectory + "/plugins/analytics/events.ndjson"
         #expect(eventually { ((try? String(contentsOfFile: file, encoding: .utf8)) ?? "").contains("second") })
+        // A dropped batch is counted as dropped, not as sent too (it was, before).
+        func counters() -> [String: Int] {
+            let json = (try? daemon.whenctl(["plugins", "--json"]).output) ?? ""
+            let reply = (try? JSONSerialization.jsonObject(with: Data(json.utf8))) as? [String: Any] ?? [:]
+            let pipeline = (reply["pipelines"] as? [[String: Any]] ?? []).first { $0["name"] as? String == "analytics" }
+            let all = (pipeline?["counters"] as? [String: Any])?["analytics"] as? [String: Any] ?? [:]
+            return all.compactMapValues { ($0 as? NSNumber)?.intValue }
+        }
+        #expect(eventually { counters()["events_dropped"] == 1 && counters()["events_sent", default: 0] >= 1 })
+        usleep(500_000)
+        #expect(counters()["events_sent"] == 1, "\(counters())")
         daemon.stop()
         server.stop()
         func events(_ body: Data) -> [String] {
@@ -609,8 +620,11 @@ private func nanosText(_ time: String) -> String? {
     /// (an ExportLogsServiceResponse with partial_success): otlp logs it with the collector's
     /// message, and goes on.
     @Test func otlpReportsWhatTheCollectorRejectedInAnAcceptedRequest() throws {
-        // partial_success (1) { rejected_log_records (1) = 2, error_message (2) = "too old" }
-        let partialSuccess: [UInt8] = [0x0A, 0x0B, 0x08, 0x02, 0x12, 0x07] + Array("too old".utf8)
+        // partial_success (1) { rejected_log_records (1) = 2, error_message (2) = message }: a
+        // message with a line that would read as whend's own, and a terminal escape.
+        let message = Array("too old\ncritical whend: FORGED\u{1B}[2J".utf8)
+        let inner: [UInt8] = [0x08, 0x02, 0x12, UInt8(message.count)] + message
+        let partialSuccess: [UInt8] = [0x0A, UInt8(inner.count)] + inner
         let server = try HTTPTestServer(answers: [.init(status: 200, body: partialSuccess)])
         defer { server.stop() }
         let daemon = try daemonWithBuiltins(
@@ -621,7 +635,12 @@ private func nanosText(_ time: String) -> String? {
                 """)
         defer { daemon.stop() }
         try sendSession(daemon, app: "com.example.mail", session: "p", [#"{"type":"when","name":"tapped"}"#])
-        #expect(daemon.waitForLog("otlp: the collector rejected 2 log records: too old", seconds: 20))
+        #expect(
+            daemon.waitForLog(
+                #"otlp: the collector rejected 2 log records: too old\ncritical whend: FORGED\u{1b}[2J"#, seconds: 20),
+            "\(daemon.log.suffix(1000))")
+        #expect(!daemon.log.contains("\ncritical whend: FORGED"), "a line of the collector's in whend's log")
+        #expect(!daemon.log.contains("\u{1B}"))
         #expect(server.requests.count == 1, "accepted: not sent again")
     }
 }

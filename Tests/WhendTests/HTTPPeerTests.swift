@@ -126,13 +126,13 @@ private func hostHeader(_ head: String) -> String? {
         endpoint.stop()
     }
 
-    /// `timeout` is a deadline for the whole exchange: an endpoint that answers `200` and then
+    /// `timeout` is a deadline for the whole exchange: an endpoint that answers `503` and then
     /// trickles a byte every 0.3 s (never silent for the 1 s timeout) is given up on after it and
     /// the batch is sent again. Before the fix the timeout was an idle timeout, and the trickle
     /// held the delivery for as long as it went on.
     @Test func aTricklingAnswerIsGivenUpOnAtTheTimeout() throws {
         let endpoint = try HTTPTestServer(answers: [
-            .init(status: 200, stream: .trickle(interval: 0.3)), .init(status: 200),
+            .init(status: 503, stream: .trickle(interval: 0.3)), .init(status: 200),
         ])
         let daemon = try analyticsDaemon(
             "http-trickle", endpoint: "http://127.0.0.1:\(endpoint.port)/v1/batch", writeKey: "wk-trickle")
@@ -146,6 +146,94 @@ private func hostHeader(_ head: String) -> String? {
         #expect(held < 6, "held \(held) s with a 1 s timeout")
         let delivered = endpoint.exchanges.filter { $0.status == 200 }.flatMap { events(in: $0.body).values }
         #expect(delivered.contains { $0["event"] as? String == "slow" })
+        endpoint.stop()
+    }
+
+    /// A `200` is the endpoint's word that it has the batch, however the rest of its answer goes:
+    /// a body that trickles past the deadline ends the exchange there, and the batch is not sent
+    /// again. Before, it was sent again, as if nothing had been answered.
+    @Test func aTwoHundredWhoseBodyTricklesIsNotSentAgain() throws {
+        let endpoint = try HTTPTestServer(answers: [
+            .init(status: 200, stream: .trickle(interval: 0.3)), .init(status: 200),
+        ])
+        let daemon = try analyticsDaemon(
+            "http-trickle-ok", endpoint: "http://127.0.0.1:\(endpoint.port)/v1/batch", writeKey: "wk-trickle-ok")
+        defer { daemon.stop() }
+        try sendSession(
+            daemon, app: "com.example.trickle", session: "t", [#"{"type":"when","name":"slow","id":"t-1"}"#])
+        #expect(eventually(20) { endpoint.exchanges.count >= 1 })
+        try sendSession(
+            daemon, app: "com.example.trickle", session: "u", [#"{"type":"when","name":"later","id":"u-1"}"#])
+        #expect(eventually(20) { endpoint.exchanges.count >= 2 })
+        let names = endpoint.exchanges.flatMap { events(in: $0.body).values.compactMap { $0["event"] as? String } }
+        #expect(names.filter { $0 == "slow" }.count == 1, "\(names)")
+        endpoint.stop()
+    }
+
+    /// `timeout` is a deadline for one attempt, redirects included: hops within the origin that
+    /// each answer within it cannot add up to more. Before, each hop had a deadline of its own
+    /// and six hops could hold a batch six times the timeout; here the third request is the
+    /// batch tried again from the start, not a third hop.
+    @Test func redirectsShareTheAttemptsDeadline() throws {
+        let hop = HTTPTestServer.Answer(status: 307, headers: ["Location": "/v1/hop"], delay: 0.6)
+        let endpoint = try HTTPTestServer(answers: [hop, hop, hop, .init(status: 200)])
+        let daemon = try analyticsDaemon(
+            "http-hops", endpoint: "http://127.0.0.1:\(endpoint.port)/v1/batch", writeKey: "wk-hops")
+        defer { daemon.stop() }
+        try sendSession(daemon, app: "com.example.hops", session: "h", [#"{"type":"when","name":"hop","id":"h-1"}"#])
+        #expect(eventually(20) { endpoint.exchanges.contains { $0.status == 200 } })
+        let paths = endpoint.exchanges.map { $0.head.split(separator: " ").dropFirst().first ?? "" }
+        #expect(paths.prefix(3) == ["/v1/batch", "/v1/hop", "/v1/batch"], "\(paths)")
+        endpoint.stop()
+    }
+
+    /// A kept connection on which the endpoint said something unasked is not used again: the
+    /// next batch is not answered by those bytes. (Only once they have come: a stray answer that
+    /// crosses the next request on the wire is one no HTTP/1.1 client can tell from the real one.)
+    @Test func aStrayAnswerOnAKeptConnectionIsNotTakenForTheNext() throws {
+        let endpoint = try HTTPTestServer(answers: [.init(status: 200, strayAnswerAfter: true), .init(status: 200)])
+        let daemon = try analyticsDaemon(
+            "http-stray", endpoint: "http://127.0.0.1:\(endpoint.port)/v1/batch", writeKey: "wk-stray")
+        defer { daemon.stop() }
+        try sendSession(daemon, app: "com.example.stray", session: "s", [#"{"type":"when","name":"one","id":"s-1"}"#])
+        #expect(eventually(20) { endpoint.exchanges.count >= 1 })
+        usleep(1_000_000)
+        try sendSession(daemon, app: "com.example.stray", session: "t", [#"{"type":"when","name":"two","id":"t-1"}"#])
+        #expect(
+            eventually(20) {
+                endpoint.exchanges.contains {
+                    $0.status == 200 && events(in: $0.body).values.contains { $0["event"] as? String == "two" }
+                }
+            }, "\(endpoint.exchanges.map { ($0.head.prefix(20), $0.status) })")
+        endpoint.stop()
+    }
+
+    /// A configured header with a line break is refused when the configuration is checked, with
+    /// what to do: sent without it, every batch was refused (a 401 from a token file with CRLF
+    /// line ends, dropped); sent with it, it would add a header line of its own.
+    @Test func aHeaderWithALineBreakIsRefusedSayingWhy() throws {
+        let directory = scratchDirectory("http-header-break")
+        try #"""
+        pipeline.otel = otlp
+        plugin.otlp = {"endpoint": "http://127.0.0.1:9/v1/logs", "headers": {"Authorization": "Bearer tok-7\r\nX-Evil: 1"}}
+        """#.write(toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
+        let check = try runCommand(executable("whend"), ["--config", directory + "/whend.conf", "--check-config"])
+        #expect(check.status == 2, "\(check)")
+        #expect(check.error.contains(#"the header "Authorization" has a line break"#), "\(check.error)")
+        #expect(!check.error.contains("tok-7"))
+    }
+
+    /// A timeout too short for libcurl's milliseconds is still a deadline: a hanging endpoint
+    /// is given up on and the batch tried again. Before, 0.0004 s became 0, which libcurl reads
+    /// as no deadline, and the batch waited for the endpoint for ever.
+    @Test func aTinyTimeoutIsStillADeadline() throws {
+        let endpoint = try HTTPTestServer(answers: [.init(status: 200, delay: 3), .init(status: 200)])
+        let daemon = try analyticsDaemon(
+            "http-tiny", endpoint: "http://127.0.0.1:\(endpoint.port)/v1/batch", writeKey: "wk-tiny", timeout: 0.0004)
+        defer { daemon.stop() }
+        try sendSession(daemon, app: "com.example.tiny", session: "t", [#"{"type":"when","name":"tiny","id":"t-1"}"#])
+        // Given up on before the endpoint answers, 3 s later (before, its 200 was waited for).
+        #expect(daemon.waitForLog("nothing complete within the timeout", seconds: 15), "\(daemon.log.suffix(1500))")
         endpoint.stop()
     }
 
@@ -180,7 +268,7 @@ private func hostHeader(_ head: String) -> String? {
     enum Step: CaseIterable, Sendable {
         case ok, created, redirectSame, permanentSame, foundSame, redirectOther, redirectOtherName, moved, bad,
             unauthorized, tooLarge, huge, negative, date, pastDate, unavailable, serverError, gateway, slow, reset,
-            endless, trickle, zero, tiny
+            endless, trickle, zero, tiny, requestTimeout, strayAnswer, trickledAnswer
     }
 
     static func answer(_ step: Step, port: UInt16, otherPort: UInt16) -> HTTPTestServer.Answer {
@@ -210,8 +298,14 @@ private func hostHeader(_ head: String) -> String? {
         case .slow: return .init(status: 200, delay: 1.4)
         case .reset: return .init(status: 200, reset: true)
         case .endless: return .init(status: 200, stream: .endless)
-        // Never silent for the 1 s timeout, never done: no answer, for the sender.
+        // A 200 whose body is never done: the endpoint has the batch, and says so.
         case .trickle: return .init(status: 200, stream: .trickle(interval: 0.3))
+        // Never silent for the 1 s timeout, never done, and not a 2xx: no answer, for the sender.
+        case .trickledAnswer: return .init(status: 503, stream: .trickle(interval: 0.3))
+        // The endpoint did not read the request: retried, not dropped.
+        case .requestTimeout: return .init(status: 408)
+        // Not an answer to the next request, though it comes on the connection it would use.
+        case .strayAnswer: return .init(status: 503, strayAnswerAfter: true)
         case .zero: return .init(status: 503, headers: ["Retry-After": "0"])
         case .tiny: return .init(status: 429, headers: ["Retry-After": "1e-9"])
         }
@@ -266,7 +360,7 @@ private func hostHeader(_ head: String) -> String? {
                 let ids = events(in: e.body).keys
                 if status / 100 == 2 {
                     delivered.formUnion(ids)
-                } else if (400..<500).contains(status), status != 429 {
+                } else if (400..<500).contains(status), status != 429, status != 408 {
                     dropped.formUnion(ids)
                 }
             }

@@ -13,6 +13,11 @@ final class HTTPTestServer: @unchecked Sendable {
         var delay: Double = 0
         var reset = false
         var stream: Stream?
+        /// Kept open after the answer (no `Connection: close`), and 50 ms later an answer nobody
+        /// asked for is written on it, as a confused server or proxy might: a client that sends
+        /// its next request on this connection reads that as the answer. Such a request is
+        /// recorded unanswered (status nil), and never answered.
+        var strayAnswerAfter = false
     }
 
     enum Stream {
@@ -133,8 +138,8 @@ final class HTTPTestServer: @unchecked Sendable {
                     answered.append(
                         Exchange(
                             head: String(decoding: received[..<end], as: UTF8.self), body: body,
-                            // A trickle never completes: no answer, for the client.
-                            status: answer.reset || answer.stream?.isEndless == false ? nil : answer.status))
+                            // A stream's status line goes first: the client has the status.
+                            status: answer.reset ? nil : answer.status))
                     return answer
                 }
                 if answer.delay > 0 { usleep(UInt32(answer.delay * 1e6)) }
@@ -150,13 +155,35 @@ final class HTTPTestServer: @unchecked Sendable {
                     return
                 }
                 var text =
-                    "HTTP/1.1 \(answer.status) X\r\nContent-Length: \(answer.body.count)\r\nConnection: close\r\n"
+                    "HTTP/1.1 \(answer.status) X\r\nContent-Length: \(answer.body.count)\r\n"
+                    + (answer.strayAnswerAfter ? "" : "Connection: close\r\n")
                 for (k, v) in answer.headers { text += "\(k): \(v)\r\n" }
                 text += "\r\n"
                 let reply = Array(text.utf8) + answer.body
                 _ = reply.withUnsafeBytes { send(client, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                guard answer.strayAnswerAfter else { return }
+                usleep(50_000)
+                let stray = Array("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}".utf8)
+                _ = stray.withUnsafeBytes { send(client, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                holdUnanswered(client, after: Array(received[(end + 4 + length)...]))
                 return
             }
+        }
+    }
+
+    /// Records each request that comes on `client` as unanswered, until the client closes it.
+    private func holdUnanswered(_ client: Int32, after: [UInt8]) {
+        var received = after
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        while !lock.withLock({ stopped }) {
+            if let end = find([13, 10, 13, 10], in: received) {
+                let head = String(decoding: received[..<end], as: UTF8.self)
+                lock.withLock { answered.append(Exchange(head: head, body: Data(received[(end + 4)...]), status: nil)) }
+                received = []
+            }
+            let n = buffer.withUnsafeMutableBytes { recv(client, $0.baseAddress, $0.count, 0) }
+            guard n > 0 else { return }
+            received += buffer[0..<n]
         }
     }
 

@@ -412,7 +412,8 @@ struct ConfigurationGenerator {
     @Test func credentialsAndFilesAreReadAndTheirValuesAreSecrets() throws {
         let directory = scratchDirectory("creds")
         try "wk-from-credential\n".write(toFile: directory + "/analytics-key", atomically: true, encoding: .utf8)
-        try "tok \"quoted\"\n".write(toFile: directory + "/token", atomically: true, encoding: .utf8)
+        // CRLF ends a line as LF does (a token file from Windows: its CR made every batch a 401).
+        try "tok \"quoted\"\r\n".write(toFile: directory + "/token", atomically: true, encoding: .utf8)
         let json = #"{"write_key": "$credential:analytics-key", "nested": [{"x": "$file:\#(directory)/token"}]}"#
         let (resolved, secrets) = try Secrets.resolveReferences(
             json, environment: ["CREDENTIALS_DIRECTORY": directory])

@@ -16,7 +16,8 @@ whend_http_stop *whend_http_stop_create(void);
 void whend_http_stop_request(whend_http_stop *stop);
 void whend_http_stop_destroy(whend_http_stop *stop);
 
-/// A connection cache and the options every exchange shares; one thread at a time.
+/// A connection kept from one exchange to the next (only after a whole 2xx, and only while the
+/// peer has sent nothing unasked on it); one thread at a time.
 typedef struct whend_http_client whend_http_client;
 whend_http_client *whend_http_client_create(void);
 void whend_http_client_destroy(whend_http_client *client);
@@ -24,8 +25,9 @@ void whend_http_client_destroy(whend_http_client *client);
 enum {
     /// An answer came: `status` holds it.
     WHEND_HTTP_ANSWERED = 0,
-    /// An answer came with a body longer than `body_capacity`: `status` holds it, the body's
-    /// first `body_capacity` bytes are kept and the rest was not read.
+    /// An answer came but not whole: a body longer than `body_capacity` (its first
+    /// `body_capacity` bytes are kept and the rest was not read), or a 2xx whose body then
+    /// passed the deadline or broke off. `status` holds it.
     WHEND_HTTP_CUT = 1,
     /// Nothing complete within the deadline.
     WHEND_HTTP_TIMED_OUT = 2,
