@@ -232,6 +232,8 @@ struct ShippedRun {
     /// pipeline is at the journal's end.
     var pssIdleMiB: Double
     var pssAfterMiB: Double
+    /// `pssAfterMiB` by process: whend, then each pipeline process (named by its pipelines).
+    var pssAfterParts: [(name: String, mib: Double)]
 }
 
 /// `Pss:` of a process (its private pages, and its share of those it shares), in MiB.
@@ -257,7 +259,11 @@ func pipelineProcesses(_ pipelines: [[String: Any]]) -> [(name: String, pid: Int
 
 /// whend's and the processes of its running pipelines' PSS, each process once.
 func servicePSSMiB(_ daemon: Int, _ pipelines: [[String: Any]]) -> Double {
-    pssMiB(daemon) + pipelineProcesses(pipelines).map { pssMiB($0.pid) }.reduce(0, +)
+    servicePSSParts(daemon, pipelines).map(\.mib).reduce(0, +)
+}
+
+func servicePSSParts(_ daemon: Int, _ pipelines: [[String: Any]]) -> [(name: String, mib: Double)] {
+    [("whend", pssMiB(daemon))] + pipelineProcesses(pipelines).map { ($0.name, pssMiB($0.pid)) }
 }
 
 func runWhendShipped(connections: Int) throws -> ShippedRun {
@@ -284,7 +290,7 @@ func runWhendShipped(connections: Int) throws -> ShippedRun {
     var workerPeaks: [String: Double] = [:]
     var cpu: [String: Double] = [:]
     var derived = 0
-    var pssAfter = 0.0
+    var pssAfterParts: [(name: String, mib: Double)] = []
     while true {
         guard let s = status(sock), let list = s["pipelines"] as? [[String: Any]],
             let last = (s["journal"] as? [String: Any])?["last_seq"] as? Int
@@ -298,7 +304,7 @@ func runWhendShipped(connections: Int) throws -> ShippedRun {
         // growing (derived records are records too).
         if list.allSatisfy({ ($0["lag"] as? Int) == 0 }) && last >= corpusEvents {
             derived = last - corpusEvents
-            pssAfter = servicePSSMiB(Int(daemon.pid), list)
+            pssAfterParts = servicePSSParts(Int(daemon.pid), list)
             break
         }
         guard monotonicSeconds() - start < 1200 else {
@@ -319,7 +325,7 @@ func runWhendShipped(connections: Int) throws -> ShippedRun {
     return ShippedRun(
         ingest: ingest, endToEndEventsPerSecond: Double(corpusEvents) / endToEndSeconds,
         workerPeakRSSMiB: workerPeaks, cpuMicrosPerEvent: cpu, derived: derived, pssIdleMiB: pssIdle,
-        pssAfterMiB: pssAfter)
+        pssAfterMiB: pssAfterParts.map(\.mib).reduce(0, +), pssAfterParts: pssAfterParts)
 }
 
 /// User and system CPU seconds of a running process so far.
@@ -422,7 +428,7 @@ for r in shippedRounds {
         "  CPU µs per event end to end, whend and its workers: \(fmt(shipped.cpuMicrosPerEvent.values.reduce(0, +), 2)) (rsyslog \(fmt(shippedPeer.cpuMicrosPerEvent, 2)))"
     )
     print(
-        "  the whole service's PSS (whend and its workers): idle \(fmt(shipped.pssIdleMiB, 1)) MiB, after the run \(fmt(shipped.pssAfterMiB, 1)) MiB"
+        "  the whole service's PSS (whend and its workers): idle \(fmt(shipped.pssIdleMiB, 1)) MiB, after the run \(fmt(shipped.pssAfterMiB, 1)) MiB (\(shipped.pssAfterParts.map { "\($0.name) \(fmt($0.mib, 1))" }.joined(separator: ", ")))"
     )
     print(
         "  pipeline processes' peak RSS: "
