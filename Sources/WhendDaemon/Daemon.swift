@@ -97,6 +97,8 @@ package final class Daemon: Sendable {
     /// What the sockets are, for the line that says whend is ready.
     let listening = NIOLockedValueBox<(events: String, control: String)>(("", ""))
     private let lastStatus = NIOLockedValueBox<(at: Date, stored: UInt64, rate: Double)>((Date(), 0, 0))
+    /// Records stored at the last heartbeat, and when memory was last given back.
+    private let memoryReturn = NIOLockedValueBox<(seen: UInt64, trimmedAt: UInt64)>((0, 0))
     private let lastRateReport = NIOLockedValueBox<Date>(Date())
     private let lastConnectionRefusalLog = NIOLockedValueBox<Date>(.distantPast)
     private let nextConnectionID = NIOLockedValueBox<UInt64>(0)
@@ -163,6 +165,7 @@ package final class Daemon: Sendable {
             notifier.watchdog()
             self?.publishStatusIfDue()
             self?.reportSuppressedIfDue()
+            self?.returnMemoryIfQuiet()
         } onCommit: { records, bytes, seconds in
             metrics.committed(records: records, bytes: bytes, seconds: seconds)
         }
@@ -361,6 +364,22 @@ package final class Daemon: Sendable {
             last = (Date(), stored, Double(stored &- last.stored) / seconds)
         }
         notifier.status(statusLine())
+    }
+
+    /// Gives the memory a burst freed back to the system once ingest has gone quiet (a heartbeat
+    /// with nothing stored since the one before, and something since the last time): glibc
+    /// keeps a freed allocation's pages in its thread's arena, and after 1M events whend held
+    /// 18 MiB of PSS more than it used. Not while records come: the trim holds every arena's
+    /// lock, and the writer's thread, for milliseconds.
+    private func returnMemoryIfQuiet() {
+        let stored = writer.statistics.recordsStored
+        let due = memoryReturn.withLockedValue { state in
+            defer { state.seen = stored }
+            guard stored == state.seen, stored != state.trimmedAt else { return false }
+            state.trimmedAt = stored
+            return true
+        }
+        if due { _ = whend_malloc_trim(0) }
     }
 
     /// Sums up in the log what the rate limit suppressed, per sender, every

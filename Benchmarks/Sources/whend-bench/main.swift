@@ -32,6 +32,8 @@ let eventCount = Int(options["events"] ?? "") ?? 1_000_000
 let rounds = max(1, Int(options["rounds"] ?? "") ?? 3)
 // `--only shipped`: whend as it ships beside rsyslog and nothing else, for working on pipelines.
 let onlyShipped = options["only"] == "shipped"
+// `--hold SECONDS`: whend as shipped is left running, caught up, for a look at its processes.
+let holdSeconds = Double(options["hold"] ?? "") ?? 0
 // `--only latency`: the fdatasync floor and whend's ack latency at a steady rate, nothing else.
 let onlyLatency = options["only"] == "latency"
 // `--only ingest`: the ingest rows (rsyslog, whend with and without acks, 1 and 4 connections),
@@ -234,7 +236,12 @@ struct ShippedRun {
     var pssAfterMiB: Double
     /// `pssAfterMiB` by process: whend, then each pipeline process (named by its pipelines).
     var pssAfterParts: [(name: String, mib: Double)]
+    /// The same, `settleSeconds` later: once whend and the pipelines have given back what the
+    /// burst freed (each does when it has been quiet a while; a pipeline every 10 s at most).
+    var pssSettledParts: [(name: String, mib: Double)]
 }
+
+let settleSeconds = 11.0
 
 /// `Pss:` of a process (its private pages, and its share of those it shares), in MiB.
 func pssMiB(_ pid: Int) -> Double {
@@ -313,6 +320,12 @@ func runWhendShipped(connections: Int) throws -> ShippedRun {
         usleep(20_000)
     }
     let endToEndSeconds = monotonicSeconds() - start
+    usleep(UInt32(settleSeconds * 1e6))
+    let pssSettledParts = servicePSSParts(Int(daemon.pid), status(sock)?["pipelines"] as? [[String: Any]] ?? [])
+    if holdSeconds > 0 {
+        say("holding whend (pid \(daemon.pid)) for \(holdSeconds) s, its state in \(dir)")
+        usleep(UInt32(holdSeconds * 1e6))
+    }
     cpu["daemon"] = cpuSeconds(Int(daemon.pid)) * 1e6 / Double(corpusEvents)
     let peakKiB = daemon.peakRSSKiB
     let usage = daemon.stop()
@@ -325,7 +338,8 @@ func runWhendShipped(connections: Int) throws -> ShippedRun {
     return ShippedRun(
         ingest: ingest, endToEndEventsPerSecond: Double(corpusEvents) / endToEndSeconds,
         workerPeakRSSMiB: workerPeaks, cpuMicrosPerEvent: cpu, derived: derived, pssIdleMiB: pssIdle,
-        pssAfterMiB: pssAfterParts.map(\.mib).reduce(0, +), pssAfterParts: pssAfterParts)
+        pssAfterMiB: pssAfterParts.map(\.mib).reduce(0, +), pssAfterParts: pssAfterParts,
+        pssSettledParts: pssSettledParts)
 }
 
 /// User and system CPU seconds of a running process so far.
@@ -428,7 +442,7 @@ for r in shippedRounds {
         "  CPU µs per event end to end, whend and its workers: \(fmt(shipped.cpuMicrosPerEvent.values.reduce(0, +), 2)) (rsyslog \(fmt(shippedPeer.cpuMicrosPerEvent, 2)))"
     )
     print(
-        "  the whole service's PSS (whend and its workers): idle \(fmt(shipped.pssIdleMiB, 1)) MiB, after the run \(fmt(shipped.pssAfterMiB, 1)) MiB (\(shipped.pssAfterParts.map { "\($0.name) \(fmt($0.mib, 1))" }.joined(separator: ", ")))"
+        "  the whole service's PSS (whend and its workers): idle \(fmt(shipped.pssIdleMiB, 1)) MiB, after the run \(fmt(shipped.pssAfterMiB, 1)) MiB (\(shipped.pssAfterParts.map { "\($0.name) \(fmt($0.mib, 1))" }.joined(separator: ", "))), \(Int(settleSeconds)) s later \(fmt(shipped.pssSettledParts.map(\.mib).reduce(0, +), 1)) MiB (\(shipped.pssSettledParts.map { "\($0.name) \(fmt($0.mib, 1))" }.joined(separator: ", ")))"
     )
     print(
         "  pipeline processes' peak RSS: "
