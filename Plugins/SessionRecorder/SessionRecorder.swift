@@ -82,7 +82,7 @@ struct SavedSessionIndex: Codable, CompactCodable {
             writer.write(e.firstTime)
             writer.write(e.lastTime)
             writer.write(UInt64(e.counts.count))
-            for (type, n) in e.counts.sorted(by: { $0.key < $1.key }) {
+            for (type, n) in e.counts {
                 writer.write(type)
                 writer.write(n)
             }
@@ -102,7 +102,7 @@ struct SavedSessionIndex: Codable, CompactCodable {
             let lastSeq = try reader.read(UInt64.self)
             let firstTime = try reader.read(String.self)
             let lastTime = try reader.read(String.self)
-            var counts: [String: Int] = [:]
+            var counts = TypeCounts()
             for _ in 0..<(try reader.readCount()) { counts[try reader.read(String.self)] = try reader.read(Int.self) }
             entries[key] = SessionIndex.Entry(
                 app: app, session: session, firstSeq: firstSeq, lastSeq: lastSeq, firstTime: firstTime,
