@@ -40,7 +40,9 @@ install -m 0644 packaging/whend.service packaging/whend.socket packaging/whend-c
 # Not world-readable: it may hold secrets. postinst gives it to group whend-config (the unit's
 # SupplementaryGroups=), through dpkg-statoverride so that an administrator's choice stays.
 install -m 0640 packaging/whend.conf "$root/etc/whend/whend.conf"
-install -m 0644 README.md SECURITY.md "$root/usr/share/doc/whend/"
+install -m 0644 README.md SECURITY.md ARCHITECTURE.md BENCHMARKS.md "$root/usr/share/doc/whend/"
+install -d "$root/usr/share/doc/whend/docs"
+install -m 0644 docs/*.md "$root/usr/share/doc/whend/docs/"
 # Man pages and shell completions, generated from the argument parsers so they cannot drift:
 # whend(8), whenctl(1); bash, zsh and fish completions where each shell looks for them.
 echo "generating man pages and completions…"

@@ -8,7 +8,7 @@ import WhendWire
 /// HTTP Tracking API's batch shape, and delivers the batches to an NDJSON file and/or an HTTP
 /// endpoint. Events wait in a spool file under the plugin's state directory until delivered,
 /// so a restart loses none; `messageId` is stable per record, so that what is sent twice after a
-/// failure de-duplicates downstream. The configuration keys are in the README.
+/// failure de-duplicates downstream. The configuration keys are in docs/plugins.md.
 final class Analytics: WhendPlugin {
     static let name = "analytics"
     static let version = "1.0.0"

@@ -10,7 +10,7 @@ import WhendWire
 /// stream. Publishes asynchronously with at most `max_in_flight` unacknowledged; the pipeline's
 /// cursor passes a record only once JetStream has acknowledged it (a deferred stage). A publish
 /// that fails or is not acknowledged within `ack_timeout` is sent again, with backoff. The
-/// configuration keys are in the README.
+/// configuration keys are in docs/plugins.md.
 final class Nats: WhendPlugin {
     static let name = "nats"
     static let version = "1.0.0"

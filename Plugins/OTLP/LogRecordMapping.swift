@@ -7,7 +7,7 @@ import WhendWire
 typealias AnyValue = Opentelemetry_Proto_Common_V1_AnyValue
 typealias KeyValue = Opentelemetry_Proto_Common_V1_KeyValue
 
-/// How a whend record becomes an OpenTelemetry log record (the table is in the README):
+/// How a whend record becomes an OpenTelemetry log record (the table is in docs/plugins.md):
 /// the event name says what happened (`whend.<type>`, `whend.when.<name>`), the times are the
 /// app's (`ts`) and whend's (`_rt`), the attributes are the semantic conventions' names where
 /// they have one, and the body is the app's own members, nested values included.

@@ -7,7 +7,7 @@ import WhendWire
 /// Exports records as OpenTelemetry log records: OTLP/HTTP with protobuf bodies, POSTed in
 /// batches to a collector's `/v1/logs`. A deferred stage: the pipeline's cursor passes a record
 /// only once the collector has accepted the batch that carries it (or refused it for good), so
-/// neither a restart nor a collector that is down loses a record. The mapping is in the README
+/// neither a restart nor a collector that is down loses a record. The mapping is in docs/plugins.md
 /// ("otlp"); the configuration keys too.
 final class OTLPExport: WhendPlugin {
     static let name = "otlp"

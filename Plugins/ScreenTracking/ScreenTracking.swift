@@ -2,7 +2,7 @@ import WhendPluginSDK
 
 /// Derives one `screen` record per real screen view from navigation, lifecycle and app-sent
 /// `screen` events, a `screen_time` record when a viewed screen goes away, and a `diagnostic`
-/// record for lifecycle sequences that break the rules. The rules are in the README ("The
+/// record for lifecycle sequences that break the rules. The rules are in docs/plugins.md ("The
 /// built-in plugins"). Configuration: `{"max_sessions": 100000}`.
 final class ScreenTracking: PersistentStatePlugin {
     static let name = "screen-tracking"

@@ -40,7 +40,7 @@ final class DaemonMetrics: Sendable {
     private let lostCounters = NIOLockedValueBox<[String: Counter]>([:])
     private let pluginGauges = NIOLockedValueBox<[[String]: Gauge]>([:])
 
-    /// Every family whend exposes, with the help text a scraper shows (the README's table says
+    /// Every family whend exposes, with the help text a scraper shows (docs/configuration.md's table says
     /// the same).
     enum Family: String, CaseIterable {
         case bytesReceived = "whend_bytes_received_total"

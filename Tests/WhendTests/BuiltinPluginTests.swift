@@ -506,7 +506,7 @@ private func nanosText(_ time: String) -> String? {
 @Suite(.serialized) struct OTLPExportTests {
     /// otlp exports every record of its pipeline as an OpenTelemetry log record; OpenTelemetry's
     /// own decoder reads each request without an unknown field, and each record holds what the
-    /// README's mapping says, field by field. A collector that answers 503 holds the pipeline's
+    /// docs/plugins.md's mapping says, field by field. A collector that answers 503 holds the pipeline's
     /// cursor (a deferred stage) and loses nothing: the same batch goes again.
     @Test func otlpLogRecordsAreWhatOpenTelemetrysOwnDecoderReadsFieldByField() throws {
         let server = try HTTPTestServer(answers: [.init(status: 503)])

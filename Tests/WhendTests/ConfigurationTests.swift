@@ -74,7 +74,7 @@ import WhendWire
     }
 }
 
-/// Every setting is documented where users look: the README's table and the packaged file.
+/// Every setting is documented where users look: docs/configuration.md's table and the packaged file.
 @Suite struct DocumentationTests {
     static let root: String = {
         var url = URL(fileURLWithPath: #filePath)
@@ -104,12 +104,37 @@ import WhendWire
         #expect(typo.status == 64 && typo.error.contains("unknown option '--rate-limt'"))
     }
 
-    @Test func everyKeyIsInTheReadmeAndTheDefaultConfiguration() throws {
+    /// A newcomer follows links: every relative link in the documents reaches a file in the
+    /// repository (the README once sent readers to documents outside it), and every document
+    /// under docs/ is linked from the README.
+    @Test func everyDocumentLinkReachesAFile() throws {
+        let docs = try FileManager.default.contentsOfDirectory(atPath: Self.root + "/docs")
+            .filter { $0.hasSuffix(".md") }.map { "docs/" + $0 }
+        let documents = ["README.md", "ARCHITECTURE.md", "SECURITY.md", "BENCHMARKS.md"] + docs
+        let link = try Regex(#"\]\(([^)#]*)(#[^)]*)?\)"#)
+        for document in documents {
+            let text = try String(contentsOfFile: Self.root + "/" + document, encoding: .utf8)
+            let base = (Self.root + "/" + document as NSString).deletingLastPathComponent
+            for match in text.matches(of: link) {
+                guard let target = match.output[1].substring.map(String.init), !target.isEmpty,
+                    !target.contains("://")
+                else { continue }
+                let path = (base + "/" + target as NSString).standardizingPath
+                #expect(
+                    FileManager.default.fileExists(atPath: path), "\(document) links to \(target), which is not there")
+                #expect(path.hasPrefix(Self.root + "/"), "\(document) links outside the repository: \(target)")
+            }
+        }
         let readme = try String(contentsOfFile: Self.root + "/README.md", encoding: .utf8)
+        for document in docs { #expect(readme.contains("](\(document))"), "the README does not link \(document)") }
+    }
+
+    @Test func everyKeyIsInTheConfigurationGuideAndTheDefaultConfiguration() throws {
+        let readme = try String(contentsOfFile: Self.root + "/docs/configuration.md", encoding: .utf8)
         let packaged = try String(contentsOfFile: Self.root + "/packaging/whend.conf", encoding: .utf8)
         let defaults = DaemonConfiguration(environment: [:])
         for setting in Settings.all {
-            #expect(readme.contains("| `\(setting.key)` |"), "README has no row for \(setting.key)")
+            #expect(readme.contains("| `\(setting.key)` |"), "docs/configuration.md has no row for \(setting.key)")
             #expect(packaged.contains("\n#\(setting.key) = "), "packaging/whend.conf does not show \(setting.key)")
             // The packaged file shows the embedded default (paths differ under systemd, and the
             // plugin directories are found beside whend's own binary).

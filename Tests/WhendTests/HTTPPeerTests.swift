@@ -313,7 +313,7 @@ private func hostHeader(_ head: String) -> String? {
 
     /// Runs one schedule through a real whend: every event accepted by the daemon is, in the
     /// end, in a batch the endpoint answered 2xx, or in one it refused with a 4xx (dropped and
-    /// logged, as the README says); every copy of an event is the same event; every request
+    /// logged, as docs/plugins.md says); every copy of an event is the same event; every request
     /// stays at the endpoint's origin (its Host), and the other origin receives none.
     static func run(_ schedule: [Step], events count: Int) throws {
         print("HTTP peer schedule: \(schedule.map { "\($0)" }.joined(separator: " "))")

@@ -3,7 +3,7 @@ import Testing
 import WhendJournal
 import WhendWire
 
-/// The memory whend may use in these tests, from the bound the README states for the default
+/// The memory whend may use in these tests, from the bound docs/guarantees.md states for the default
 /// configuration: 2 × 16 MiB pending + 6 MB de-duplication window + per connection ~6 KiB and at
 /// most one 64 KiB partial line + ~25 MiB for the process, with room for allocator slack.
 let memoryBoundKiB = 200 * 1024

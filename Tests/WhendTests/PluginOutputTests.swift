@@ -111,28 +111,28 @@ import WhendWire
     }
 }
 
-/// The README's C ingest filter, compiled as printed (its code block and its `cc` line) and
-/// loaded as the README's configuration loads it: a space, an escape or the same key nested
+/// The plugin guide's C ingest filter (docs/writing-plugins.md), compiled as printed (its code
+/// block and its `cc` line) and loaded as the guide's configuration loads it: a space, an escape or the same key nested
 /// before the top-level one does not get an event past it.
 @Suite(.serialized) struct ReadmeDenyAppsTests {
-    /// The first code block of `language` after `heading` in the README.
+    /// The first code block of `language` after `heading` in the plugin guide.
     static func readmeBlock(after heading: String, language: String) throws -> String {
-        let readme = try String(contentsOfFile: DocumentationTests.root + "/README.md", encoding: .utf8)
+        let readme = try String(contentsOfFile: DocumentationTests.root + "/docs/writing-plugins.md", encoding: .utf8)
         guard let section = readme.range(of: "\n" + heading + "\n"),
             let open = readme.range(of: "\n```" + language + "\n", range: section.upperBound..<readme.endIndex),
             let close = readme.range(of: "\n```\n", range: open.upperBound..<readme.endIndex)
-        else { throw TestFailure(description: "no ```\(language) block after \(heading) in the README") }
+        else { throw TestFailure(description: "no ```\(language) block after \(heading) in docs/writing-plugins.md") }
         return String(readme[open.upperBound..<close.lowerBound]) + "\n"
     }
 
     @Test func theReadmesDenyAppsCannotBeEscapedBySpacesEscapesOrNesting() throws {
         let daemon = DaemonProcess("deny-apps")
         let plugins = try pluginDirectory(in: daemon.directory)
-        let source = try Self.readmeBlock(after: "### In C", language: "c")
+        let source = try Self.readmeBlock(after: "## In C", language: "c")
         #expect(source.hasPrefix("/* deny-apps.c"))
         try source.write(toFile: daemon.directory + "/deny-apps.c", atomically: true, encoding: .utf8)
-        // The README's command, run in the repository, writing into the test's directory.
-        let command = try Self.readmeBlock(after: "### In C", language: "sh")
+        // The guide's command, run in the repository, writing into the test's directory.
+        let command = try Self.readmeBlock(after: "## In C", language: "sh")
             .replacingOccurrences(of: "deny-apps.c", with: daemon.directory + "/deny-apps.c")
             .replacingOccurrences(of: "/usr/lib/whend/plugins/", with: plugins + "/")
             .trimmingCharacters(in: .whitespacesAndNewlines)
@@ -141,7 +141,7 @@ import WhendWire
             "/bin/sh", ["-c", "cd '\(DocumentationTests.root)' && " + command + " -Wall -Werror"])
         #expect(built.status == 0, "\(built.error)")
         let config = daemon.directory + "/whend.conf"
-        let loading = try Self.readmeBlock(after: "### Loading them", language: "")
+        let loading = try Self.readmeBlock(after: "## Loading them", language: "")
             .split(separator: "\n").filter { $0.contains("deny-apps") }.joined(separator: "\n")
         #expect(loading.contains("ingest = deny-apps") && loading.contains("com.example.spam"), "\(loading)")
         try "plugin_dirs = \(plugins)\n\(loading)\n".write(toFile: config, atomically: true, encoding: .utf8)
@@ -178,7 +178,7 @@ import WhendWire
     @Test func aPluginAfterOneThatPrettyPrintsSeesTheRecordCanonical() throws {
         let daemon = DaemonProcess("deny-chain")
         let plugins = try pluginDirectory(in: daemon.directory)
-        try Self.readmeBlock(after: "### In C", language: "c")
+        try Self.readmeBlock(after: "## In C", language: "c")
             .write(toFile: daemon.directory + "/deny-apps.c", atomically: true, encoding: .utf8)
         let root = DocumentationTests.root
         let built = try runCommand(

@@ -233,6 +233,9 @@ struct ShippedRun {
     /// counted once between them): with the pipelines up and nothing sent, and once every
     /// pipeline is at the journal's end.
     var pssIdleMiB: Double
+    /// What whend and its pipeline processes have to themselves, idle and 11 s after the run.
+    var privateIdleMiB: Double
+    var privateSettledMiB: Double
     var pssAfterMiB: Double
     /// `pssAfterMiB` by process: whend, then each pipeline process (named by its pipelines).
     var pssAfterParts: [(name: String, mib: Double)]
@@ -244,14 +247,21 @@ struct ShippedRun {
 let settleSeconds = 11.0
 
 /// `Pss:` of a process (its private pages, and its share of those it shares), in MiB.
-func pssMiB(_ pid: Int) -> Double {
+func pssMiB(_ pid: Int) -> Double { smapsMiB(pid, ["Pss:"]) }
+
+/// The pages of a process that no other maps (`Private_Clean` and `Private_Dirty`), in MiB:
+/// unlike PSS, not lower when other processes on the machine map the same libraries (the Swift
+/// runtime's pages split among every Swift process running, which made the idle PSS swing
+/// between 26 and 37 MiB with what else ran).
+func privateMiB(_ pid: Int) -> Double { smapsMiB(pid, ["Private_Clean:", "Private_Dirty:"]) }
+
+func smapsMiB(_ pid: Int, _ fields: [String]) -> Double {
     guard let text = try? String(contentsOfFile: "/proc/\(pid)/smaps_rollup", encoding: .utf8) else { return 0 }
-    for line in text.split(separator: "\n") where line.hasPrefix("Pss:") {
-        return Double(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "").map {
-            $0 / 1024
-        } ?? 0
+    var kib = 0.0
+    for line in text.split(separator: "\n") where fields.contains(where: { line.hasPrefix($0) }) {
+        kib += Double(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") ?? 0
     }
-    return 0
+    return kib / 1024
 }
 
 /// The processes that run the pipelines, each named by the pipelines it runs ("screens", or
@@ -267,6 +277,10 @@ func pipelineProcesses(_ pipelines: [[String: Any]]) -> [(name: String, pid: Int
 /// whend's and the processes of its running pipelines' PSS, each process once.
 func servicePSSMiB(_ daemon: Int, _ pipelines: [[String: Any]]) -> Double {
     servicePSSParts(daemon, pipelines).map(\.mib).reduce(0, +)
+}
+
+func servicePrivateMiB(_ daemon: Int, _ pipelines: [[String: Any]]) -> Double {
+    privateMiB(daemon) + pipelineProcesses(pipelines).map { privateMiB($0.pid) }.reduce(0, +)
 }
 
 func servicePSSParts(_ daemon: Int, _ pipelines: [[String: Any]]) -> [(name: String, mib: Double)] {
@@ -288,7 +302,9 @@ func runWhendShipped(connections: Int) throws -> ShippedRun {
     }
     // Idle: the workers' plugins loaded and waiting (a second for their first reports to settle).
     usleep(1_000_000)
-    let pssIdle = servicePSSMiB(Int(daemon.pid), status(sock)?["pipelines"] as? [[String: Any]] ?? pipelines)
+    let idleList = status(sock)?["pipelines"] as? [[String: Any]] ?? pipelines
+    let pssIdle = servicePSSMiB(Int(daemon.pid), idleList)
+    let privateIdle = servicePrivateMiB(Int(daemon.pid), idleList)
     let start = monotonicSeconds()
     let result = try blast(
         socket: sock, parts: parts(connections), hello: #"{"hello":{"protocol":1,"acks":true}}"#)
@@ -321,7 +337,9 @@ func runWhendShipped(connections: Int) throws -> ShippedRun {
     }
     let endToEndSeconds = monotonicSeconds() - start
     usleep(UInt32(settleSeconds * 1e6))
-    let pssSettledParts = servicePSSParts(Int(daemon.pid), status(sock)?["pipelines"] as? [[String: Any]] ?? [])
+    let settledList = status(sock)?["pipelines"] as? [[String: Any]] ?? []
+    let pssSettledParts = servicePSSParts(Int(daemon.pid), settledList)
+    let privateSettled = servicePrivateMiB(Int(daemon.pid), settledList)
     if holdSeconds > 0 {
         say("holding whend (pid \(daemon.pid)) for \(holdSeconds) s, its state in \(dir)")
         usleep(UInt32(holdSeconds * 1e6))
@@ -338,6 +356,7 @@ func runWhendShipped(connections: Int) throws -> ShippedRun {
     return ShippedRun(
         ingest: ingest, endToEndEventsPerSecond: Double(corpusEvents) / endToEndSeconds,
         workerPeakRSSMiB: workerPeaks, cpuMicrosPerEvent: cpu, derived: derived, pssIdleMiB: pssIdle,
+        privateIdleMiB: privateIdle, privateSettledMiB: privateSettled,
         pssAfterMiB: pssAfterParts.map(\.mib).reduce(0, +), pssAfterParts: pssAfterParts,
         pssSettledParts: pssSettledParts)
 }
@@ -443,6 +462,9 @@ for r in shippedRounds {
     )
     print(
         "  the whole service's PSS (whend and its workers): idle \(fmt(shipped.pssIdleMiB, 1)) MiB, after the run \(fmt(shipped.pssAfterMiB, 1)) MiB (\(shipped.pssAfterParts.map { "\($0.name) \(fmt($0.mib, 1))" }.joined(separator: ", "))), \(Int(settleSeconds)) s later \(fmt(shipped.pssSettledParts.map(\.mib).reduce(0, +), 1)) MiB (\(shipped.pssSettledParts.map { "\($0.name) \(fmt($0.mib, 1))" }.joined(separator: ", ")))"
+    )
+    print(
+        "  their private pages (no other process maps them): idle \(fmt(shipped.privateIdleMiB, 1)) MiB, \(Int(settleSeconds)) s after the run \(fmt(shipped.privateSettledMiB, 1)) MiB"
     )
     print(
         "  pipeline processes' peak RSS: "

@@ -22,7 +22,7 @@
  * escapes, all else as UTF-8; an unpaired surrogate stays a \u escape). So "app": "x" and
  * "app":"\u0078" both arrive as "app":"x". Look a field up at the record's top level, not at the
  * first place its bytes occur: the same key may be nested (in context, in params) before it
- * (README, "In C", has a lookup). What a plugin passes to next() or emit() may be any valid
+ * (docs/writing-plugins.md, "In C", has a lookup). What a plugin passes to next() or emit() may be any valid
  * JSON object with a string "type", pretty-printed or not: whend stores it in the same form, on
  * one line, or refuses it naming the plugin; its members whose keys begin with '_' are dropped.
  */
