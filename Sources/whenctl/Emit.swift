@@ -8,7 +8,8 @@ struct Emit: ParsableCommand {
         discussion: """
             Events are JSON objects, one per argument, or one per line on standard input when \
             there are no arguments. Errors are printed as they come; the exit status is 1 if any \
-            event was rejected, 2 if whend could not be reached or did not answer for every event.
+            event was rejected, or if whend could not be reached or did not answer for every event \
+            (the last line says which), 64 for a usage error.
             Example: whenctl emit '{"type":"when","name":"userTapsChangeEmailButton"}'
             """
     )

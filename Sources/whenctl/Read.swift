@@ -11,7 +11,11 @@ struct RecordFilterOptions: ParsableArguments {
     @Option(name: .long, help: "Only records of this session.")
     var session: String?
 
-    @Option(name: .long, help: "Only records of this type (lifecycle, when, navigation, screen, error); repeatable.")
+    @Option(
+        name: .long,
+        help:
+            "Only records of this type: lifecycle, when, navigation, screen, error, or a type plugins derive (screen_time, diagnostic, …); repeatable."
+    )
     var type: [String] = []
 
     @Option(name: .long, help: "From this _seq on.")
@@ -37,8 +41,13 @@ struct RecordFilterOptions: ParsableArguments {
     enum OutputFormat: String, ExpressibleByArgument { case json, short }
 
     func validate() throws {
-        for t in type where EventType(rawValue: t) == nil {
-            throw ValidationError("--type must be one of lifecycle, when, navigation, screen, error; got '\(t)'")
+        // A derived type is any name a plugin chose (screen_time, diagnostic, its own): a plugin
+        // author lists their own output by it.
+        for t in type where t.isEmpty || t.unicodeScalars.contains(where: { $0.properties.generalCategory == .control })
+        {
+            throw ValidationError(
+                "--type takes a record type (lifecycle, when, navigation, screen, error, or a derived one such as screen_time); got '\(t.debugDescription)'"
+            )
         }
         _ = try sinceMicros
         _ = try untilMicros

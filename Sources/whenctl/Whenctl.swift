@@ -43,6 +43,11 @@ struct Whenctl: ParsableCommand {
         do {
             command = try parseAsRoot()
         } catch {
+            if let typed = CommandLine.arguments.dropFirst().first, let near = nearestCommand(to: typed) {
+                printError(
+                    "whenctl: there is no command '\(typed)'; did you mean '\(near)'? (whenctl --help lists them)")
+                Foundation.exit(64)
+            }
             exit(withError: error)
         }
         do {
@@ -59,6 +64,34 @@ struct Whenctl: ParsableCommand {
         }
         Foundation.exit(0)
     }
+}
+
+/// The command `typed` was probably meant to be: one a letter or two away (a typo, two letters
+/// swapped), or that it begins. Nil for an option, a command that exists, or nothing close.
+func nearestCommand(to typed: String) -> String? {
+    let names = Whenctl.configuration.subcommands.map { $0._commandName } + ["help"]
+    guard !typed.hasPrefix("-"), !names.contains(typed) else { return nil }
+    func distance(_ a: [Character], _ b: [Character]) -> Int {
+        // Damerau–Levenshtein (optimal string alignment): a swap of two letters is one edit.
+        var d = [[Int]](repeating: [Int](repeating: 0, count: b.count + 1), count: a.count + 1)
+        for i in 0...a.count { d[i][0] = i }
+        for j in 0...b.count { d[0][j] = j }
+        for i in stride(from: 1, through: a.count, by: 1) {
+            for j in stride(from: 1, through: b.count, by: 1) {
+                let cost = a[i - 1] == b[j - 1] ? 0 : 1
+                d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost)
+                if i > 1, j > 1, a[i - 1] == b[j - 2], a[i - 2] == b[j - 1] {
+                    d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+                }
+            }
+        }
+        return d[a.count][b.count]
+    }
+    let scored = names.map { (name: $0, edits: distance(Array(typed.lowercased()), Array($0))) }
+    if let best = scored.min(by: { $0.edits < $1.edits }), best.edits <= min(2, max(1, typed.count / 3)) {
+        return best.name
+    }
+    return typed.count >= 2 ? names.first { $0.hasPrefix(typed.lowercased()) } : nil
 }
 
 /// Where the journal is: `--journal`, else `journal/` in `--state-dir`, else in the state

@@ -98,6 +98,45 @@ import WhendWire
         daemon.stop()
     }
 
+    /// What a newcomer tried and met: a mistyped command is answered with the one meant; a
+    /// plugin author lists their plugin's derived type with `cat --type` (refused before: only
+    /// the five event types were); `emit` exits as its help says when whend is not there (the
+    /// help said 2, it exits 1).
+    @Test func aNewcomersMistakesGetUsefulAnswers() throws {
+        let typo = try runCommand(whenctl, ["stauts"])
+        #expect(typo.status == 64 && typo.error.contains("did you mean 'status'?"), "\(typo)")
+        let far = try runCommand(whenctl, ["frobnicate"])
+        #expect(far.status == 64 && !far.error.contains("did you mean"), "\(far)")
+        let daemon = DaemonProcess("cat-derived", arguments: ["--builtin-pipelines", "true"])
+        try daemon.start()
+        defer { daemon.stop() }
+        let lines = [
+            #"{"hello":{"protocol":1,"acks":true,"app":"a","session":"s"}}"#,
+            #"{"type":"lifecycle","screen":"Home","status":"willAppear","isBeingPresentedInitially":true}"#,
+            #"{"type":"lifecycle","screen":"Home","status":"didAppear","isBeingPresentedInitially":true}"#,
+            #"{"type":"lifecycle","screen":"Home","status":"willDisappear","isBeingRemovedIndefinitely":true}"#,
+            #"{"type":"lifecycle","screen":"Home","status":"didDisappear","isBeingRemovedIndefinitely":true}"#,
+        ]
+        #expect(try exchange(daemon.socketPath, lines).acks.last == 4)
+        var derived: [String] = []
+        #expect(
+            eventually(20) {
+                let r = try? runCommand(
+                    whenctl, ["cat", "--state-dir", daemon.stateDirectory, "--type", "screen_time"])
+                derived = r?.output.split(separator: "\n").map(String.init) ?? []
+                return r?.status == 0 && !derived.isEmpty
+            }, "\(derived)")
+        #expect(derived.allSatisfy { $0.contains(#""type":"screen_time""#) }, "\(derived)")
+        let empty = try runCommand(whenctl, ["cat", "--state-dir", daemon.stateDirectory, "--type", ""])
+        #expect(empty.status == 64 && empty.error.contains("--type takes a record type"), "\(empty)")
+        let gone = try runCommand(
+            whenctl, ["emit", "--socket", daemon.directory + "/nothing.sock", #"{"type":"when","name":"x"}"#])
+        let help = try runCommand(whenctl, ["emit", "--help"]).output.split(whereSeparator: \.isWhitespace)
+            .joined(separator: " ")
+        #expect(gone.status == 1 && gone.error.contains("cannot reach whend"), "\(gone)")
+        #expect(help.contains("exit status is 1 if any") && !help.contains("2 if whend"), "\(help)")
+    }
+
     @Test func catFiltersByAppSessionTypeSeqAndTime() throws {
         let daemon = DaemonProcess("cat", arguments: ["--segment-max-bytes", "4096"])
         try daemon.start()
