@@ -55,6 +55,9 @@ struct Replay: ParsableCommand {
         let modes = [pipeline != nil, plugin != nil, toSocket != nil].filter { $0 }.count
         guard modes == 1 else { throw ValidationError("give one of --pipeline, --plugin or --to-socket") }
         if let speed, speed <= 0 || !speed.isFinite { throw ValidationError("--speed must be a number above 0") }
+        if toSocket != nil && filters.output == .short {
+            throw ValidationError("-o chooses how derived records print; --to-socket prints none")
+        }
         if speed != nil && asFastAsPossible {
             throw ValidationError("--speed and --as-fast-as-possible exclude each other")
         }
@@ -103,7 +106,7 @@ struct Replay: ParsableCommand {
         try FileManager.default.createDirectory(atPath: stateDirectory, withIntermediateDirectories: true)
         var logger = Logger(label: "whenctl-replay") { StreamLogHandler.standardError(label: $0) }
         logger.logLevel = .warning
-        let out = SharedOutput()
+        let out = SharedOutput(short: filters.output == .short)
         let replay = try PipelineReplay(
             stages: stages, pluginDirectories: pluginDirectories, stateDirectory: stateDirectory, logger: logger
         ) { derived in out.write(derived) }
@@ -248,9 +251,14 @@ final class SharedOutput: @unchecked Sendable {
         return Output(descriptor: records)
     }()
     private(set) var lines = 0
+    /// `-o short`: each derived record in cat's short form (it was accepted and ignored).
+    private let short: Bool
+
+    init(short: Bool) { self.short = short }
+
     func write(_ bytes: UnsafeBufferPointer<UInt8>) {
         lines += 1
-        out.write(bytes)
+        if short { out.write(shortForm(bytes)) } else { out.write(bytes) }
     }
     func flush() { out.flush() }
 }

@@ -100,8 +100,8 @@ import WhendWire
 
     /// What a newcomer tried and met: a mistyped command is answered with the one meant; a
     /// plugin author lists their plugin's derived type with `cat --type` (refused before: only
-    /// the five event types were); `emit` exits as its help says when whend is not there (the
-    /// help said 2, it exits 1).
+    /// the five event types were); `replay -o short` prints the short form (it was ignored);
+    /// `emit` exits as its help says when whend is not there (the help said 2, it exits 1).
     @Test func aNewcomersMistakesGetUsefulAnswers() throws {
         let typo = try runCommand(whenctl, ["stauts"])
         #expect(typo.status == 64 && typo.error.contains("did you mean 'status'?"), "\(typo)")
@@ -127,6 +127,13 @@ import WhendWire
                 return r?.status == 0 && !derived.isEmpty
             }, "\(derived)")
         #expect(derived.allSatisfy { $0.contains(#""type":"screen_time""#) }, "\(derived)")
+        // replay -o short prints what it derives as cat -o short does (it printed JSON).
+        let library = (whenctl as NSString).deletingLastPathComponent + "/libscreen-tracking.so"
+        let short = try runCommand(
+            whenctl, ["replay", "--state-dir", daemon.stateDirectory, "--plugin", library, "-o", "short"])
+        let shortLines = short.output.split(separator: "\n")
+        #expect(short.status == 0 && !shortLines.isEmpty, "\(short)")
+        #expect(shortLines.allSatisfy { !$0.hasPrefix("{") && $0.contains("a/s screen") }, "\(short.output)")
         let empty = try runCommand(whenctl, ["cat", "--state-dir", daemon.stateDirectory, "--type", ""])
         #expect(empty.status == 64 && empty.error.contains("--type takes a record type"), "\(empty)")
         let gone = try runCommand(
