@@ -63,7 +63,7 @@ for page in whenctl:1 whend:8; do
     LD_LIBRARY_PATH="$swiftlib" "$bin/$tool" --generate-completion-script fish \
         > "$root/usr/share/fish/vendor_completions.d/$tool.fish"
 done
-printf 'whend\nSee /usr/share/doc/whend/README.md.\n' > "$root/usr/share/doc/whend/copyright"
+{ printf 'whend, under the Apache License, Version 2.0:\n\n'; cat LICENSE; } > "$root/usr/share/doc/whend/copyright"
 
 size=$(du -sk "$root" | cut -f1)
 cat > "$root/DEBIAN/control" <<CONTROL
