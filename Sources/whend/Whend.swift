@@ -12,6 +12,9 @@ struct Whend: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "whend",
         abstract: "The local event daemon: apps emit on a Unix socket, whend journals every event.",
+        // The settings are flags too (listed above the options), which the generated usage,
+        // knowing only the two declared options, left out.
+        usage: "whend [--config <config>] [--check-config] [--<setting> <value> ...]",
         discussion: """
             With no options whend runs on its embedded defaults: the event socket at \
             $WHEND_SOCKET, else $RUNTIME_DIRECTORY/events.sock, $XDG_RUNTIME_DIR/whend/events.sock \

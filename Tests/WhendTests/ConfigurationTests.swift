@@ -102,6 +102,8 @@ import WhendWire
         #expect(checked.output.contains("rate_limit_by = pid"))
         let typo = try runCommand(whend, ["--rate-limt", "5"])
         #expect(typo.status == 64 && typo.error.contains("unknown option '--rate-limt'"))
+        // The usage says the settings are flags (it showed --config and --check-config alone).
+        #expect(typo.error.contains("[--<setting> <value> ...]"), "\(typo.error)")
     }
 
     /// A newcomer follows links: every relative link in the documents reaches a file in the
