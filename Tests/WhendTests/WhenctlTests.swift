@@ -144,6 +144,27 @@ import WhendWire
         #expect(help.contains("exit status is 1 if any") && !help.contains("2 if whend"), "\(help)")
     }
 
+    /// The client guide's Python client (docs/client.md), run as printed with the standard
+    /// library's python3: whend welcomes it, acks its event and stores it.
+    @Test func theGuidesPythonClientIsAckedAndStored() throws {
+        let guide = try String(contentsOfFile: DocumentationTests.root + "/docs/client.md", encoding: .utf8)
+        let section = try #require(guide.range(of: "\n## From another language\n"))
+        let open = try #require(guide.range(of: "\n```python\n", range: section.upperBound..<guide.endIndex))
+        let close = try #require(guide.range(of: "\n```\n", range: open.upperBound..<guide.endIndex))
+        let daemon = DaemonProcess("python-client")
+        try daemon.start()
+        defer { daemon.stop() }
+        let script = daemon.directory + "/client.py"
+        try String(guide[open.upperBound..<close.lowerBound]).write(toFile: script, atomically: true, encoding: .utf8)
+        let run = try runCommand("/usr/bin/python3", [script], environment: ["WHEND_SOCKET": daemon.socketPath])
+        #expect(run.status == 0, "\(run)")
+        #expect(
+            run.output.hasPrefix(#"{"welcome":{"protocol":1,"#) && run.output.hasSuffix(#"{"ack":1}"# + "\n"), "\(run)")
+        let stored = daemon.records()
+        #expect(stored.count == 1 && stored.first?["name"] as? String == "userTapsSave", "\(stored)")
+        #expect(stored.first?["app"] as? String == "com.example.py" && stored.first?["session"] as? String == "py-1")
+    }
+
     @Test func catFiltersByAppSessionTypeSeqAndTime() throws {
         let daemon = DaemonProcess("cat", arguments: ["--segment-max-bytes", "4096"])
         try daemon.start()
