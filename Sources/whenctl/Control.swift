@@ -140,9 +140,13 @@ struct Metrics: ParsableCommand {
 
 struct Plugins: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "List the running whend's plugins and pipelines, or restart a pipeline's worker.",
-        discussion:
-            "whenctl plugins [--json] lists; whenctl plugins restart PIPELINE restarts its worker from its cursor.")
+        abstract: "List the running whend's plugins and pipelines, unload or load a plugin, or restart a pipeline.",
+        discussion: """
+            whenctl plugins [--json] lists them, with each plugin's counters and each pipeline's \
+            cursor and lag; whenctl plugins unload NAME stops routing records to a plugin (its \
+            pipelines wait at their cursors) and load NAME routes them again; whenctl plugins \
+            restart PIPELINE restarts its worker from its cursor.
+            """)
 
     @OptionGroup var options: ControlOptions
 
