@@ -1,12 +1,13 @@
 import CLinux
 import Foundation
 import WhendConfiguration
+import WhendWire
 
-/// Starts a process of whend's own that runs plugin code (a pipeline worker, the plugin check):
-/// the same executable, one argument, whend's environment less what speaks to the service
-/// manager (the child is not the service), a backtracer that prints no registers (they may
-/// hold a plugin's secrets), standard output joined to whend's standard error (what a plugin
-/// prints goes to the log), and no descriptor of whend's but those named.
+/// Starts a process of whend's own that runs plugin code (a pipeline worker, the shared host,
+/// the plugin check): the same executable, one argument, whend's environment less what speaks
+/// to the service manager (the child is not the service), a backtracer that prints no registers
+/// (they may hold a plugin's secrets), standard output joined to whend's standard error (what a
+/// plugin prints goes to the log), and no descriptor of whend's but those named.
 enum HelperProcess {
     /// - Parameters:
     ///   - standardInput: the descriptor that becomes the child's standard input; nil for
@@ -48,5 +49,33 @@ enum HelperProcess {
     struct SpawnError: Error, CustomStringConvertible {
         var code: Int32
         var description: String { String(cString: strerror(code)) }
+    }
+}
+
+extension HelperProcess {
+    /// The child's side, before any plugin is loaded (a worker, the shared host, the plugin
+    /// check): a Ctrl-C in whend's terminal is whend's to act on (it stops its helpers itself),
+    /// a reader gone is an error, not a death; the daemon's descriptors `taken` (on 3 and 4)
+    /// move above a plugin's reach, close-on-exec (a process a plugin starts must not hold them
+    /// after the helper is gone), and 3 and 4 become /dev/null: a plugin that writes to, reads
+    /// from or closes its own idea of a free descriptor reaches nothing of the daemon's.
+    /// - Returns: where each of `taken` now is, in order; nil if they could not be moved.
+    static func takeDescriptors(_ taken: [Int32]) -> [Int32]? {
+        signal(SIGPIPE, SIG_IGN)
+        signal(SIGINT, SIG_IGN)
+        let moved = taken.map { fcntl($0, F_DUPFD_CLOEXEC, WorkerChannel.lowest) }
+        let null = open("/dev/null", O_RDWR | O_CLOEXEC)
+        guard !moved.contains(where: { $0 < 0 }), null >= 0 else { return nil }
+        for fd in [WorkerFrame.reportDescriptor, WorkerFrame.commandDescriptor] { dup2(null, fd) }
+        close(null)
+        return moved
+    }
+
+    /// SIGTERM (whend stopping the helper) sets `workerStopRequested`: the record in hand is
+    /// finished, the cursor saved, the plugins closed. whend's blocked signals are inherited
+    /// across exec, so it is unblocked first.
+    static func stopOnSIGTERM() {
+        TerminationSignals.unblock([SIGTERM])
+        signal(SIGTERM) { _ in workerStopRequested = 1 }
     }
 }

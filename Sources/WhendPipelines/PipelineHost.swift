@@ -25,22 +25,12 @@ package enum PipelineHostProcess {
     /// The host's main: runs each pipeline whend hands it until whend closes the socket (or
     /// SIGTERM), then lets the pipelines stop and exits.
     package static func serve(logger: Logger) -> Never {
-        signal(SIGPIPE, SIG_IGN)
-        // As a worker process: Ctrl-C in whend's terminal is whend's to act on.
-        signal(SIGINT, SIG_IGN)
-        let socket = fcntl(socketDescriptor, F_DUPFD_CLOEXEC, WorkerChannel.lowest)
-        let null = open("/dev/null", O_RDWR | O_CLOEXEC)
-        guard socket >= 0, null >= 0 else {
+        guard let socket = HelperProcess.takeDescriptors([socketDescriptor])?.first else {
             logger.error(
                 "whend --pipeline-host: its socket to the daemon cannot be moved: \(String(cString: strerror(errno)))")
             exit(4)
         }
-        // Descriptors 3 and 4 lead nowhere, as in a worker process: a plugin that picks them by
-        // hand reaches /dev/null.
-        for fd in [WorkerFrame.reportDescriptor, WorkerFrame.commandDescriptor] { dup2(null, fd) }
-        close(null)
-        TerminationSignals.unblock([SIGTERM])
-        signal(SIGTERM) { _ in workerStopRequested = 1 }
+        HelperProcess.stopOnSIGTERM()
         // glibc gives each thread that contends an arena of its own (up to 8 a core), and what
         // each pipeline frees stays in its arena: after a million events the host held 260-285
         // MiB of PSS where four worker processes held 226-232. Two arenas: 232.

@@ -304,30 +304,18 @@ nonisolated(unsafe) var workerStopRequested: sig_atomic_t = 0
 /// once, in order.
 package enum PipelineWorker {
     package static func run(logger: Logger) -> Never {
-        signal(SIGPIPE, SIG_IGN)
         // A Ctrl-C in whend's terminal reaches every process of its group, workers too: whend
         // stops them itself (SIGTERM, then SIGKILL), so a worker dying of it first was only a
         // crash to log and a restart to begin during the stop.
-        signal(SIGINT, SIG_IGN)
-        // The daemon's pipes move out of the way of the plugins before any is loaded: a plugin
-        // that writes to, reads from or closes descriptor 3 or 4 (its own idea of a free
-        // descriptor, or a stray write) reaches /dev/null, never the frames. Close-on-exec: a
-        // process a plugin starts must not hold them open after the worker is gone.
-        let report = fcntl(WorkerFrame.reportDescriptor, F_DUPFD_CLOEXEC, WorkerChannel.lowest)
-        let command = fcntl(WorkerFrame.commandDescriptor, F_DUPFD_CLOEXEC, WorkerChannel.lowest)
-        let null = open("/dev/null", O_RDWR | O_CLOEXEC)
-        guard report >= 0, command >= 0, null >= 0 else {
+        guard
+            let pipes = HelperProcess.takeDescriptors([WorkerFrame.reportDescriptor, WorkerFrame.commandDescriptor])
+        else {
             logger.error(
                 "whend --pipeline-worker: its pipes to the daemon cannot be moved: \(String(cString: strerror(errno)))")
             exit(4)
         }
-        for fd in [WorkerFrame.reportDescriptor, WorkerFrame.commandDescriptor] { dup2(null, fd) }
-        close(null)
-        // SIGTERM (the daemon stopping the pipeline): finish the record in hand, save the
-        // cursor, let the plugins close (destroy), exit 0. The daemon's blocked signals are
-        // inherited across exec, so unblock it first.
-        TerminationSignals.unblock([SIGTERM])
-        signal(SIGTERM) { _ in workerStopRequested = 1 }
+        let (report, command) = (pipes[0], pipes[1])
+        HelperProcess.stopOnSIGTERM()
         let link = WorkerLink(report: report, command: command, exitsProcess: true)
         var frames = WorkerFrameReader()
         switch readStart(&frames, link) {

@@ -217,17 +217,11 @@ package enum PluginCheck {
     /// each `create`, `off` for a built-in pipeline whose plugin is not installed, and `ok` or
     /// `refused` at the end.
     package static func serve(logger: Logger) -> Never {
-        signal(SIGPIPE, SIG_IGN)
-        // As a pipeline worker: whend ends the check, not a Ctrl-C meant for whend.
-        signal(SIGINT, SIG_IGN)
         // The report pipe moves out of the plugins' way before any is loaded, as a worker's do:
-        // descriptors 3 and 4 are /dev/null for a plugin (the header says so), and a plugin's
-        // constructor that wrote to, or closed, descriptor 3 forged or broke the check.
-        let reportDescriptor = fcntl(3, F_DUPFD_CLOEXEC, WorkerChannel.lowest)
-        let null = open("/dev/null", O_RDWR | O_CLOEXEC)
-        guard reportDescriptor >= 0, null >= 0 else { exit(4) }
-        for fd: Int32 in [3, 4] { dup2(null, fd) }
-        close(null)
+        // a plugin's constructor that wrote to, or closed, descriptor 3 forged or broke the check.
+        guard let reportDescriptor = HelperProcess.takeDescriptors([WorkerFrame.reportDescriptor])?.first else {
+            exit(4)
+        }
         let reports = FileHandle(fileDescriptor: reportDescriptor, closeOnDealloc: false)
         func report(_ object: [String: Any]) {
             guard let data = try? JSONSerialization.data(withJSONObject: object) else { return }
