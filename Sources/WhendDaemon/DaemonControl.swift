@@ -181,6 +181,9 @@ extension Daemon {
                 return record(
                     ReloadOutcome(applied: false, changed: [], needRestart: [], error: message), trigger: trigger)
             }
+            for name in pipelinesWithReplacedLibraries(pipelines) {
+                outcome.changed.append("pipeline \(name): a plugin library was replaced; restarted")
+            }
             take(applied, ingest: ingest, from: old)
             runPipelines(pipelines, watchdog: applied.pipelineWatchdog)
             return record(outcome, trigger: trigger)

@@ -75,6 +75,18 @@ extension Daemon {
 
     /// Starts, keeps or stops supervised workers so that the pipelines running are `specs`. A
     /// pipeline whose spec did not change keeps its worker.
+    /// The running pipelines `specs` would restart for a plugin library replaced at its path
+    /// (an upgrade) and nothing else: a reload says so, where it said "nothing changed".
+    func pipelinesWithReplacedLibraries(_ specs: [String: PipelineSpec]) -> [String] {
+        supervisors.withLockedValue { running in
+            running.compactMap { name, supervisor -> String? in
+                guard var spec = specs[name], spec != supervisor.spec else { return nil }
+                spec.libraries = supervisor.spec.libraries
+                return spec == supervisor.spec ? name : nil
+            }.sorted()
+        }
+    }
+
     func runPipelines(_ specs: [String: PipelineSpec], watchdog: TimeInterval) {
         let executable =
             (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
