@@ -79,7 +79,7 @@ public struct JSONValue {
 
 /// Byte-wise equality of two views. Short ones (keys, names) are compared in line: a call to
 /// memcmp costs more than the comparison itself there.
-@inline(__always)
+@inlinable @inline(__always)
 public func bytesEqual(_ a: UnsafeBufferPointer<UInt8>, _ b: UnsafeBufferPointer<UInt8>) -> Bool {
     guard a.count == b.count else { return false }
     guard let pa = a.baseAddress, let pb = b.baseAddress else { return true }
