@@ -50,6 +50,16 @@ void whend_http_client_destroy(whend_http_client *client) {
     free(client);
 }
 
+/// Closes every connection the client keeps, with the handle that holds them: 0 if no new
+/// handle could be made (the old one stays).
+static int forget_connections(whend_http_client *client) {
+    CURL *fresh = curl_easy_init();
+    if (fresh == NULL) return 0;
+    curl_easy_cleanup(client->easy);
+    client->easy = fresh;
+    return 1;
+}
+
 /// What the callbacks of one exchange share.
 typedef struct {
     whend_http_stop *stop;
@@ -128,14 +138,9 @@ int whend_http_post(
         // last request, from a confused server or proxy) would be read as this request's
         // answer. libcurl does not look, so the connection is dropped with the handle.
         struct pollfd waiting = {.fd = client->kept, .events = POLLIN | POLLPRI};
-        if (poll(&waiting, 1, 0) != 0) {
-            CURL *fresh = curl_easy_init();
-            if (fresh == NULL) {
-                snprintf(answer->problem, sizeof answer->problem, "libcurl could not be set up");
-                return WHEND_HTTP_FAILED;
-            }
-            curl_easy_cleanup(client->easy);
-            client->easy = fresh;
+        if (poll(&waiting, 1, 0) != 0 && !forget_connections(client)) {
+            snprintf(answer->problem, sizeof answer->problem, "libcurl could not be set up");
+            return WHEND_HTTP_FAILED;
         }
         client->kept = CURL_SOCKET_BAD;
     }
@@ -191,11 +196,7 @@ int whend_http_post(
         if (curl_easy_getinfo(easy, CURLINFO_ACTIVESOCKET, &socket) == CURLE_OK) client->kept = socket;
         return WHEND_HTTP_ANSWERED;
     }
-    CURL *fresh = curl_easy_init();
-    if (fresh != NULL) {
-        curl_easy_cleanup(client->easy);
-        client->easy = fresh;
-    }
+    forget_connections(client);
     if (result == CURLE_OK) return WHEND_HTTP_ANSWERED;
     // The endpoint said 2xx: it has the batch, however the rest of its answer went (cut past
     // the capacity, trickled past the deadline, broken off, or a stop came). Sending it again
