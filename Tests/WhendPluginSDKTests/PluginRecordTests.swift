@@ -102,12 +102,39 @@ private func withRecord<R>(_ text: String, seq: UInt64 = 1, _ body: (PluginRecor
         #expect(a != d)
     }
 
-    @Test func boundedSessionsKeepAtMostTheirLimit() {
-        var sessions = BoundedSessions<Int>(limit: 100)
-        for i in 0..<1000 {
-            let id = withRecord(#"{"app":"a","session":"\#(i)"}"#) { SessionID($0) }
-            sessions.with(id, seq: UInt64(i), make: { 0 }) { $0 += 1 }
-            #expect(sessions.count <= 100)
+    /// For any order of sessions seen, the bounded sessions hold exactly what a plain model
+    /// holds: at most the limit, the least recently seen tenth forgotten past it, and each kept
+    /// session's own state (with a state that owns storage, as plugins' states do).
+    @Test(arguments: 0..<40)
+    func boundedSessionsKeepWhatAModelKeeps(seed: UInt64) {
+        var random = seed &* 0x9E37_79B9_7F4A_7C15 &+ 1
+        func next(_ n: Int) -> Int {
+            random = random &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            return Int((random >> 33) % UInt64(n))
+        }
+        let limit = 1 + next(60)
+        var sessions = BoundedSessions<[String]>(limit: limit)
+        var model: [Int: (state: [String], seen: UInt64)] = [:]
+        let ids = (0..<(limit * 3)).map { i in withRecord(#"{"app":"a","session":"\#(i)"}"#) { SessionID($0) } }
+        for step in 0..<600 {
+            let i = next(ids.count)
+            let seq = UInt64(step + 1)
+            sessions.with(ids[i], seq: seq, make: { [] }) { $0.append("\(seq)") }
+            if model[i] == nil, model.count == limit {
+                let cut = model.values.map(\.seen).sorted()[min(limit / 10, model.count - 1)]
+                model = model.filter { $0.value.seen > cut }
+            }
+            model[i, default: ([], 0)].state.append("\(seq)")
+            model[i]!.seen = seq
+            #expect(sessions.count == model.count, "seed \(seed), step \(step)")
+            for (j, kept) in model {
+                guard let slot = sessions.slots[ids[j]] else {
+                    Issue.record("seed \(seed), step \(step): session \(j) was forgotten")
+                    continue
+                }
+                #expect(sessions.entries[slot].state == kept.state, "seed \(seed), step \(step), session \(j)")
+                #expect(sessions.entries[slot].seen == kept.seen)
+            }
         }
     }
 
