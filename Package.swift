@@ -96,6 +96,8 @@ let package = Package(
             name: "SessionRecorderPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport"],
             path: "Plugins/SessionRecorder"),
 
+        // The control socket's protocol, typed: whend answers it, whenctl asks it.
+        .target(name: "WhendControl"),
         // The wire format (PROTOCOL.md): framing, the validating scanner, normalisation. No NIO.
         .target(name: "WhendWire"),
         // The append-only zstd journal: writer, recovery, reader, index, verify. No NIO.
@@ -126,7 +128,8 @@ let package = Package(
         .target(
             name: "WhendDaemon",
             dependencies: [
-                "WhendWire", "WhendJournal", "WhendConfiguration", "WhendPluginHost", "WhendPipelines", "CSystemd",
+                "WhendWire", "WhendJournal", "WhendConfiguration", "WhendControl", "WhendPluginHost", "WhendPipelines",
+                "CSystemd",
                 "CWhendPlugin", "CLinux",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -147,7 +150,8 @@ let package = Package(
         .executableTarget(
             name: "whenctl",
             dependencies: [
-                "WhendWire", "WhendJournal", "WhendConfiguration", "WhendPluginHost", "BuiltinPluginSupport",
+                "WhendWire", "WhendJournal", "WhendConfiguration", "WhendControl", "WhendPluginHost",
+                "BuiltinPluginSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
@@ -157,6 +161,9 @@ let package = Package(
             dependencies: ["WhendWire", .product(name: "PropertyBased", package: "swift-property-based")]),
         .testTarget(name: "WhendJournalTests", dependencies: ["WhendJournal", "WhendWire"]),
         .testTarget(name: "WhendPluginSDKTests", dependencies: ["WhendPluginSDK"]),
+        .testTarget(
+            name: "WhendControlTests",
+            dependencies: ["WhendControl", .product(name: "PropertyBased", package: "swift-property-based")]),
         // End to end: real whend and whenctl processes on real sockets. Depends on the
         // executables so that `swift test` builds them beside the test bundle.
         .testTarget(

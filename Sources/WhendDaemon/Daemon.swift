@@ -6,6 +6,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import WhendConfiguration
+import WhendControl
 import WhendJournal
 import WhendPipelines
 import WhendPluginHost
@@ -320,20 +321,20 @@ package final class Daemon: Sendable {
             level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED))
         return credentials.flatMapThrowing { [self] cred in
             let allowed = cred.uid == 0 || cred.uid == geteuid()
-            let respond: @Sendable ([UInt8]) -> [UInt8]
+            let handler: ControlConnectionHandler
             if allowed {
-                respond = { [weak self] line in
-                    self?.handleControlRequest(line) ?? ControlReply.failure("whend is stopping")
+                handler = ControlConnectionHandler { [weak self] request in
+                    self?.handleControlRequest(request) ?? .refused("whend is stopping")
                 }
             } else {
                 logger.warning(
                     "refused a control connection from uid \(cred.uid) (pid \(cred.pid)): only root and uid \(geteuid()) may control whend"
                 )
-                let message = ControlReply.failure(
-                    "uid \(cred.uid) may not control whend; only root and uid \(geteuid()) (the daemon's user) may")
-                respond = { _ in message }
+                handler = ControlConnectionHandler(
+                    refusing:
+                        "uid \(cred.uid) may not control whend; only root and uid \(geteuid()) (the daemon's user) may")
             }
-            try channel.pipeline.syncOperations.addHandler(ControlConnectionHandler(respond: respond))
+            try channel.pipeline.syncOperations.addHandler(handler)
         }
     }
 

@@ -2,6 +2,7 @@ import CWhendPlugin
 import Foundation
 import Logging
 import WhendConfiguration
+import WhendControl
 import WhendJournal
 import WhendPipelines
 import WhendPluginHost
@@ -20,114 +21,69 @@ package struct ReloadOutcome: Sendable {
 }
 
 extension Daemon {
-    /// The commands of the control socket.
-    static let controlCommands = ["status", "reload", "metrics", "plugins", "load", "unload", "restart"]
-
-    func handleControlRequest(_ line: [UInt8]) -> [UInt8] {
-        guard
-            let object = try? JSONSerialization.jsonObject(with: Data(line)) as? [String: Any],
-            let command = object["command"] as? String
-        else {
-            return ControlReply.failure(
-                #"expected one line of JSON like {"command":"status"}; the commands are "#
-                    + Self.controlCommands.joined(separator: ", "))
-        }
-        switch command {
-        case "status":
-            return ControlReply.encode(["ok": true, "status": status()])
-        case "metrics":
+    func handleControlRequest(_ request: ControlRequest) -> ControlAnswer {
+        switch request {
+        case .status:
+            return ControlAnswer(status: status())
+        case .metrics:
             let list = pipelineList()
             var counters = live.ingest.plugins.map {
                 DaemonMetrics.PluginCounters(plugin: $0.name, pipeline: "", values: $0.counters)
             }
             for p in list {
-                for (plugin, values) in p["counters"] as? [String: [String: Int64]] ?? [:] {
-                    counters.append(
-                        DaemonMetrics.PluginCounters(
-                            plugin: plugin, pipeline: p["name"] as? String ?? "", values: values))
+                for (plugin, values) in p.counters {
+                    counters.append(DaemonMetrics.PluginCounters(plugin: plugin, pipeline: p.name, values: values))
                 }
             }
             let pipelines = list.map { p in
                 DaemonMetrics.PipelineFigures(
-                    name: p["name"] as? String ?? "", lag: p["lag"] as? UInt64 ?? 0,
-                    failures: p["failures"] as? Int ?? 0,
-                    deadLetters: p["dead_letters"] as? Int ?? 0, restarts: p["restarts"] as? Int ?? 0)
+                    name: p.name, lag: p.lag, failures: p.failures, deadLetters: p.deadLetters, restarts: p.restarts)
             }
             let text = metrics.prometheusText(
                 journal: writer.statistics, pendingBytes: writer.pendingBytes,
                 directory: configuration.journal.directory, pipelines: pipelines, pluginCounters: counters)
-            return ControlReply.encode(["ok": true, "metrics": text])
-        case "plugins":
-            return ControlReply.encode(["ok": true, "plugins": pluginList(), "pipelines": pipelineList()])
-        case "load", "unload":
-            guard let name = object["plugin"] as? String else { return ControlReply.failure("name the plugin") }
-            return setUnloaded(name, command == "unload")
-        case "restart":
-            guard let name = object["pipeline"] as? String,
-                let supervisor = supervisors.withLockedValue({ $0[name] })
-            else {
-                return ControlReply.failure(
-                    "no pipeline \(object["pipeline"] as? String ?? "named"); whenctl plugins lists them")
+            return ControlAnswer(metrics: text)
+        case .plugins:
+            return ControlAnswer(plugins: pluginList(), pipelines: pipelineList())
+        case .load(let name): return setUnloaded(name, false)
+        case .unload(let name): return setUnloaded(name, true)
+        case .restart(let name):
+            guard let supervisor = supervisors.withLockedValue({ $0[name] }) else {
+                return .refused("no pipeline \(name); whenctl plugins lists them")
             }
             supervisor.restart()
-            return ControlReply.encode(["ok": true])
-        case "reload":
+            return ControlAnswer()
+        case .reload:
             let outcome = reload(trigger: "whenctl reload")
-            var reply: [String: Any] = [
-                "ok": outcome.applied, "changed": outcome.changed, "need_restart": outcome.needRestart,
-            ]
-            if let error = outcome.error { reply["error"] = error }
-            return ControlReply.encode(reply)
-        default:
-            return ControlReply.failure(
-                "unknown command \"\(command)\"; the commands are \(Self.controlCommands.joined(separator: ", "))")
+            return ControlAnswer(
+                ok: outcome.applied, error: outcome.error, changed: outcome.changed, needRestart: outcome.needRestart)
         }
     }
 
-    /// Everything `whenctl status` shows, as JSON-ready values.
-    func status() -> [String: Any] {
+    /// Everything `whenctl status` shows.
+    func status() -> StatusAnswer {
         let configuration = self.configuration
         let stats = writer.statistics
         let usage = configuration.journal.directory.usage()
         let counts = metrics.snapshot
         var rejected: [String: Int] = [:]
         for (code, n) in counts.rejected { rejected[code.rawValue] = n }
-        var journal: [String: Any] = [
-            "directory": configuration.journal.directory.path,
-            "last_seq": stats.lastSeq,
-            "records_stored": stats.recordsStored,
-            "duplicates_skipped": stats.duplicatesSkipped,
-            "commits": stats.commits,
-            "segments": usage.segments,
-            "bytes": usage.bytes,
-            "durability": configuration.journal.durability.rawValue,
-        ]
-        journal["failing"] = stats.failing ?? NSNull()
-        var status: [String: Any] = [
-            "version": WhendVersion.current,
-            "pid": Int(getpid()),
-            "uptime_seconds": Int(Date().timeIntervalSince(startedAt)),
-            "socket": configuration.socketPath,
-            "control_socket": configuration.controlSocketPath,
-            "state_dir": configuration.stateDirectory,
-            "config_file": configurationFile ?? NSNull(),
-            "connections": counts.connections,
-            "connections_refused": counts.connectionsRefused,
-            "events_per_second": Int(eventsPerSecond),
-            "events_received": counts.eventsReceived,
-            "events_rejected": rejected,
-            "bytes_received": counts.bytesIn,
-            "replies_dropped": counts.droppedReplies,
-            "pending_bytes": writer.pendingBytes,
-            "journal": journal,
-            "pipelines": pipelineList(),
-            "plugins": pluginList(),
-            "status_line": statusLine(),
-        ]
-        if let last = lastReload.withLockedValue({ $0 }) {
-            status["last_reload"] = ["at": ISO8601DateFormatter().string(from: last.at), "outcome": last.outcome]
-        }
-        return status
+        let journal = JournalStatus(
+            directory: configuration.journal.directory.path, lastSeq: stats.lastSeq,
+            recordsStored: stats.recordsStored, duplicatesSkipped: stats.duplicatesSkipped, commits: stats.commits,
+            segments: usage.segments, bytes: usage.bytes, durability: configuration.journal.durability.rawValue,
+            failing: stats.failing)
+        return StatusAnswer(
+            version: WhendVersion.current, pid: Int(getpid()), uptimeSeconds: Int(Date().timeIntervalSince(startedAt)),
+            socket: configuration.socketPath, controlSocket: configuration.controlSocketPath,
+            stateDir: configuration.stateDirectory, configFile: configurationFile, connections: counts.connections,
+            connectionsRefused: counts.connectionsRefused, eventsPerSecond: Int(eventsPerSecond),
+            eventsReceived: counts.eventsReceived, eventsRejected: rejected, bytesReceived: counts.bytesIn,
+            repliesDropped: counts.droppedReplies, pendingBytes: writer.pendingBytes, journal: journal,
+            pipelines: pipelineList(), plugins: pluginList(), statusLine: statusLine(),
+            lastReload: lastReload.withLockedValue { $0 }.map {
+                StatusAnswer.LastReload(at: ISO8601DateFormatter().string(from: $0.at), outcome: $0.outcome)
+            })
     }
 
     /// Re-reads the configuration and applies what changed, without dropping a connection. An
@@ -231,6 +187,7 @@ extension Daemon {
         for (name, library) in zip(names, libraries) {
             guard library.roles & WHEND_ROLE_INGEST != 0 else {
                 throw PluginLoadError(
+                    .misconfigured,
                     description: "plugin \(name) (\(library.path)) is not ingest middleware; it cannot be in ingest")
             }
             let settings = configuration.pluginConfigurations[name] ?? "{}"
@@ -246,19 +203,16 @@ extension Daemon {
         return PluginChain(plugins)
     }
 
-    func pluginList() -> [[String: Any]] {
-        let unloaded = self.unloaded.withLockedValue { $0 }.sorted().map {
-            ["name": $0, "state": "unloaded"] as [String: Any]
-        }
+    func pluginList() -> [PluginStatus] {
+        let unloaded = self.unloaded.withLockedValue { $0 }.sorted().map { PluginStatus(name: $0, state: "unloaded") }
         return unloaded
             + live.ingest.plugins.map { p in
-                [
-                    "name": p.name, "version": p.library.version, "abi": Int(p.library.abiVersion),
-                    "path": p.library.path,
-                    "roles": (p.library.roles & WHEND_ROLE_INGEST != 0 ? ["ingest"] : [])
+                PluginStatus(
+                    name: p.name, state: "running", version: p.library.version, abi: Int(p.library.abiVersion),
+                    path: p.library.path,
+                    roles: (p.library.roles & WHEND_ROLE_INGEST != 0 ? ["ingest"] : [])
                         + (p.library.roles & WHEND_ROLE_PIPELINE != 0 ? ["pipeline"] : []),
-                    "routes": ["ingest"], "state": "running", "counters": p.counters,
-                ]
+                    routes: ["ingest"], counters: p.counters)
             }
     }
 }

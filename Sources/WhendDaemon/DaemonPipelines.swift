@@ -2,6 +2,7 @@ import CWhendPlugin
 import Foundation
 import Logging
 import WhendConfiguration
+import WhendControl
 import WhendJournal
 import WhendPipelines
 import WhendPluginHost
@@ -60,13 +61,14 @@ extension Daemon {
             PluginCheck.request(
                 for: unchecked, pluginDirectories: configuration.pluginDirectories,
                 optional: configuration.isImplicitBuiltin, create: create), timeout: configuration.pipelineWatchdog)
-        if let refusal = check.refusal { throw PluginLoadError(description: refusal) }
+        if let refusal = check.refusal { throw PluginLoadError(.refused, description: refusal) }
         // A default nobody asked for by name: its absence is worth a warning, not a refusal.
         for off in check.off { logger.warning("\(off)") }
         for name in check.offPipelines { specs[name] = nil }
         for spec in unchecked where specs[spec.name] != nil {
             guard let origins = check.origins[spec.name], origins.count == spec.stages.count else {
-                throw PluginLoadError(description: "pipeline \(spec.name): the plugin check did not name its stages")
+                throw PluginLoadError(
+                    .misconfigured, description: "pipeline \(spec.name): the plugin check did not name its stages")
             }
             specs[spec.name]?.origins = origins
         }
@@ -225,23 +227,16 @@ extension Daemon {
         }
     }
 
-    func pipelineList() -> [[String: Any]] {
+    func pipelineList() -> [PipelineStatus] {
         let lastSeq = writer.statistics.lastSeq
         return supervisors.withLockedValue { $0 }.sorted { $0.key < $1.key }.map { name, supervisor in
             let s = supervisor.state.withLockedValue { $0 }
-            var entry: [String: Any] = [
-                "name": name, "plugins": supervisor.spec.stages.map(\.plugin),
-                "state": s.running ? "running" : "restarting",
-                "pid": Int(s.pid), "cursor": s.cursor, "lag": lastSeq > s.cursor ? lastSeq - s.cursor : 0,
-                "failures": s.failures, "dead_letters": s.deadLetters, "restarts": s.restarts,
-                // Records this pipeline never saw: deleted by retention before it read them
-                // (as the daemon counted them, and as its worker found the gaps).
-                "lost_to_retention": retentionLosses.withLockedValue { $0[name] ?? 0 }, "skipped": s.skipped,
-                // Each stage's `host.count` counters since whend started.
-                "counters": s.countersSinceStart,
-            ]
-            if let exit = s.lastExit { entry["last_exit"] = exit }
-            return entry
+            return PipelineStatus(
+                name: name, plugins: supervisor.spec.stages.map(\.plugin), state: s.running ? "running" : "restarting",
+                pid: Int(s.pid), cursor: s.cursor, lag: lastSeq > s.cursor ? lastSeq - s.cursor : 0,
+                failures: s.failures, deadLetters: s.deadLetters, restarts: s.restarts,
+                lostToRetention: retentionLosses.withLockedValue { $0[name] ?? 0 }, skipped: s.skipped,
+                counters: s.countersSinceStart, lastExit: s.lastExit)
         }
     }
 
@@ -258,13 +253,13 @@ extension Daemon {
     /// `whenctl plugins unload|load NAME`: stops routing records to a plugin (its ingest stage is
     /// skipped, its pipelines wait at their cursors), or routes them to it again. The library
     /// stays loaded: a Swift library cannot be closed safely.
-    func setUnloaded(_ name: String, _ unload: Bool) -> [UInt8] {
+    func setUnloaded(_ name: String, _ unload: Bool) -> ControlAnswer {
         let configuration = self.configuration
         let known =
             configuration.ingestPlugins.contains(name)
             || configuration.effectivePipelines.values.contains { $0.contains(name) }
         guard known else {
-            return ControlReply.failure("no plugin \(name) is configured; whenctl plugins lists them")
+            return .refused("no plugin \(name) is configured; whenctl plugins lists them")
         }
         return reloadQueue.sync {
             let before = unloaded.withLockedValue { $0 }
@@ -280,7 +275,7 @@ extension Daemon {
                 }
                 if !unload, !off.isEmpty {
                     unloaded.withLockedValue { $0 = before }
-                    return ControlReply.failure(
+                    return .refused(
                         "plugin \(name) cannot be loaded: pipeline \(off.keys.sorted().joined(separator: ", ")) is off, its library is not in \(configuration.pluginDirectories.joined(separator: ":")) (see whend's log); install it, or set plugin_dirs, and reload"
                     )
                 }
@@ -288,12 +283,12 @@ extension Daemon {
                 runPipelines(specs, watchdog: configuration.pipelineWatchdog)
             } catch {
                 unloaded.withLockedValue { $0 = before }
-                return ControlReply.failure("\(error)")
+                return .refused("\(error)")
             }
             logger.notice(
                 "plugin \(name) \(unload ? "unloaded: no records are routed to it" : "loaded: records are routed to it again")"
             )
-            return ControlReply.encode(["ok": true])
+            return ControlAnswer()
         }
     }
 }

@@ -205,8 +205,8 @@ final class EventConnectionHandler: ChannelDuplexHandler {
             inFlightHead = 0
         }
         pendingBytes -= done.bytes
-        if case .failed(let message) = result {
-            let error = WireError(.unavailable, message)
+        if case .failed(let failure) = result {
+            let error = WireError(.unavailable, failure.description)
             for line in done.lineNumbers { reject(line, error, context: context) }
         }
         guard context.channel.isActive else { return }

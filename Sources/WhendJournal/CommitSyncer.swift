@@ -158,8 +158,7 @@ final class CommitSyncer: @unchecked Sendable {
             if let segment = group.segment, case .stored = outcome,
                 let failure = synced.first(where: { $0.segment === segment })?.failure
             {
-                outcome = .failed(
-                    "the journal cannot store right now (\(failure)); nothing of this was stored; retry later")
+                outcome = .failed(.cannotStore("\(failure)"))
             }
             onDone(group, outcome)
         }

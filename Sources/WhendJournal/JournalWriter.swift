@@ -63,8 +63,30 @@ package struct JournalBatch: Sendable {
 package enum JournalCommit: Sendable, Equatable {
     /// Every record is stored (under the configured durability), or was a resend of one that is.
     case stored(lastSeq: UInt64)
-    /// Nothing of the batch is acknowledged; the message says why and what to do.
-    case failed(String)
+    /// Nothing of the batch is acknowledged.
+    case failed(CommitFailure)
+}
+
+/// Why nothing of a batch was stored. Every case is worth a retry later; its description says
+/// so, for the client that sent the events (the protocol's `unavailable`).
+package enum CommitFailure: Error, Sendable, Equatable, CustomStringConvertible {
+    /// whend is stopping.
+    case shuttingDown
+    /// A write, the repair of an earlier failed write, or a sync failed: the cause, as the
+    /// system gave it (a full disk, an I/O error).
+    case cannotStore(String)
+    /// The batch resends events whose first copies' sync failed: neither copy is durable.
+    case resentCopiesNotDurable
+
+    package var description: String {
+        switch self {
+        case .shuttingDown: "whend is shutting down; send again after it restarts"
+        case .cannotStore(let cause):
+            "the journal cannot store right now (\(cause)); nothing of this was stored; retry later"
+        case .resentCopiesNotDurable:
+            "the journal cannot store right now (the sync of events this resends failed); nothing of this was stored; retry later"
+        }
+    }
 }
 
 /// Live figures of the writer, for status and metrics.
@@ -279,7 +301,7 @@ package final class JournalWriter: @unchecked Sendable {
         condition.lock()
         if stopping {
             condition.unlock()
-            completion(.failed("whend is shutting down; send again after it restarts"))
+            completion(.failed(.shuttingDown))
             return
         }
         queue.append((batch, completion))
@@ -453,13 +475,13 @@ package final class JournalWriter: @unchecked Sendable {
             dedup.dropFrom(seq: first)
             broken = active?.file
             active = nil
-            let message = "the journal cannot store right now (\(error)); nothing of this was stored; retry later"
-            log(message)
+            let failure = CommitFailure.cannotStore("\(error)")
+            log(failure.description)
             condition.lock()
             stats.failing = "\(error)"
             stats.writtenThrough = first - 1
             condition.unlock()
-            syncer!.hand(group(of: batches, .failed(message), firstSeq: first))
+            syncer!.hand(group(of: batches, .failed(failure), firstSeq: first))
             return
         }
         var written = group(of: batches, .stored(lastSeq: nextSeq - 1), firstSeq: first)
@@ -497,9 +519,7 @@ package final class JournalWriter: @unchecked Sendable {
         if case .stored = outcome, group.originalsThrough > 0, let lost = notDurableFrom,
             group.originalsThrough >= lost
         {
-            outcome = .failed(
-                "the journal cannot store right now (the sync of events this resends failed); nothing of this was stored; retry later"
-            )
+            outcome = .failed(.resentCopiesNotDurable)
         }
         pendingBytesStorage -= group.submittedBytes
         // A sealing (no batches) counts for nothing but its sync.
@@ -578,7 +598,7 @@ package final class JournalWriter: @unchecked Sendable {
 
     /// After a failed write, seals what the torn segment holds and carries `_seq` on from it.
     /// Returns why the journal still cannot store, or nil when it can.
-    private func repairIfBroken() -> String? {
+    private func repairIfBroken() -> CommitFailure? {
         if let sealed = unsyncedSealed {
             do {
                 let result = try SegmentRecovery.recover(sealed, evenIfSealed: true)
@@ -586,7 +606,7 @@ package final class JournalWriter: @unchecked Sendable {
                 log("rewrote \(sealed.path) after its sync failed: records up to _seq \(result.lastSeq) are durable")
                 if broken == nil { madeDurable() }
             } catch {
-                return "the journal cannot store right now (\(error)); nothing of this was stored; retry later"
+                return .cannotStore("\(error)")
             }
         }
         guard let segment = broken else { return nil }
@@ -605,7 +625,7 @@ package final class JournalWriter: @unchecked Sendable {
             madeDurable()
             return nil
         } catch {
-            return "the journal cannot store right now (\(error)); nothing of this was stored; retry later"
+            return .cannotStore("\(error)")
         }
     }
 
@@ -676,61 +696,55 @@ package final class JournalWriter: @unchecked Sendable {
     private func applyRetention() {
         lastRetention = Date()
         let configuration = configurationInUse
-        let maxBytes = configuration.retentionMaxBytes
-        let maxAge = configuration.retentionMaxAge
-        let hardMax = configuration.retentionHardMaxBytes
-        let minFree = configuration.retentionMinFreeBytes
-        guard maxBytes > 0 || maxAge > 0 || hardMax > 0 || minFree > 0 else { return }
+        let policy = RetentionPolicy(
+            maxBytes: configuration.retentionMaxBytes, maxAge: configuration.retentionMaxAge,
+            hardMaxBytes: configuration.retentionHardMaxBytes, minFreeBytes: configuration.retentionMinFreeBytes)
+        guard !policy.isOff else { return }
         let all = configuration.directory.segments()
         var segments = all
         if let active, segments.last?.firstSeq == active.file.firstSeq { segments.removeLast() }
         if let broken, segments.last?.firstSeq == broken.firstSeq { segments.removeLast() }
         let sizes = segments.map { FileIO.size($0.path) ?? 0 }
         var total = sizes.reduce(0, +) + (active?.size ?? 0)
-        let readers = retentionReaders?() ?? []
+        let readers = (retentionReaders?() ?? []).map { RetentionPolicy.Reader(name: $0.name, cursor: $0.cursor) }
         let now = Date().timeIntervalSince1970
-        var index = 0
-        while index < segments.count {
-            let oldest = segments[index]
+        for (index, file) in segments.enumerated() {
             // A sealed segment's records end where the next segment's begin.
-            let lastSeq = (all.first { $0.firstSeq > oldest.firstSeq }?.firstSeq).map { $0 - 1 } ?? nextSeq - 1
+            let lastSeq = (all.first { $0.firstSeq > file.firstSeq }?.firstSeq).map { $0 - 1 } ?? nextSeq - 1
             var st = stat()
-            let age = stat(oldest.path, &st) == 0 ? now - TimeInterval(st.st_mtim.tv_sec) : 0
-            let overHard = hardMax > 0 && total > hardMax
-            let short = minFree > 0 && (FileIO.freeBytes(configuration.directory.path) ?? .max) < minFree
-            let overSize = maxBytes > 0 && total > maxBytes
-            let overAge = maxAge > 0 && age > maxAge
-            guard overHard || short || overSize || overAge else { break }
-            let behind = readers.filter { $0.cursor < lastSeq }
-            if !behind.isEmpty && !overHard && !short {
+            let age = stat(file.path, &st) == 0 ? now - TimeInterval(st.st_mtim.tv_sec) : 0
+            let oldest = RetentionPolicy.Segment(
+                firstSeq: file.firstSeq, lastSeq: lastSeq, bytes: sizes[index], age: age)
+            let decision = policy.decide(
+                oldest: oldest, totalBytes: total,
+                freeBytes: policy.minFreeBytes > 0
+                    ? FileIO.freeBytes(configuration.directory.path) : nil, readers: readers)
+            switch decision {
+            case .keep: return
+            case .keepForReaders(let behind):
                 if Date().timeIntervalSince(lastKeptNotice) >= 3600 {
                     lastKeptNotice = Date()
                     let who = behind.map { "\($0.name) at _seq \($0.cursor)" }.joined(separator: ", ")
                     log(
-                        "retention: keeping \(oldest.path) and what follows (\(total) bytes in all) past the limit: \(who) has not read it yet; past retention_hard_max_bytes or under retention_min_free_bytes it goes even so"
+                        "retention: keeping \(file.path) and what follows (\(total) bytes in all) past the limit: \(who) has not read it yet; past retention_hard_max_bytes or under retention_min_free_bytes it goes even so"
                     )
                 }
-                break
+                return
+            case .delete(let reason, let losses):
+                guard unlink(file.path) == 0 else {
+                    log("retention: cannot delete \(file.path): \(String(cString: strerror(errno)))")
+                    return
+                }
+                try? FileIO.syncDirectory(configuration.directory.path)
+                log("retention: deleted \(file.path) (\(reason))")
+                for loss in losses {
+                    log(
+                        "retention: pipeline \(loss.reader) loses _seq \(loss.first)…\(loss.last), deleted before it read them"
+                    )
+                    retentionLoss?(loss.reader, loss.first, loss.last)
+                }
+                total -= sizes[index]
             }
-            guard unlink(oldest.path) == 0 else {
-                log("retention: cannot delete \(oldest.path): \(String(cString: strerror(errno)))")
-                break
-            }
-            try? FileIO.syncDirectory(configuration.directory.path)
-            let reason =
-                overHard
-                ? "journal over retention_hard_max_bytes \(hardMax)"
-                : short
-                    ? "file system under retention_min_free_bytes \(minFree)"
-                    : overSize ? "journal over \(maxBytes) bytes" : "older than \(Int(maxAge)) s"
-            log("retention: deleted \(oldest.path) (\(reason))")
-            for reader in behind {
-                let first = max(reader.cursor + 1, oldest.firstSeq)
-                log("retention: pipeline \(reader.name) loses _seq \(first)…\(lastSeq), deleted before it read them")
-                retentionLoss?(reader.name, first, lastSeq)
-            }
-            total -= sizes[index]
-            index += 1
         }
     }
 }

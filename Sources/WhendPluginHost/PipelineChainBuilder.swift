@@ -44,10 +44,12 @@ package enum PipelineChainBuilder {
         let libraries = try PluginLibrary.loadChain(plugins, directories: directories)
         for (index, (plugin, library)) in zip(plugins, libraries).enumerated() {
             guard library.roles & WHEND_ROLE_PIPELINE != 0 else {
-                throw PluginLoadError(description: "plugin \(plugin) (\(library.path)) cannot be a pipeline stage")
+                throw PluginLoadError(
+                    .misconfigured, description: "plugin \(plugin) (\(library.path)) cannot be a pipeline stage")
             }
             guard library.roles & WHEND_ROLE_DEFERRED == 0 || index == plugins.count - 1 else {
                 throw PluginLoadError(
+                    .misconfigured,
                     description: "plugin \(plugin) finishes records later, so it must be the last stage of its pipeline"
                 )
             }

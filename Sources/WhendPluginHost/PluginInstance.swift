@@ -64,6 +64,7 @@ package final class PluginInstance: @unchecked Sendable {
                 services.takeUnretainedValue().secrets)
             services.release()
             throw PluginLoadError(
+                .refused,
                 description: "plugin \(library.name) would not start: \(why.isEmpty ? "no reason given" : why)")
         }
         instance = created
@@ -97,7 +98,7 @@ package final class PluginInstance: @unchecked Sendable {
     /// Gives the plugin back a state `snapshot()` took; throws with the plugin's reason.
     package func restore(_ bytes: [UInt8]) throws(PluginLoadError) {
         guard keepsState, let restore = library.descriptor.pointee.restore else {
-            throw PluginLoadError(description: "plugin \(library.name) keeps no state")
+            throw PluginLoadError(.state, description: "plugin \(library.name) keeps no state")
         }
         var error = [CChar](repeating: 0, count: 1024)
         let capacity = error.count
@@ -109,7 +110,7 @@ package final class PluginInstance: @unchecked Sendable {
             let why = Secrets.scrub(
                 String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self),
                 services.takeUnretainedValue().secrets)
-            throw PluginLoadError(description: "plugin \(library.name) could not restore its state: \(why)")
+            throw PluginLoadError(.state, description: "plugin \(library.name) could not restore its state: \(why)")
         }
     }
 
@@ -128,7 +129,7 @@ package final class PluginInstance: @unchecked Sendable {
             let why = Secrets.scrub(
                 String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self),
                 services.takeUnretainedValue().secrets)
-            throw PluginLoadError(description: "plugin \(library.name) could not flush: \(why)")
+            throw PluginLoadError(.state, description: "plugin \(library.name) could not flush: \(why)")
         }
     }
 

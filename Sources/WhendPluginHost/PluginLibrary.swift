@@ -2,10 +2,32 @@ import CWhendPlugin
 import Foundation
 
 /// Why a plugin could not be loaded or started, with what to do.
-package struct PluginLoadError: Error, CustomStringConvertible {
+/// Why a plugin was not loaded, or not started: what kind of trouble (for whoever acts on it),
+/// and what happened and what to do, in words.
+package struct PluginLoadError: Error, CustomStringConvertible, Equatable {
+    package enum Kind: Sendable, Equatable {
+        /// The configuration names it wrongly: not a plugin name, no directory to look in, one
+        /// library under two names, a plugin in a role it does not have.
+        case misconfigured
+        /// No library of that name in the plugin directories.
+        case notFound
+        /// Its file or directory may be written by someone whend does not trust.
+        case unsafe
+        /// The file cannot be read or linked (`stat`, `dlopen`).
+        case cannotOpen
+        /// The library is not a whend plugin of this ABI.
+        case notAPlugin
+        /// The plugin refused its configuration.
+        case refused
+        /// Its state cannot be restored or flushed.
+        case state
+    }
+
+    package var kind: Kind
     package var description: String
 
-    package init(description: String) {
+    package init(_ kind: Kind, description: String) {
+        self.kind = kind
         self.description = description
     }
 }
@@ -57,6 +79,7 @@ package final class PluginLibrary: @unchecked Sendable {
             let library = try load(name: name, directories: directories)
             if let index = libraries.firstIndex(where: { $0 === library }) {
                 throw PluginLoadError(
+                    .misconfigured,
                     description:
                         "plugins \(names[index]) and \(name) are one library (\(library.path)); a chain holds one instance of a plugin, so name it once"
                 )
@@ -91,10 +114,12 @@ package final class PluginLibrary: @unchecked Sendable {
     package static func load(name: String, directories: [String]) throws(PluginLoadError) -> PluginLibrary {
         guard !name.isEmpty, name.utf8.allSatisfy({ isNameByte($0) }) else {
             throw PluginLoadError(
+                .misconfigured,
                 description: "\"\(name)\" is not a plugin name; names are made of a-z, 0-9, - and _")
         }
         guard !directories.isEmpty else {
             throw PluginLoadError(
+                .misconfigured,
                 description: "no plugin directory is configured; set plugin_dirs to where \(name)'s library is")
         }
         for directory in directories {
@@ -110,6 +135,7 @@ package final class PluginLibrary: @unchecked Sendable {
             }
         }
         throw PluginLoadError(
+            .notFound,
             description:
                 "no plugin \(name) (lib\(name).so or \(name).so) in \(directories.joined(separator: ", ")); check plugin_dirs"
         )
@@ -121,32 +147,35 @@ package final class PluginLibrary: @unchecked Sendable {
         defer { opened.unlock() }
         var st = stat()
         guard stat(path, &st) == 0 else {
-            throw PluginLoadError(description: "cannot stat plugin \(path): \(String(cString: strerror(errno)))")
+            throw PluginLoadError(
+                .cannotOpen, description: "cannot stat plugin \(path): \(String(cString: strerror(errno)))")
         }
         let file = FileIdentity(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
         if let known = byFile[file] { return known }
         guard let handle = dlopen(path, RTLD_NOW | RTLD_LOCAL) else {
             let why = dlerror().map { String(cString: $0) } ?? "unknown error"
-            throw PluginLoadError(description: "cannot load \(path): \(why)")
+            throw PluginLoadError(.cannotOpen, description: "cannot load \(path): \(why)")
         }
         // The ABI version is data: read it before calling anything of the plugin's.
         guard let versionSymbol = dlsym(handle, "whend_plugin_abi_version") else {
             throw PluginLoadError(
+                .notAPlugin,
                 description: "\(path) is not a whend plugin: it exports no whend_plugin_abi_version")
         }
         let built = versionSymbol.assumingMemoryBound(to: UInt32.self).pointee
         guard built == WHEND_PLUGIN_ABI_VERSION else {
             throw PluginLoadError(
+                .notAPlugin,
                 description:
                     "\(path) was built for plugin ABI \(built); this whend speaks ABI \(WHEND_PLUGIN_ABI_VERSION). Rebuild it against this whend's whend_plugin.h (or its WhendPluginSDK); it was not called"
             )
         }
         guard let entrySymbol = dlsym(handle, "whend_plugin_entry") else {
-            throw PluginLoadError(description: "\(path) exports no whend_plugin_entry")
+            throw PluginLoadError(.notAPlugin, description: "\(path) exports no whend_plugin_entry")
         }
         let entry = unsafeBitCast(entrySymbol, to: whend_plugin_entry_fn.self)
         guard let raw = entry() else {
-            throw PluginLoadError(description: "\(path): whend_plugin_entry returned nothing")
+            throw PluginLoadError(.notAPlugin, description: "\(path): whend_plugin_entry returned nothing")
         }
         // Read the version and size before any other field: an older, smaller struct must not
         // be overread. ABI 1 began with the fields up to `handle`; later ones (snapshot,
@@ -156,6 +185,7 @@ package final class PluginLibrary: @unchecked Sendable {
         let firstSize = MemoryLayout<whend_plugin>.offset(of: \whend_plugin.snapshot)!
         guard abi == WHEND_PLUGIN_ABI_VERSION, size >= firstSize else {
             throw PluginLoadError(
+                .notAPlugin,
                 description:
                     "\(path): its description is for ABI \(abi) with \(size) bytes; this whend needs ABI \(WHEND_PLUGIN_ABI_VERSION) with at least \(firstSize)"
             )
@@ -168,7 +198,8 @@ package final class PluginLibrary: @unchecked Sendable {
         guard descriptor.pointee.name != nil, descriptor.pointee.version != nil, descriptor.pointee.create != nil,
             descriptor.pointee.destroy != nil, descriptor.pointee.handle != nil
         else {
-            throw PluginLoadError(description: "\(path): its description leaves a name or an entry point empty")
+            throw PluginLoadError(
+                .notAPlugin, description: "\(path): its description leaves a name or an entry point empty")
         }
         let library = PluginLibrary(path: path, descriptor: descriptor)
         byFile[file] = library
@@ -180,16 +211,19 @@ package final class PluginLibrary: @unchecked Sendable {
     package static func checkOwnership(_ path: String, what: String) throws(PluginLoadError) {
         var st = stat()
         guard stat(path, &st) == 0 else {
-            throw PluginLoadError(description: "cannot stat \(what) \(path): \(String(cString: strerror(errno)))")
+            throw PluginLoadError(
+                .cannotOpen, description: "cannot stat \(what) \(path): \(String(cString: strerror(errno)))")
         }
         guard st.st_uid == 0 || st.st_uid == geteuid() else {
             throw PluginLoadError(
+                .unsafe,
                 description:
                     "refusing \(what) \(path): it is owned by uid \(st.st_uid), not by root or whend's user (uid \(geteuid()))"
             )
         }
         guard st.st_mode & 0o022 == 0 else {
             throw PluginLoadError(
+                .unsafe,
                 description:
                     "refusing \(what) \(path): others may write it (mode \(String(st.st_mode & 0o777, radix: 8))); chmod go-w it"
             )

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import WhendControl
 import WhendWire
 
 /// Where the control socket is: `--control`, else `$WHEND_CONTROL_SOCKET`, else `control.sock`
@@ -17,41 +18,47 @@ struct ControlOptions: ParsableArguments {
         return SocketLocation.controlSocket(besideEventSocket: socket ?? SocketLocation.eventSocket())
     }
 
-    /// Sends one command and returns the reply; fails, saying why, when whend cannot be asked.
-    func request(_ command: String, as name: String, _ arguments: [String: String] = [:]) throws -> [String: Any] {
+    /// Sends one request and returns whend's answer; fails, saying why, when whend cannot be
+    /// asked, and (exit 1) when it refuses.
+    func request(_ request: ControlRequest, as name: String) throws -> ControlAnswer {
         let path = self.path
         try refuseUnsafeSocketDirectory(path)
+        let answer: ControlAnswer
         do {
             let connection = try BlockingSocket(path: path)
-            var request: [String: String] = arguments
-            request["command"] = command
-            let data = try JSONSerialization.data(withJSONObject: request)
-            try connection.send(Array(data) + [0x0A])
+            try connection.send(request.encoded() + [0x0A])
             connection.finishSending()
-            var reply: [String: Any]?
+            var first: [UInt8]?
             try connection.receiveLines { line in
-                if reply == nil {
-                    reply = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
-                }
+                if first == nil { first = Array(line.utf8) }
             }
-            guard let reply else {
+            guard let first else {
                 throw Failure("whend closed \(path) without an answer; its log says why")
             }
-            return reply
+            guard let decoded = ControlAnswer.decode(first) else {
+                throw Failure(
+                    "whend's answer on \(path) is not one this whenctl reads: \(String(decoding: first.prefix(200), as: UTF8.self))"
+                )
+            }
+            answer = decoded
         } catch let failure as Failure {
             throw failure
         } catch {
             throw unreachable(.control, at: path, error)
         }
+        if !answer.ok {
+            printError("whenctl \(name): \(answer.error ?? "whend refused")")
+            throw ExitCode(1)
+        }
+        return answer
     }
 }
 
-/// Prints the daemon's refusal and exits 1.
-func failIfRefused(_ reply: [String: Any], as name: String) throws {
-    if reply["ok"] as? Bool != true {
-        printError("whenctl \(name): \(reply["error"] as? String ?? "whend refused")")
-        throw ExitCode(1)
-    }
+/// Prints `value` as indented JSON, its keys sorted.
+func printJSON(_ value: some Encodable) throws {
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.sortedKeys, .prettyPrinted, .withoutEscapingSlashes]
+    print(String(decoding: try encoder.encode(value), as: UTF8.self))
 }
 
 struct Status: ParsableCommand {
@@ -64,41 +71,33 @@ struct Status: ParsableCommand {
     var json = false
 
     func run() throws {
-        let reply = try options.request("status", as: "status")
-        try failIfRefused(reply, as: "status")
-        let status = reply["status"] as? [String: Any] ?? [:]
+        guard let status = try options.request(.status, as: "status").status else {
+            throw Failure("whend answered status without one")
+        }
         if json {
-            let data = try JSONSerialization.data(withJSONObject: status, options: [.sortedKeys, .prettyPrinted])
-            print(String(decoding: data, as: UTF8.self))
+            try printJSON(status)
             return
         }
-        let journal = status["journal"] as? [String: Any] ?? [:]
-        func value(_ object: [String: Any], _ key: String) -> String {
-            guard let v = object[key], !(v is NSNull) else { return "-" }
-            return "\(v)"
-        }
-        print("whend \(value(status, "version")), pid \(value(status, "pid")), up \(value(status, "uptime_seconds")) s")
-        print("  events socket   \(value(status, "socket"))")
-        print("  control socket  \(value(status, "control_socket"))")
-        print(
-            "  configuration   \(value(status, "config_file") == "-" ? "embedded defaults" : value(status, "config_file"))"
-        )
-        print("  clients         \(value(status, "connections"))")
-        print("  events/s        \(value(status, "events_per_second"))")
-        print("  received        \(value(status, "events_received")) events, \(value(status, "bytes_received")) bytes")
-        let rejected = (status["events_rejected"] as? [String: Any] ?? [:]).sorted { $0.key < $1.key }
+        let journal = status.journal
+        print("whend \(status.version), pid \(status.pid), up \(status.uptimeSeconds) s")
+        print("  events socket   \(status.socket)")
+        print("  control socket  \(status.controlSocket)")
+        print("  configuration   \(status.configFile ?? "embedded defaults")")
+        print("  clients         \(status.connections)")
+        print("  events/s        \(status.eventsPerSecond)")
+        print("  received        \(status.eventsReceived) events, \(status.bytesReceived) bytes")
+        let rejected = status.eventsRejected.sorted { $0.key < $1.key }
         print(
             "  rejected        \(rejected.isEmpty ? "none" : rejected.map { "\($0.key) \($0.value)" }.joined(separator: ", "))"
         )
-        print("  journal         \(value(journal, "directory"))")
+        print("  journal         \(journal.directory)")
         print(
-            "                  last _seq \(value(journal, "last_seq")), \(value(journal, "segments")) segment(s), \(value(journal, "bytes")) bytes, durability \(value(journal, "durability"))"
+            "                  last _seq \(journal.lastSeq), \(journal.segments) segment(s), \(journal.bytes) bytes, durability \(journal.durability)"
         )
-        if let failing = journal["failing"] as? String { print("                  FAILING: \(failing)") }
-        let pipelines = status["pipelines"] as? [[String: Any]] ?? []
-        print("  pipelines       \(pipelines.isEmpty ? "none" : "\(pipelines.count)")")
-        if let reload = status["last_reload"] as? [String: Any] {
-            print("  last reload     \(value(reload, "at")): \(value(reload, "outcome"))")
+        if let failing = journal.failing { print("                  FAILING: \(failing)") }
+        print("  pipelines       \(status.pipelines.isEmpty ? "none" : "\(status.pipelines.count)")")
+        if let reload = status.lastReload {
+            print("  last reload     \(reload.at): \(reload.outcome)")
         }
     }
 }
@@ -114,12 +113,11 @@ struct Reload: ParsableCommand {
     @OptionGroup var options: ControlOptions
 
     func run() throws {
-        let reply = try options.request("reload", as: "reload")
-        try failIfRefused(reply, as: "reload")
-        let changed = reply["changed"] as? [String] ?? []
+        let answer = try options.request(.reload, as: "reload")
+        let changed = answer.changed ?? []
         print(changed.isEmpty ? "reloaded: nothing changed" : "reloaded:")
         for line in changed { print("  \(line)") }
-        for key in reply["need_restart"] as? [String] ?? [] {
+        for key in answer.needRestart ?? [] {
             print("  \(key) changed; it takes effect when whend restarts")
         }
     }
@@ -132,9 +130,7 @@ struct Metrics: ParsableCommand {
     @OptionGroup var options: ControlOptions
 
     func run() throws {
-        let reply = try options.request("metrics", as: "metrics")
-        try failIfRefused(reply, as: "metrics")
-        print(reply["metrics"] as? String ?? "", terminator: "")
+        print(try options.request(.metrics, as: "metrics").metrics ?? "", terminator: "")
     }
 }
 
@@ -169,58 +165,53 @@ struct Plugins: ParsableCommand {
         if wait { try waitUntilCaughtUp() }
         if let verb = action.first, verb == "load" || verb == "unload" {
             guard action.count == 2 else { throw ValidationError("whenctl plugins \(verb) PLUGIN") }
-            let reply = try options.request(verb, as: "plugins \(verb)", ["plugin": action[1]])
-            try failIfRefused(reply, as: "plugins \(verb)")
+            _ = try options.request(
+                verb == "load" ? .load(plugin: action[1]) : .unload(plugin: action[1]), as: "plugins \(verb)")
             print(verb == "unload" ? "\(action[1]) unloaded: no records are routed to it" : "\(action[1]) loaded")
             return
         }
         if action.first == "restart" {
             guard action.count == 2 else { throw ValidationError("whenctl plugins restart PIPELINE") }
-            let reply = try options.request("restart", as: "plugins restart", ["pipeline": action[1]])
-            try failIfRefused(reply, as: "plugins restart")
+            _ = try options.request(.restart(pipeline: action[1]), as: "plugins restart")
             print("restarting pipeline \(action[1]) from its cursor")
             return
         }
         guard action.isEmpty else {
             throw ValidationError("unknown action \(action[0]); try whenctl plugins restart PIPELINE")
         }
-        let reply = try options.request("plugins", as: "plugins")
-        try failIfRefused(reply, as: "plugins")
-        let plugins = reply["plugins"] as? [[String: Any]] ?? []
-        let pipelines = reply["pipelines"] as? [[String: Any]] ?? []
+        let answer = try options.request(.plugins, as: "plugins")
+        let plugins = answer.plugins ?? []
+        let pipelines = answer.pipelines ?? []
         if json {
-            let data = try JSONSerialization.data(
-                withJSONObject: ["plugins": plugins, "pipelines": pipelines], options: [.sortedKeys, .prettyPrinted])
-            print(String(decoding: data, as: UTF8.self))
+            try printJSON(ControlAnswer.PluginsList(plugins: plugins, pipelines: pipelines))
             return
         }
         if plugins.isEmpty && pipelines.isEmpty { print("no plugins loaded") }
         for p in pipelines {
-            let stages = (p["plugins"] as? [String] ?? []).joined(separator: " → ")
+            let stages = p.plugins.joined(separator: " → ")
             print(
-                "pipeline \(p["name"] ?? "?"): \(stages); \(p["state"] ?? "?") (pid \(p["pid"] ?? "-")), cursor \(p["cursor"] ?? 0), lag \(p["lag"] ?? 0), failures \(p["failures"] ?? 0), dead letters \(p["dead_letters"] ?? 0), restarts \(p["restarts"] ?? 0)\(retentionLosses(p))"
+                "pipeline \(p.name): \(stages); \(p.state) (pid \(p.pid)), cursor \(p.cursor), lag \(p.lag), failures \(p.failures), dead letters \(p.deadLetters), restarts \(p.restarts)\(retentionLosses(p))"
             )
             // Each stage's own counters (host.count), since whend started.
-            let counters = p["counters"] as? [String: [String: Any]] ?? [:]
-            for stage in p["plugins"] as? [String] ?? [] {
-                guard let values = counters[stage], !values.isEmpty else { continue }
+            for stage in p.plugins {
+                guard let values = p.counters[stage], !values.isEmpty else { continue }
                 print(
                     "  \(stage): "
                         + values.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))
             }
         }
         for p in plugins {
-            let routes = (p["routes"] as? [String] ?? []).joined(separator: ", ")
-            let counters = (p["counters"] as? [String: Any] ?? [:]).sorted { $0.key < $1.key }
+            let routes = (p.routes ?? []).joined(separator: ", ")
+            let counters = (p.counters ?? [:]).sorted { $0.key < $1.key }
                 .map { "\($0.key) \($0.value)" }.joined(separator: ", ")
-            if p["state"] as? String == "unloaded" {
-                print("\(p["name"] ?? "?") unloaded (no records routed to it)")
+            if p.state == "unloaded" {
+                print("\(p.name) unloaded (no records routed to it)")
                 continue
             }
             print(
-                "\(p["name"] ?? "?") \(p["version"] ?? "?") (ABI \(p["abi"] ?? "?")) \(p["state"] ?? "?") in \(routes)\(counters.isEmpty ? "" : "; \(counters)")"
+                "\(p.name) \(p.version ?? "?") (ABI \(p.abi.map(String.init) ?? "?")) \(p.state) in \(routes)\(counters.isEmpty ? "" : "; \(counters)")"
             )
-            print("  \(p["path"] ?? "")")
+            print("  \(p.path ?? "")")
         }
     }
 }
@@ -231,18 +222,15 @@ extension Plugins {
     /// lag is 0, which a steady stream of events may never allow.
     func waitUntilCaughtUp() throws {
         let deadline = Date().addingTimeInterval(timeout)
-        func snapshot() throws -> (last: Int, cursors: [String: Int]) {
-            let reply = try options.request("status", as: "plugins --wait")
-            try failIfRefused(reply, as: "plugins --wait")
-            let status = reply["status"] as? [String: Any] ?? [:]
-            let last = (status["journal"] as? [String: Any])?["last_seq"] as? Int ?? 0
-            var cursors: [String: Int] = [:]
+        func snapshot() throws -> (last: UInt64, cursors: [String: UInt64]) {
+            guard let status = try options.request(.status, as: "plugins --wait").status else {
+                throw Failure("whend answered status without one")
+            }
+            var cursors: [String: UInt64] = [:]
             // A pipeline whose worker is restarting counts too, at its cursor: it has not
             // handled what it is behind (after a failed store, say, its worker is started again).
-            for p in status["pipelines"] as? [[String: Any]] ?? [] {
-                cursors[p["name"] as? String ?? "?"] = p["cursor"] as? Int ?? 0
-            }
-            return (last, cursors)
+            for p in status.pipelines { cursors[p.name] = p.cursor }
+            return (status.journal.lastSeq, cursors)
         }
         var target = try snapshot().last
         for _ in 0..<8 {
@@ -267,9 +255,7 @@ extension Plugins {
 }
 
 /// ", lost to retention N (skipped M)" when retention deleted records before a pipeline read them.
-func retentionLosses(_ pipeline: [String: Any]) -> String {
-    let lost = pipeline["lost_to_retention"] as? Int ?? 0
-    let skipped = pipeline["skipped"] as? Int ?? 0
-    guard lost > 0 || skipped > 0 else { return "" }
-    return ", LOST TO RETENTION \(lost) records (the worker skipped \(skipped))"
+func retentionLosses(_ pipeline: PipelineStatus) -> String {
+    guard pipeline.lostToRetention > 0 || pipeline.skipped > 0 else { return "" }
+    return ", LOST TO RETENTION \(pipeline.lostToRetention) records (the worker skipped \(pipeline.skipped))"
 }

@@ -141,7 +141,14 @@ import WhendWire
     @Test func unknownCommandsAndGarbageGetAClearAnswer() throws {
         let daemon = DaemonProcess("ctl-bad")
         try daemon.start()
-        for request in [#"{"command":"explode"}"#, "not json", #"{"cmd":1}"#] {
+        // The commands named for what is not a request; a version this whend does not speak,
+        // and a command without what it needs, said so.
+        let commands = "status, reload, metrics"
+        for (request, says) in [
+            (#"{"command":"explode"}"#, commands), ("not json", commands), (#"{"cmd":1}"#, commands),
+            (#"{"command":"status","version":2}"#, "this whend speaks version 1"),
+            (#"{"command":"load"}"#, #"{"command":"load","plugin":"NAME"}"#),
+        ] {
             let connection = try BlockingSocket(path: daemon.controlPath)
             try connection.send(request + "\n")
             var reply: [String: Any]?
@@ -149,7 +156,7 @@ import WhendWire
                 reply = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
             }
             #expect(reply?["ok"] as? Bool == false)
-            #expect((reply?["error"] as? String)?.contains("status, reload, metrics") == true)
+            #expect((reply?["error"] as? String)?.contains(says) == true, "\(request): \(String(describing: reply))")
         }
         #expect(try daemon.whenctl(["status"]).status == 0)
         daemon.stop()
