@@ -103,15 +103,10 @@ package final class Daemon: Sendable {
     private let lastRateReport = NIOLockedValueBox<Date>(Date())
     private let lastConnectionRefusalLog = NIOLockedValueBox<Date>(.distantPast)
     private let nextConnectionID = NIOLockedValueBox<UInt64>(0)
-    let supervisors = NIOLockedValueBox<[String: PipelineSupervisor]>([:])
-    /// The process the trusted pipelines share, started when the first of them runs.
-    let sharedHost = NIOLockedValueBox<SharedPipelineHost?>(nil)
-    /// Records retention deleted before a pipeline read them, by pipeline (since start).
-    let retentionLosses = NIOLockedValueBox<[String: UInt64]>([:])
+    /// The pipelines: their workers, the shared host, what retention took from them.
+    let pipelines: PipelineService
     /// Plugins `whenctl plugins unload` took out of routing, until `load` puts them back.
     let unloaded = NIOLockedValueBox<Set<String>>([])
-    /// Built-in pipelines nobody asked for whose plugin is missing: off, they hold no records.
-    let offPipelines = NIOLockedValueBox<Set<String>>([])
 
     /// The configuration in force (it changes on reload).
     package var configuration: DaemonConfiguration { live.current }
@@ -145,6 +140,7 @@ package final class Daemon: Sendable {
         } catch {
             throw DaemonStartError.journalUnusable(directory: configuration.journal.directory.path, reason: "\(error)")
         }
+        pipelines = PipelineService(writer: writer) { loggerBox.withLockedValue { $0 } }
         let threads = configuration.eventLoopThreads > 0 ? configuration.eventLoopThreads : System.coreCount
         group = MultiThreadedEventLoopGroup(numberOfThreads: threads)
     }
@@ -157,9 +153,10 @@ package final class Daemon: Sendable {
         let metrics = self.metrics
         // Retention waits for every configured pipeline's durable cursor.
         writer.waitForReaders { [weak self] in
-            self?.pipelineCursors() ?? []
+            guard let self else { return [] }
+            return self.pipelines.cursors(self.configuration)
         } onLoss: { [weak self] pipeline, first, last in
-            self?.retentionLosses.withLockedValue { $0[pipeline, default: 0] += last - first + 1 }
+            self?.pipelines.lostToRetention(pipeline, last - first + 1)
             self?.metrics.lostToRetention(pipeline: pipeline, records: last - first + 1)
         }
         writer.start(heartbeatInterval: notifier.watchdogInterval ?? 1) { [weak self] in
@@ -178,7 +175,10 @@ package final class Daemon: Sendable {
         do {
             let ingest = try buildPluginChain(configuration, reusing: nil)
             live.replace(configuration, ingest: ingest)
-            runPipelines(try pipelineSpecs(configuration, create: false), watchdog: configuration.pipelineWatchdog)
+            let unloaded = self.unloaded.withLockedValue { $0 }
+            pipelines.run(
+                try pipelines.specs(configuration, unloaded: unloaded, create: false), configuration: configuration,
+                unloaded: unloaded)
         } catch {
             throw DaemonStartError.pluginsFailed(reason: error.description)
         }
@@ -352,7 +352,7 @@ package final class Daemon: Sendable {
         let stats = writer.statistics
         let failing = stats.failing.map { "; journal failing: \($0)" } ?? ""
         return
-            "\(metrics.connections) clients, \(Int(eventsPerSecond)) events/s, last _seq \(stats.lastSeq), \(pipelineLag.map { "pipeline lag \($0)" } ?? "no pipelines")\(failing)"
+            "\(metrics.connections) clients, \(Int(eventsPerSecond)) events/s, last _seq \(stats.lastSeq), \(pipelines.lag.map { "pipeline lag \($0)" } ?? "no pipelines")\(failing)"
     }
 
     /// Updates STATUS= every five seconds, from the writer's heartbeat.

@@ -26,7 +26,7 @@ extension Daemon {
         case .status:
             return ControlAnswer(status: status())
         case .metrics:
-            let list = pipelineList()
+            let list = pipelines.list()
             var counters = live.ingest.plugins.map {
                 DaemonMetrics.PluginCounters(plugin: $0.name, pipeline: "", values: $0.counters)
             }
@@ -44,14 +44,11 @@ extension Daemon {
                 directory: configuration.journal.directory, pipelines: pipelines, pluginCounters: counters)
             return ControlAnswer(metrics: text)
         case .plugins:
-            return ControlAnswer(plugins: pluginList(), pipelines: pipelineList())
+            return ControlAnswer(plugins: pluginList(), pipelines: pipelines.list())
         case .load(let name): return setUnloaded(name, false)
         case .unload(let name): return setUnloaded(name, true)
         case .restart(let name):
-            guard let supervisor = supervisors.withLockedValue({ $0[name] }) else {
-                return .refused("no pipeline \(name); whenctl plugins lists them")
-            }
-            supervisor.restart()
+            guard pipelines.restart(name) else { return .refused("no pipeline \(name); whenctl plugins lists them") }
             return ControlAnswer()
         case .reload:
             let outcome = reload(trigger: "whenctl reload")
@@ -80,7 +77,7 @@ extension Daemon {
             connectionsRefused: counts.connectionsRefused, eventsPerSecond: Int(eventsPerSecond),
             eventsReceived: counts.eventsReceived, eventsRejected: rejected, bytesReceived: counts.bytesIn,
             repliesDropped: counts.droppedReplies, pendingBytes: writer.pendingBytes, journal: journal,
-            pipelines: pipelineList(), plugins: pluginList(), statusLine: statusLine(),
+            pipelines: pipelines.list(), plugins: pluginList(), statusLine: statusLine(),
             lastReload: lastReload.withLockedValue { $0 }.map {
                 StatusAnswer.LastReload(at: ISO8601DateFormatter().string(from: $0.at), outcome: $0.outcome)
             })
@@ -127,21 +124,22 @@ extension Daemon {
             // a plugin refuses is refused with its message here, rather than taken up and its
             // worker left to crash in a loop.
             let ingest: PluginChain
-            let pipelines: [String: PipelineSpec]
+            let specs: [String: PipelineSpec]
+            let unloaded = self.unloaded.withLockedValue { $0 }
             do {
                 ingest = try buildPluginChain(applied, reusing: live.ingest)
-                pipelines = try pipelineSpecs(applied, create: true)
+                specs = try pipelines.specs(applied, unloaded: unloaded, create: true)
             } catch {
                 // A plugin that refuses its configuration may quote it.
                 let message = Secrets.scrub("\(error)", applied.allSecretValues)
                 return record(
                     ReloadOutcome(applied: false, changed: [], needRestart: [], error: message), trigger: trigger)
             }
-            for name in pipelinesWithReplacedLibraries(pipelines) {
+            for name in pipelines.withReplacedLibraries(specs) {
                 outcome.changed.append("pipeline \(name): a plugin library was replaced; restarted")
             }
             take(applied, ingest: ingest, from: old)
-            runPipelines(pipelines, watchdog: applied.pipelineWatchdog)
+            pipelines.run(specs, configuration: applied, unloaded: unloaded)
             return record(outcome, trigger: trigger)
         }
     }

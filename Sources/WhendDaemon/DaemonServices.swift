@@ -24,7 +24,7 @@ package struct DaemonServices {
         let daemon = self.daemon
         let steps: [(name: String, start: @Sendable () throws -> Void, stop: @Sendable () -> Void)] = [
             ("journal", { daemon.startJournal() }, { daemon.stopJournal() }),
-            ("plugins", { try daemon.startPlugins() }, { daemon.stopPipelines() }),
+            ("plugins", { try daemon.startPlugins() }, { daemon.pipelines.stopAll() }),
             ("events", { try daemon.startEvents() }, { daemon.stopEvents() }),
             ("control", { try daemon.startControl() }, { daemon.stopControl() }),
         ]
