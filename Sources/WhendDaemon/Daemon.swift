@@ -86,11 +86,12 @@ package final class Daemon: Sendable {
     let stateLock: StateDirectoryLock
     let writer: JournalWriter
     let group: MultiThreadedEventLoopGroup
-    let channels = NIOLockedValueBox<[ObjectIdentifier: Channel]>([:])
-    let serverChannel = NIOLockedValueBox<Channel?>(nil)
+    /// The event socket and its connections.
+    let events: EventServer
     let controlChannel = NIOLockedValueBox<Channel?>(nil)
     let notifier = ServiceNotifier()
-    let activation = SocketActivation.fromEnvironment()
+    let listener = UnixListener(activation: SocketActivation.fromEnvironment())
+    var activation: SocketActivation { listener.activation }
     let startedAt = Date()
     /// Serialises reloads, whether they come from SIGHUP or the control socket.
     let reloadQueue = DispatchQueue(label: "whend.reload")
@@ -101,8 +102,6 @@ package final class Daemon: Sendable {
     /// Records stored at the last heartbeat, and when memory was last given back.
     private let memoryReturn = NIOLockedValueBox<(seen: UInt64, trimmedAt: UInt64)>((0, 0))
     private let lastRateReport = NIOLockedValueBox<Date>(Date())
-    private let lastConnectionRefusalLog = NIOLockedValueBox<Date>(.distantPast)
-    private let nextConnectionID = NIOLockedValueBox<UInt64>(0)
     /// The pipelines: their workers, the shared host, what retention took from them.
     let pipelines: PipelineService
     /// Plugins `whenctl plugins unload` took out of routing, until `load` puts them back.
@@ -143,6 +142,9 @@ package final class Daemon: Sendable {
         pipelines = PipelineService(writer: writer) { loggerBox.withLockedValue { $0 } }
         let threads = configuration.eventLoopThreads > 0 ? configuration.eventLoopThreads : System.coreCount
         group = MultiThreadedEventLoopGroup(numberOfThreads: threads)
+        events = EventServer(
+            group: group, listener: listener, live: live, writer: writer, metrics: metrics, limiter: limiter
+        ) { loggerBox.withLockedValue { $0 } }
     }
 
     /// Starts the journal writer (the first step of `DaemonServices`).
@@ -193,9 +195,26 @@ package final class Daemon: Sendable {
 
     /// Listens on the event socket: from now on apps are served.
     func startEvents() throws {
-        let server = try listenForEvents(configuration)
-        serverChannel.withLockedValue { $0 = server.channel }
-        listening.withLockedValue { $0.events = server.description }
+        let description = try events.start()
+        listening.withLockedValue { $0.events = description }
+    }
+
+    /// Stops accepting and drains every connection (bounded by `shutdown_timeout`).
+    func stopEvents() {
+        notifier.stopping()
+        events.drain()
+    }
+
+    private func listenForControl(_ configuration: DaemonConfiguration) throws -> (
+        channel: Channel, description: String
+    ) {
+        let bootstrap = ServerBootstrap(group: group)
+            .serverChannelOption(ChannelOptions.backlog, value: 64)
+            .childChannelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
+            .childChannelInitializer { [self] channel in initializeControl(channel) }
+        return try listener.listen(
+            bootstrap, name: "control", what: "control socket", path: configuration.controlSocketPath,
+            mode: 0o600, flag: "--control-socket")
     }
 
     /// Every step has started: says so in the log and to the service manager (READY=1).
@@ -206,112 +225,6 @@ package final class Daemon: Sendable {
             "whend \(WhendVersion.current) listening on \(events); control on \(control); journal \(configuration.journal.directory.path) at _seq \(writer.statistics.lastSeq); durability \(configuration.journal.durability.rawValue)"
         )
         notifier.ready(status: statusLine())
-    }
-
-    private func listenForEvents(_ configuration: DaemonConfiguration) throws -> (channel: Channel, description: String)
-    {
-        let bootstrap = ServerBootstrap(group: group)
-            .serverChannelOption(ChannelOptions.backlog, value: 1024)
-            .childChannelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
-            .childChannelOption(ChannelOptions.maxMessagesPerRead, value: 16)
-            .childChannelInitializer { [self] channel in initialize(channel) }
-        return try listen(
-            bootstrap, name: "events", what: "event socket", path: configuration.socketPath,
-            mode: configuration.socketMode, flag: "--socket")
-    }
-
-    private func listenForControl(_ configuration: DaemonConfiguration) throws -> (
-        channel: Channel, description: String
-    ) {
-        let bootstrap = ServerBootstrap(group: group)
-            .serverChannelOption(ChannelOptions.backlog, value: 64)
-            .childChannelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
-            .childChannelInitializer { [self] channel in initializeControl(channel) }
-        return try listen(
-            bootstrap, name: "control", what: "control socket", path: configuration.controlSocketPath,
-            mode: 0o600, flag: "--control-socket")
-    }
-
-    /// Takes the socket named `name` from the service manager, else binds `path` with `mode`.
-    private func listen(
-        _ bootstrap: ServerBootstrap, name: String, what: String, path: String, mode: mode_t, flag: String
-    ) throws -> (channel: Channel, description: String) {
-        if let fd = activation.descriptors[name] {
-            do {
-                return (try bootstrap.withBoundSocket(fd).wait(), "the \(what) from the service manager (fd \(fd))")
-            } catch {
-                throw DaemonStartError.inheritedSocketUnusable(what: what, fd: fd, reason: "\(error)")
-            }
-        }
-        try prepareSocketPath(path, what: what, flag: flag)
-        do {
-            return (try bindPrivately(bootstrap, path: path, mode: mode), path)
-        } catch {
-            throw DaemonStartError.cannotListen(path: path, what: what, reason: "\(error)", flag: flag)
-        }
-    }
-
-    private func initialize(_ channel: Channel) -> EventLoopFuture<Void> {
-        guard let provider = channel as? SocketOptionProvider else {
-            return channel.close()
-        }
-        // Each connection holds a descriptor and buffers: past `max_connections` one more is
-        // told why and closed, before anything of it is read.
-        let id = ObjectIdentifier(channel)
-        let limit = configuration.maxConnections
-        let admitted = channels.withLockedValue { open in
-            guard open.count < limit else { return false }
-            open[id] = channel
-            return true
-        }
-        guard admitted else { return refuseConnection(channel, limit: limit) }
-        let channels = self.channels
-        channel.closeFuture.whenComplete { _ in channels.withLockedValue { _ = $0.removeValue(forKey: id) } }
-        // The sender's pid, uid and gid come from the kernel (SO_PEERCRED), never from the client.
-        let credentials: EventLoopFuture<whend_ucred> = provider.unsafeGetSocketOption(
-            level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED))
-        return credentials.flatMapThrowing { [self] cred in
-            let comm =
-                (try? String(contentsOfFile: "/proc/\(cred.pid)/comm", encoding: .utf8))?
-                .trimmingCharacters(in: .newlines) ?? ""
-            let peer = PeerCredentials(pid: cred.pid, uid: cred.uid, gid: cred.gid, comm: comm)
-            metrics.connectionOpened()
-            let metrics = self.metrics
-            channel.closeFuture.whenComplete { _ in metrics.connectionClosed() }
-            let connectionID = nextConnectionID.withLockedValue {
-                $0 += 1
-                return $0
-            }
-            let handler = EventConnectionHandler(
-                writer: writer, live: live, credentials: peer, connectionID: connectionID, counters: metrics,
-                limiter: limiter)
-            try channel.pipeline.syncOperations.addHandler(handler)
-        }
-    }
-
-    /// Answers one connection too many with an `unavailable` error about the connection (no
-    /// event number: PROTOCOL.md §5) and closes it; counts it, and says so in the log at most
-    /// every ten seconds.
-    private func refuseConnection(_ channel: Channel, limit: Int) -> EventLoopFuture<Void> {
-        let refused = metrics.connectionRefused()
-        let due = lastConnectionRefusalLog.withLockedValue { last in
-            guard Date().timeIntervalSince(last) >= 10 else { return false }
-            last = Date()
-            return true
-        }
-        if due {
-            logger.warning(
-                "refused an event connection: \(limit) are open (max_connections); \(refused) refused since start")
-        }
-        let line = ServerMessage.error(
-            WireError(
-                .unavailable,
-                "whend has \(limit) connections open, its max_connections; close one, or try again later",
-                isAboutConnection: true), event: nil)
-        // The channel is not active yet: the line goes out when it is.
-        return channel.eventLoop.makeCompletedFuture {
-            try channel.pipeline.syncOperations.addHandler(RefusedConnectionHandler(line: line))
-        }
     }
 
     /// Lets root and the daemon's own user in; anyone else gets one line saying why.
@@ -411,95 +324,6 @@ package final class Daemon: Sendable {
         }
     }
 
-    /// Creates the socket's directory, and removes a socket file left by a daemon that is gone.
-    /// Refuses to start when another daemon answers on the path.
-    /// Binds the socket in a private (0700) directory beside `path`, gives it `mode`, then renames
-    /// it into place, so that it never exists at `path` with wider permissions. (A umask would do
-    /// the same for one thread, but the umask is the whole process's: plugin and pipeline
-    /// directories created meanwhile on other threads would get the socket's mode.)
-    private func bindPrivately(_ bootstrap: ServerBootstrap, path: String, mode: mode_t) throws -> Channel {
-        var template = Array(((path as NSString).deletingLastPathComponent + "/.whend-XXXXXX").utf8CString)
-        let staging: String? = template.withUnsafeMutableBufferPointer { buffer in
-            mkdtemp(buffer.baseAddress!).map { String(cString: $0) }
-        }
-        // sun_path holds 107 bytes; a path too long to stage beside is bound directly.
-        guard let staging, staging.utf8.count + 2 < MemoryLayout.size(ofValue: sockaddr_un().sun_path) else {
-            let channel = try bootstrap.bind(unixDomainSocketPath: path).wait()
-            chmod(path, mode)
-            return channel
-        }
-        let staged = staging + "/s"
-        defer {
-            unlink(staged)
-            rmdir(staging)
-        }
-        let channel = try bootstrap.bind(unixDomainSocketPath: staged).wait()
-        guard chmod(staged, mode) == 0, rename(staged, path) == 0 else {
-            let error = IOError(errnoCode: errno, reason: "placing the socket at \(path)")
-            channel.close(promise: nil)
-            throw error
-        }
-        return channel
-    }
-
-    private func prepareSocketPath(_ path: String, what: String, flag: String) throws {
-        let directory = (path as NSString).deletingLastPathComponent
-        if directory == SocketLocation.temporaryRuntimeDirectory {
-            if let reason = SocketLocation.checkPrivateDirectory(directory, create: true) {
-                throw DaemonStartError.socketDirectoryNotPrivate(reason: reason)
-            }
-        } else if !FileManager.default.fileExists(atPath: directory) {
-            do {
-                try FileManager.default.createDirectory(
-                    atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
-            } catch {
-                throw DaemonStartError.socketDirectoryUnusable(directory: directory, what: what, reason: "\(error)")
-            }
-        }
-        var st = stat()
-        guard lstat(path, &st) == 0 else { return }
-        guard st.st_mode & S_IFMT == S_IFSOCK else {
-            throw DaemonStartError.notASocket(path: path, flag: flag)
-        }
-        if socketAnswers(path) {
-            throw DaemonStartError.socketInUse(path: path, flag: flag)
-        }
-        unlink(path)
-    }
-
-    /// Whether a process listens at `path` (else the file is left over from one that died).
-    private func socketAnswers(_ path: String) -> Bool {
-        (try? BlockingSocket(path: path)) != nil
-    }
-
-    /// Stops accepting and drains every connection: each finishes the lines it has received and
-    /// gets its last acks, bounded by `shutdown_timeout`.
-    func stopEvents() {
-        notifier.stopping()
-        logger.info("stopping: draining \(metrics.connections) connection(s)")
-        let configuration = self.configuration
-        if let server = serverChannel.withLockedValue({ $0 }) {
-            try? server.close().wait()
-            // An activated socket is the service manager's: it stays, and so does its path.
-            if activation.events == nil { unlink(configuration.socketPath) }
-        }
-        let open = channels.withLockedValue { Array($0.values) }
-        for channel in open {
-            channel.pipeline.fireUserInboundEventTriggered(DrainRequest())
-        }
-        let deadline = Date().addingTimeInterval(configuration.shutdownTimeout)
-        for channel in open {
-            let remaining = deadline.timeIntervalSinceNow
-            guard remaining > 0 else { break }
-            let done = DispatchSemaphore(value: 0)
-            channel.closeFuture.whenComplete { _ in done.signal() }
-            if done.wait(timeout: .now() + remaining) == .timedOut {
-                logger.warning("a connection did not drain within \(configuration.shutdownTimeout) s; closing it")
-            }
-        }
-        for channel in open { channel.close(promise: nil) }
-    }
-
     func stopControl() {
         if let control = controlChannel.withLockedValue({ $0 }) {
             try? control.close().wait()
@@ -517,21 +341,3 @@ package final class Daemon: Sendable {
 
 // Read by NIO on the connection's event loop and handed on as values.
 extension whend_ucred: @retroactive @unchecked Sendable {}
-
-/// Says why a connection is refused, once it is active, and closes it.
-private final class RefusedConnectionHandler: ChannelInboundHandler {
-    typealias InboundIn = ByteBuffer
-    typealias OutboundOut = ByteBuffer
-    let line: [UInt8]
-
-    init(line: [UInt8]) { self.line = line }
-
-    func channelActive(context: ChannelHandlerContext) {
-        let buffer = context.channel.allocator.buffer(bytes: line)
-        let channel = context.channel
-        context.writeAndFlush(wrapOutboundOut(buffer)).whenComplete { _ in channel.close(promise: nil) }
-    }
-
-    // Whatever the client sends is not read.
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {}
-}
