@@ -1,11 +1,90 @@
+import CLinux
 import Foundation
 import Logging
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import WhendConfiguration
 import WhendControl
 import WhendPluginHost
 import WhendWire
+
+/// The control socket: it listens, serves root and the daemon's own user (the peer's
+/// credentials, `SO_PEERCRED`, whatever the file's mode says) and tells anyone else why not,
+/// one request per connection. It owns its listening channel and what answers the requests.
+final class ControlServer: Sendable {
+    private struct State {
+        var channel: Channel?
+        var respond: (@Sendable (ControlRequest) -> ControlAnswer)?
+    }
+
+    private let state = NIOLockedValueBox(State())
+    private let group: MultiThreadedEventLoopGroup
+    private let listener: UnixListener
+    private let live: LiveConfiguration
+    private let currentLogger: @Sendable () -> Logger
+    private var logger: Logger { currentLogger() }
+
+    init(
+        group: MultiThreadedEventLoopGroup, listener: UnixListener, live: LiveConfiguration,
+        logger: @escaping @Sendable () -> Logger
+    ) {
+        self.group = group
+        self.listener = listener
+        self.live = live
+        self.currentLogger = logger
+    }
+
+    /// What answers each request from now on.
+    func answer(with respond: @escaping @Sendable (ControlRequest) -> ControlAnswer) {
+        state.withLockedValue { $0.respond = respond }
+    }
+
+    /// Listens on the control socket; returns what it listens on.
+    func start() throws -> String {
+        let configuration = live.current
+        let bootstrap = ServerBootstrap(group: group)
+            .serverChannelOption(ChannelOptions.backlog, value: 64)
+            .childChannelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
+            .childChannelInitializer { [self] channel in initialize(channel) }
+        let control = try listener.listen(
+            bootstrap, name: "control", what: "control socket", path: configuration.controlSocketPath,
+            mode: 0o600, flag: "--control-socket")
+        state.withLockedValue { $0.channel = control.channel }
+        return control.description
+    }
+
+    /// Lets root and the daemon's own user in; anyone else gets one line saying why.
+    private func initialize(_ channel: Channel) -> EventLoopFuture<Void> {
+        guard let provider = channel as? SocketOptionProvider else { return channel.close() }
+        let credentials: EventLoopFuture<whend_ucred> = provider.unsafeGetSocketOption(
+            level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED))
+        return credentials.flatMapThrowing { [self] cred in
+            let allowed = cred.uid == 0 || cred.uid == geteuid()
+            let handler: ControlConnectionHandler
+            if allowed {
+                let respond = state.withLockedValue { $0.respond }
+                handler = ControlConnectionHandler { request in respond?(request) ?? .refused("whend is stopping") }
+            } else {
+                logger.warning(
+                    "refused a control connection from uid \(cred.uid) (pid \(cred.pid)): only root and uid \(geteuid()) may control whend"
+                )
+                handler = ControlConnectionHandler(
+                    refusing:
+                        "uid \(cred.uid) may not control whend; only root and uid \(geteuid()) (the daemon's user) may")
+            }
+            try channel.pipeline.syncOperations.addHandler(handler)
+        }
+    }
+
+    /// Stops listening (the connections being answered finish).
+    func stop() {
+        if let control = state.withLockedValue({ $0.channel }) {
+            try? control.close().wait()
+            if listener.activation.descriptors["control"] == nil { unlink(live.current.controlSocketPath) }
+        }
+    }
+}
 
 /// The control socket: one request line of JSON in (`ControlRequest`), one answer line of JSON
 /// out (`ControlAnswer`), then the daemon closes. Only root and the daemon's own user may use

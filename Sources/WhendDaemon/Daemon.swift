@@ -88,7 +88,8 @@ package final class Daemon: Sendable {
     let group: MultiThreadedEventLoopGroup
     /// The event socket and its connections.
     let events: EventServer
-    let controlChannel = NIOLockedValueBox<Channel?>(nil)
+    /// The control socket.
+    let control: ControlServer
     let notifier = ServiceNotifier()
     let listener = UnixListener(activation: SocketActivation.fromEnvironment())
     var activation: SocketActivation { listener.activation }
@@ -145,6 +146,7 @@ package final class Daemon: Sendable {
         events = EventServer(
             group: group, listener: listener, live: live, writer: writer, metrics: metrics, limiter: limiter
         ) { loggerBox.withLockedValue { $0 } }
+        control = ControlServer(group: group, listener: listener, live: live) { loggerBox.withLockedValue { $0 } }
     }
 
     /// Starts the journal writer (the first step of `DaemonServices`).
@@ -188,9 +190,9 @@ package final class Daemon: Sendable {
 
     /// Listens on the control socket (`whenctl status`, `reload`, `metrics`, `plugins`).
     func startControl() throws {
-        let control = try listenForControl(configuration)
-        controlChannel.withLockedValue { $0 = control.channel }
-        listening.withLockedValue { $0.control = control.description }
+        control.answer { [weak self] request in self?.handleControlRequest(request) ?? .refused("whend is stopping") }
+        let description = try control.start()
+        listening.withLockedValue { $0.control = description }
     }
 
     /// Listens on the event socket: from now on apps are served.
@@ -205,18 +207,6 @@ package final class Daemon: Sendable {
         events.drain()
     }
 
-    private func listenForControl(_ configuration: DaemonConfiguration) throws -> (
-        channel: Channel, description: String
-    ) {
-        let bootstrap = ServerBootstrap(group: group)
-            .serverChannelOption(ChannelOptions.backlog, value: 64)
-            .childChannelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
-            .childChannelInitializer { [self] channel in initializeControl(channel) }
-        return try listener.listen(
-            bootstrap, name: "control", what: "control socket", path: configuration.controlSocketPath,
-            mode: 0o600, flag: "--control-socket")
-    }
-
     /// Every step has started: says so in the log and to the service manager (READY=1).
     func announceReady() {
         let configuration = self.configuration
@@ -225,30 +215,6 @@ package final class Daemon: Sendable {
             "whend \(WhendVersion.current) listening on \(events); control on \(control); journal \(configuration.journal.directory.path) at _seq \(writer.statistics.lastSeq); durability \(configuration.journal.durability.rawValue)"
         )
         notifier.ready(status: statusLine())
-    }
-
-    /// Lets root and the daemon's own user in; anyone else gets one line saying why.
-    private func initializeControl(_ channel: Channel) -> EventLoopFuture<Void> {
-        guard let provider = channel as? SocketOptionProvider else { return channel.close() }
-        let credentials: EventLoopFuture<whend_ucred> = provider.unsafeGetSocketOption(
-            level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED))
-        return credentials.flatMapThrowing { [self] cred in
-            let allowed = cred.uid == 0 || cred.uid == geteuid()
-            let handler: ControlConnectionHandler
-            if allowed {
-                handler = ControlConnectionHandler { [weak self] request in
-                    self?.handleControlRequest(request) ?? .refused("whend is stopping")
-                }
-            } else {
-                logger.warning(
-                    "refused a control connection from uid \(cred.uid) (pid \(cred.pid)): only root and uid \(geteuid()) may control whend"
-                )
-                handler = ControlConnectionHandler(
-                    refusing:
-                        "uid \(cred.uid) may not control whend; only root and uid \(geteuid()) (the daemon's user) may")
-            }
-            try channel.pipeline.syncOperations.addHandler(handler)
-        }
     }
 
     /// Events stored per second, over the last five-second window (or since the start).
@@ -321,13 +287,6 @@ package final class Daemon: Sendable {
         limit.rlim_cur = limit.rlim_max
         if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) != 0 {
             logger.warning("could not raise the open-file limit to \(limit.rlim_max)")
-        }
-    }
-
-    func stopControl() {
-        if let control = controlChannel.withLockedValue({ $0 }) {
-            try? control.close().wait()
-            if activation.descriptors["control"] == nil { unlink(configuration.controlSocketPath) }
         }
     }
 

@@ -26,7 +26,7 @@ package struct DaemonServices {
             ("journal", { daemon.startJournal() }, { daemon.stopJournal() }),
             ("plugins", { try daemon.startPlugins() }, { daemon.pipelines.stopAll() }),
             ("events", { try daemon.startEvents() }, { daemon.stopEvents() }),
-            ("control", { try daemon.startControl() }, { daemon.stopControl() }),
+            ("control", { try daemon.startControl() }, { daemon.control.stop() }),
         ]
         let startup = StartupOrder(count: steps.count)
         var services = steps.enumerated().map { index, step in
