@@ -41,13 +41,13 @@ final class ControlServer: Sendable {
     }
 
     /// Listens on the control socket; returns what it listens on.
-    func start() throws -> String {
+    func start() async throws -> String {
         let configuration = live.current
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(ChannelOptions.backlog, value: 64)
             .childChannelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
             .childChannelInitializer { [self] channel in initialize(channel) }
-        let control = try listener.listen(
+        let control = try await listener.listen(
             bootstrap, name: "control", what: "control socket", path: configuration.controlSocketPath,
             mode: 0o600, flag: "--control-socket")
         state.withLockedValue { $0.channel = control.channel }
@@ -78,9 +78,9 @@ final class ControlServer: Sendable {
     }
 
     /// Stops listening (the connections being answered finish).
-    func stop() {
+    func stop() async {
         if let control = state.withLockedValue({ $0.channel }) {
-            try? control.close().wait()
+            try? await control.close().get()
             if listener.activation.descriptors["control"] == nil { unlink(live.current.controlSocketPath) }
         }
     }

@@ -189,22 +189,22 @@ package final class Daemon: Sendable {
     }
 
     /// Listens on the control socket (`whenctl status`, `reload`, `metrics`, `plugins`).
-    func startControl() throws {
+    func startControl() async throws {
         control.answer { [weak self] request in self?.handleControlRequest(request) ?? .refused("whend is stopping") }
-        let description = try control.start()
+        let description = try await control.start()
         listening.withLockedValue { $0.control = description }
     }
 
     /// Listens on the event socket: from now on apps are served.
-    func startEvents() throws {
-        let description = try events.start()
+    func startEvents() async throws {
+        let description = try await events.start()
         listening.withLockedValue { $0.events = description }
     }
 
     /// Stops accepting and drains every connection (bounded by `shutdown_timeout`).
-    func stopEvents() {
+    func stopEvents() async {
         notifier.stopping()
-        events.drain()
+        await events.drain()
     }
 
     /// Every step has started: says so in the log and to the service manager (READY=1).
@@ -291,9 +291,10 @@ package final class Daemon: Sendable {
     }
 
     /// Commits what is left, seals the active segment, and lets the event loops go.
-    func stopJournal() {
-        writer.shutdown()
-        try? group.syncShutdownGracefully()
+    func stopJournal() async {
+        let writer = self.writer
+        await onAThreadOfItsOwn { writer.shutdown() }
+        try? await group.shutdownGracefully()
         logger.info("stopped at _seq \(writer.statistics.lastSeq)")
     }
 }

@@ -1,3 +1,4 @@
+import Foundation
 import Logging
 import ServiceLifecycle
 import UnixSignals
@@ -22,11 +23,22 @@ package struct DaemonServices {
     /// Runs until SIGTERM or SIGINT has stopped every service; throws what kept one from starting.
     package func run() async throws {
         let daemon = self.daemon
-        let steps: [(name: String, start: @Sendable () throws -> Void, stop: @Sendable () -> Void)] = [
-            ("journal", { daemon.startJournal() }, { daemon.stopJournal() }),
-            ("plugins", { try daemon.startPlugins() }, { daemon.pipelines.stopAll() }),
-            ("events", { try daemon.startEvents() }, { daemon.stopEvents() }),
-            ("control", { try daemon.startControl() }, { daemon.control.stop() }),
+        // The threads a step starts (the writer, supervisors) block no signal; what blocks (the
+        // plugin check, a pipeline's stop) runs on a thread of its own, not in `run()`.
+        let steps: [(name: String, start: @Sendable () async throws -> Void, stop: @Sendable () async -> Void)] = [
+            (
+                "journal", { TerminationSignals.withNoneBlocked { daemon.startJournal() } },
+                { await daemon.stopJournal() }
+            ),
+            (
+                "plugins",
+                {
+                    try await onAThreadOfItsOwn { try TerminationSignals.withNoneBlocked { try daemon.startPlugins() } }
+                },
+                { await onAThreadOfItsOwn { daemon.pipelines.stopAll() } }
+            ),
+            ("events", { try await daemon.startEvents() }, { await daemon.stopEvents() }),
+            ("control", { try await daemon.startControl() }, { await daemon.control.stop() }),
         ]
         let startup = StartupOrder(count: steps.count)
         var services = steps.enumerated().map { index, step in
@@ -84,8 +96,8 @@ actor StartupOrder {
 private struct Step: Service {
     let index: Int
     let startup: StartupOrder
-    let start: @Sendable () throws -> Void
-    let stop: @Sendable () -> Void
+    let start: @Sendable () async throws -> Void
+    let stop: @Sendable () async -> Void
 
     func run() async throws {
         if index > 0, await startup.outcome(of: index - 1) == .failed {
@@ -96,8 +108,7 @@ private struct Step: Service {
             return
         }
         do {
-            // The threads a step starts (the writer, event loops, supervisors) block no signal.
-            try TerminationSignals.withNoneBlocked { try start() }
+            try await start()
         } catch {
             await startup.settle(index, .failed)
             throw error
@@ -105,7 +116,7 @@ private struct Step: Service {
         await startup.settle(index, .started)
         // A graceful shutdown and a cancellation (another step failed) end the same way.
         try? await gracefulShutdown()
-        stop()
+        await stop()
     }
 }
 
@@ -129,5 +140,22 @@ private struct Reloader: Service {
         for await _ in await UnixSignalsSequence(trapping: .sighup).cancelOnGracefulShutdown() {
             _ = daemon.reload(trigger: "SIGHUP")
         }
+    }
+}
+
+/// Runs `body`, which blocks (joins a thread, waits for processes), on a thread of its own: a
+/// service's `run()` must not hold one of the few threads Swift's concurrency runs tasks on.
+func onAThreadOfItsOwn<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { done in
+        Thread { done.resume(with: Result { try body() }) }.start()
+    }
+}
+
+func onAThreadOfItsOwn(_ body: @escaping @Sendable () -> Void) async {
+    await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+        Thread {
+            body()
+            done.resume()
+        }.start()
     }
 }

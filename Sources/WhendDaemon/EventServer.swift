@@ -45,19 +45,19 @@ final class EventServer: Sendable {
     }
 
     /// Listens on the event socket: from then on apps are served. Returns what it listens on.
-    func start() throws -> String {
-        let server = try listen(live.current)
+    func start() async throws -> String {
+        let server = try await listen(live.current)
         state.withLockedValue { $0.server = server.channel }
         return server.description
     }
 
-    private func listen(_ configuration: DaemonConfiguration) throws -> (channel: Channel, description: String) {
+    private func listen(_ configuration: DaemonConfiguration) async throws -> (channel: Channel, description: String) {
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(ChannelOptions.backlog, value: 1024)
             .childChannelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
             .childChannelOption(ChannelOptions.maxMessagesPerRead, value: 16)
             .childChannelInitializer { [self] channel in initialize(channel) }
-        return try listener.listen(
+        return try await listener.listen(
             bootstrap, name: "events", what: "event socket", path: configuration.socketPath,
             mode: configuration.socketMode, flag: "--socket")
     }
@@ -127,11 +127,11 @@ final class EventServer: Sendable {
 
     /// Stops accepting and drains every connection: each finishes the lines it has received and
     /// gets its last acks, bounded by `shutdown_timeout`.
-    func drain() {
+    func drain() async {
         logger.info("stopping: draining \(metrics.connections) connection(s)")
         let configuration = live.current
         if let server = state.withLockedValue({ $0.server }) {
-            try? server.close().wait()
+            try? await server.close().get()
             // An activated socket is the service manager's: it stays, and so does its path.
             if listener.activation.events == nil { unlink(configuration.socketPath) }
         }
@@ -143,13 +143,29 @@ final class EventServer: Sendable {
         for channel in open {
             let remaining = deadline.timeIntervalSinceNow
             guard remaining > 0 else { break }
-            let done = DispatchSemaphore(value: 0)
-            channel.closeFuture.whenComplete { _ in done.signal() }
-            if done.wait(timeout: .now() + remaining) == .timedOut {
+            if await !Self.closes(channel, within: remaining) {
                 logger.warning("a connection did not drain within \(configuration.shutdownTimeout) s; closing it")
             }
         }
         for channel in open { channel.close(promise: nil) }
+    }
+
+    /// Whether `channel` closes within `seconds`.
+    private static func closes(_ channel: Channel, within seconds: TimeInterval) async -> Bool {
+        let outcome = channel.eventLoop.makePromise(of: Bool.self)
+        let settled = NIOLockedValueBox(false)
+        let settle: @Sendable (Bool) -> Void = { closed in
+            let first = settled.withLockedValue { done in
+                defer { done = true }
+                return !done
+            }
+            if first { outcome.succeed(closed) }
+        }
+        channel.closeFuture.whenComplete { _ in settle(true) }
+        let timer = channel.eventLoop.scheduleTask(in: .nanoseconds(Int64(seconds * 1e9))) { settle(false) }
+        let closed = (try? await outcome.futureResult.get()) ?? true
+        timer.cancel()
+        return closed
     }
 
 }

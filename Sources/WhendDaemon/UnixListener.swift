@@ -13,17 +13,19 @@ struct UnixListener: Sendable {
     /// Takes the socket named `name` from the service manager, else binds `path` with `mode`.
     func listen(
         _ bootstrap: ServerBootstrap, name: String, what: String, path: String, mode: mode_t, flag: String
-    ) throws -> (channel: Channel, description: String) {
+    ) async throws -> (channel: Channel, description: String) {
         if let fd = activation.descriptors[name] {
             do {
-                return (try bootstrap.withBoundSocket(fd).wait(), "the \(what) from the service manager (fd \(fd))")
+                return (
+                    try await bootstrap.withBoundSocket(fd).get(), "the \(what) from the service manager (fd \(fd))"
+                )
             } catch {
                 throw DaemonStartError.inheritedSocketUnusable(what: what, fd: fd, reason: "\(error)")
             }
         }
         try prepareSocketPath(path, what: what, flag: flag)
         do {
-            return (try bindPrivately(bootstrap, path: path, mode: mode), path)
+            return (try await bindPrivately(bootstrap, path: path, mode: mode), path)
         } catch {
             throw DaemonStartError.cannotListen(path: path, what: what, reason: "\(error)", flag: flag)
         }
@@ -35,14 +37,14 @@ struct UnixListener: Sendable {
     /// it into place, so that it never exists at `path` with wider permissions. (A umask would do
     /// the same for one thread, but the umask is the whole process's: plugin and pipeline
     /// directories created meanwhile on other threads would get the socket's mode.)
-    private func bindPrivately(_ bootstrap: ServerBootstrap, path: String, mode: mode_t) throws -> Channel {
+    private func bindPrivately(_ bootstrap: ServerBootstrap, path: String, mode: mode_t) async throws -> Channel {
         var template = Array(((path as NSString).deletingLastPathComponent + "/.whend-XXXXXX").utf8CString)
         let staging: String? = template.withUnsafeMutableBufferPointer { buffer in
             mkdtemp(buffer.baseAddress!).map { String(cString: $0) }
         }
         // sun_path holds 107 bytes; a path too long to stage beside is bound directly.
         guard let staging, staging.utf8.count + 2 < MemoryLayout.size(ofValue: sockaddr_un().sun_path) else {
-            let channel = try bootstrap.bind(unixDomainSocketPath: path).wait()
+            let channel = try await bootstrap.bind(unixDomainSocketPath: path).get()
             chmod(path, mode)
             return channel
         }
@@ -51,7 +53,7 @@ struct UnixListener: Sendable {
             unlink(staged)
             rmdir(staging)
         }
-        let channel = try bootstrap.bind(unixDomainSocketPath: staged).wait()
+        let channel = try await bootstrap.bind(unixDomainSocketPath: staged).get()
         guard chmod(staged, mode) == 0, rename(staged, path) == 0 else {
             let error = IOError(errnoCode: errno, reason: "placing the socket at \(path)")
             channel.close(promise: nil)
