@@ -355,7 +355,7 @@ final class Resender: @unchecked Sendable {
         let id = UnsafeBufferPointer(
             start: UnsafeRawPointer(value).assumingMemoryBound(to: UInt8.self), count: strlen(value))
         guard let dash = id.lastIndex(of: UInt8(ascii: "-")) else { return nil }
-        return parseUInt(UnsafeBufferPointer(rebasing: id[(dash + 1)...]))
+        return JSONBytes.parseUInt(UnsafeBufferPointer(rebasing: id[(dash + 1)...]))
     }
 }
 

@@ -23,7 +23,7 @@ final class Redact: WhendPlugin {
         // Most records carry none of the fields: pass those on untouched, without decoding. A
         // record with any escape is decoded: a key may spell a field with `\u` escapes.
         let bytes = record.bytes
-        guard bytes.contains(UInt8(ascii: "\\")) || quoted.contains(where: { bytesContain(bytes, $0) }) else {
+        guard bytes.contains(UInt8(ascii: "\\")) || quoted.contains(where: { JSONBytes.contains(bytes, $0) }) else {
             return try next(record)
         }
         try next(strip(try record.object()) as? [String: Any] ?? [:])

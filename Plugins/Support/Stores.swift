@@ -138,7 +138,7 @@ package struct SessionIndex {
                 let key = UnsafeBufferPointer(rebasing: line[member.key])
                 let value = JSONValue(raw: UnsafeBufferPointer(rebasing: line[member.value]))
                 func named(_ k: StaticString) -> Bool {
-                    bytesEqual(key, UnsafeBufferPointer(start: k.utf8Start, count: k.utf8CodeUnitCount))
+                    JSONBytes.equal(key, UnsafeBufferPointer(start: k.utf8Start, count: k.utf8CodeUnitCount))
                 }
                 // The first occurrence wins, as the plugin reads a record.
                 if named("app") {
@@ -171,7 +171,7 @@ package struct SessionIndex {
         var out: [UInt8] = []
         out.reserveCapacity(64 + entries.count * 224)
         out += #"{"indexedThrough":"#.utf8
-        appendDecimal(indexedThrough, to: &out)
+        JSONBytes.appendDecimal(indexedThrough, to: &out)
         out += #","sessions":["#.utf8
         for (n, index) in mostRecentFirst().enumerated() {
             let e = entries[index].value
@@ -182,14 +182,14 @@ package struct SessionIndex {
                 if j > 0 { out.append(UInt8(ascii: ",")) }
                 appendJSONString(type.utf8, to: &out)
                 out.append(UInt8(ascii: ":"))
-                appendDecimal(UInt64(count), to: &out)
+                JSONBytes.appendDecimal(UInt64(count), to: &out)
             }
             out += #"},"firstSeq":"#.utf8
-            appendDecimal(e.firstSeq, to: &out)
+            JSONBytes.appendDecimal(e.firstSeq, to: &out)
             out += #","firstTime":"#.utf8
             appendJSONString(e.firstTime.utf8, to: &out)
             out += #","lastSeq":"#.utf8
-            appendDecimal(e.lastSeq, to: &out)
+            JSONBytes.appendDecimal(e.lastSeq, to: &out)
             out += #","lastTime":"#.utf8
             appendJSONString(e.lastTime.utf8, to: &out)
             out += #","session":"#.utf8

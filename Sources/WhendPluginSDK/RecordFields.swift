@@ -42,7 +42,8 @@ public enum RecordField: Int, CaseIterable, Sendable {
     static func named(_ key: UnsafeBufferPointer<UInt8>) -> RecordField? {
         @inline(__always) func check(_ field: RecordField) -> RecordField? {
             let k = field.key
-            return bytesEqual(key, UnsafeBufferPointer(start: k.utf8Start, count: k.utf8CodeUnitCount)) ? field : nil
+            return JSONBytes.equal(key, UnsafeBufferPointer(start: k.utf8Start, count: k.utf8CodeUnitCount))
+                ? field : nil
         }
         guard let first = key.first else { return nil }
         switch key.count {

@@ -33,7 +33,7 @@ public struct SessionIDCache {
     /// Empty for no field: a stored value is never empty (a string has its quotes).
     private static func same(_ value: JSONValue?, as kept: [UInt8]) -> Bool {
         guard let value else { return kept.isEmpty }
-        return kept.withUnsafeBufferPointer { bytesEqual($0, value.raw) }
+        return kept.withUnsafeBufferPointer { JSONBytes.equal($0, value.raw) }
     }
 
     private static func keep(_ value: JSONValue?, in kept: inout [UInt8]) {

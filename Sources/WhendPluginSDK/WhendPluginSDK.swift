@@ -67,7 +67,7 @@ public struct PluginRecord {
                 let same =
                     escaped
                     ? decodeJSONString(name).elementsEqual(want)
-                    : bytesEqual(name, want)
+                    : JSONBytes.equal(name, want)
                 if same { found = value }
                 return !same
             }

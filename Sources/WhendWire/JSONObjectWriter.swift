@@ -144,24 +144,26 @@ public struct JSONObjectWriter {
         close()
     }
 
-    private mutating func appendDecimal(_ value: UInt64) { WhendWire.appendDecimal(value, to: &bytes) }
+    private mutating func appendDecimal(_ value: UInt64) { JSONBytes.appendDecimal(value, to: &bytes) }
 }
 
 extension UInt {
     fileprivate var asUInt64: UInt64 { UInt64(self) }
 }
 
-/// Appends `value` in decimal, without building a String.
-public func appendDecimal(_ value: UInt64, to out: inout [UInt8]) {
-    if value == 0 {
-        out.append(UInt8(ascii: "0"))
-        return
+extension JSONBytes {
+    /// Appends `value` in decimal, without building a String.
+    public static func appendDecimal(_ value: UInt64, to out: inout [UInt8]) {
+        if value == 0 {
+            out.append(UInt8(ascii: "0"))
+            return
+        }
+        let start = out.count
+        var v = value
+        while v > 0 {
+            out.append(UInt8(ascii: "0") + UInt8(v % 10))
+            v /= 10
+        }
+        out[start...].reverse()
     }
-    let start = out.count
-    var v = value
-    while v > 0 {
-        out.append(UInt8(ascii: "0") + UInt8(v % 10))
-        v /= 10
-    }
-    out[start...].reverse()
 }

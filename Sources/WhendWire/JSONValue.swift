@@ -36,7 +36,7 @@ public struct JSONValue {
     public func isString(_ text: StaticString) -> Bool {
         guard let contents = stringContents else { return false }
         let expected = UnsafeBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount)
-        if bytesEqual(contents, expected) {
+        if JSONBytes.equal(contents, expected) {
             return true
         }
         return contents.contains(UInt8(ascii: "\\")) && decodeJSONString(contents).elementsEqual(expected)
@@ -45,7 +45,7 @@ public struct JSONValue {
     /// Whether this is a string equal to `other`'s (both decoded when either has escapes).
     public func sameString(as other: JSONValue) -> Bool {
         guard let a = stringContents, let b = other.stringContents else { return false }
-        if bytesEqual(a, b) { return true }
+        if JSONBytes.equal(a, b) { return true }
         guard a.contains(UInt8(ascii: "\\")) || b.contains(UInt8(ascii: "\\")) else { return false }
         return decodeJSONString(a) == decodeJSONString(b)
     }
@@ -57,7 +57,7 @@ public struct JSONValue {
     }
 
     /// An unsigned integer (no sign, fraction or exponent), else nil.
-    public var uint64: UInt64? { kind == .number ? parseUInt(raw) : nil }
+    public var uint64: UInt64? { kind == .number ? JSONBytes.parseUInt(raw) : nil }
 
     public var double: Double? {
         guard kind == .number, raw.count < 64 else { return nil }
@@ -77,30 +77,34 @@ public struct JSONValue {
     }
 }
 
-/// Byte-wise equality of two views. Short ones (keys, names) are compared in line: a call to
-/// memcmp costs more than the comparison itself there.
-@inlinable @inline(__always)
-public func bytesEqual(_ a: UnsafeBufferPointer<UInt8>, _ b: UnsafeBufferPointer<UInt8>) -> Bool {
-    guard a.count == b.count else { return false }
-    guard let pa = a.baseAddress, let pb = b.baseAddress else { return true }
-    if a.count <= 32 {
-        for i in 0..<a.count where pa[i] != pb[i] { return false }
-        return true
-    }
-    return memcmp(pa, pb, a.count) == 0
-}
-
-/// Whether `needle` occurs in `haystack` (a plain search: the needles are short keys).
-public func bytesContain(_ haystack: UnsafeBufferPointer<UInt8>, _ needle: [UInt8]) -> Bool {
-    guard haystack.count >= needle.count, let first = needle.first else { return false }
-    return needle.withUnsafeBufferPointer { n in
-        var i = 0
-        while i <= haystack.count - n.count {
-            if haystack[i] == first && bytesEqual(UnsafeBufferPointer(rebasing: haystack[i..<(i + n.count)]), n) {
-                return true
-            }
-            i += 1
+/// Small operations on the bytes of records, under one name: what plugins reach through the
+/// SDK is then one namespace, not loose functions.
+public enum JSONBytes {
+    /// Byte-wise equality of two views. Short ones (keys, names) are compared in line: a call to
+    /// memcmp costs more than the comparison itself there.
+    @inlinable @inline(__always)
+    public static func equal(_ a: UnsafeBufferPointer<UInt8>, _ b: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard a.count == b.count else { return false }
+        guard let pa = a.baseAddress, let pb = b.baseAddress else { return true }
+        if a.count <= 32 {
+            for i in 0..<a.count where pa[i] != pb[i] { return false }
+            return true
         }
-        return false
+        return memcmp(pa, pb, a.count) == 0
+    }
+
+    /// Whether `needle` occurs in `haystack` (a plain search: the needles are short keys).
+    public static func contains(_ haystack: UnsafeBufferPointer<UInt8>, _ needle: [UInt8]) -> Bool {
+        guard haystack.count >= needle.count, let first = needle.first else { return false }
+        return needle.withUnsafeBufferPointer { n in
+            var i = 0
+            while i <= haystack.count - n.count {
+                if haystack[i] == first && equal(UnsafeBufferPointer(rebasing: haystack[i..<(i + n.count)]), n) {
+                    return true
+                }
+                i += 1
+            }
+            return false
+        }
     }
 }

@@ -50,7 +50,7 @@ public struct StoredRecord: Sendable, Equatable {
                 return inner.contains(UInt8(ascii: "\\")) ? decodeJSONString(inner) : Array(inner)
             }
             if equal(key, "_seq"), m.kind == .number {
-                record.seq = parseUInt(UnsafeBufferPointer(rebasing: line[m.value]))
+                record.seq = JSONBytes.parseUInt(UnsafeBufferPointer(rebasing: line[m.value]))
             } else if equal(key, "_rt"), let inner {
                 record.receivedMicros = RFC3339.parse(inner)?.microseconds
             } else if equal(key, "type") {
@@ -70,7 +70,7 @@ public struct StoredRecord: Sendable, Equatable {
             } else if equal(key, "_pipeline") {
                 record.pipeline = decoded()
             } else if equal(key, "_cause"), m.kind == .number {
-                record.cause = parseUInt(UnsafeBufferPointer(rebasing: line[m.value]))
+                record.cause = JSONBytes.parseUInt(UnsafeBufferPointer(rebasing: line[m.value]))
             }
         }
         s.skipWhitespace()
@@ -94,18 +94,20 @@ public struct StoredRecord: Sendable, Equatable {
     }
 }
 
-/// A decimal unsigned integer, or nil if it is not one (or overflows).
-public func parseUInt(_ bytes: UnsafeBufferPointer<UInt8>) -> UInt64? {
-    guard !bytes.isEmpty else { return nil }
-    var v: UInt64 = 0
-    for b in bytes {
-        guard b >= 0x30 && b <= 0x39 else { return nil }
-        let (m, o1) = v.multipliedReportingOverflow(by: 10)
-        let (a, o2) = m.addingReportingOverflow(UInt64(b - 0x30))
-        if o1 || o2 { return nil }
-        v = a
+extension JSONBytes {
+    /// A decimal unsigned integer, or nil if it is not one (or overflows).
+    public static func parseUInt(_ bytes: UnsafeBufferPointer<UInt8>) -> UInt64? {
+        guard !bytes.isEmpty else { return nil }
+        var v: UInt64 = 0
+        for b in bytes {
+            guard b >= 0x30 && b <= 0x39 else { return nil }
+            let (m, o1) = v.multipliedReportingOverflow(by: 10)
+            let (a, o2) = m.addingReportingOverflow(UInt64(b - 0x30))
+            if o1 || o2 { return nil }
+            v = a
+        }
+        return v
     }
-    return v
 }
 
 /// Builds derived records as the journal stores them, one after another: the plugin's members,
@@ -141,7 +143,7 @@ package struct DerivedRecordBuilder {
             prefixLength = trusted.count
         }
         trusted.removeSubrange(prefixLength...)
-        appendDecimal(cause, to: &trusted)
+        JSONBytes.appendDecimal(cause, to: &trusted)
         trusted += #","_rt":""#.utf8
         trusted += receivedAt
         trusted.append(UInt8(ascii: "\""))
