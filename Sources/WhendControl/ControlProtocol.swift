@@ -53,7 +53,7 @@ public enum ControlRequest: Sendable, Equatable {
     /// Reads a request line; what is wrong with it says what to send instead.
     public static func decode(_ line: [UInt8]) throws(ControlRequestError) -> ControlRequest {
         guard let wire = try? JSONDecoder().decode(Wire.self, from: Data(line)) else { throw .notARequest }
-        if let version = wire.version, version != ControlProtocol.version { throw .unsupportedVersion(version) }
+        if wire.versionGiven, wire.version != ControlProtocol.version { throw .unsupportedVersion(wire.version) }
         switch wire.command {
         case "status": return .status
         case "reload": return .reload
@@ -75,6 +75,8 @@ public enum ControlRequest: Sendable, Equatable {
     struct Wire: Codable {
         var command: String
         var version: Int?
+        /// Whether the request named a version at all (`null`, a string or a fraction included).
+        var versionGiven = false
         var object: [String: String]
 
         init(command: String, version: Int?, object: [String: String]) {
@@ -93,7 +95,9 @@ public enum ControlRequest: Sendable, Equatable {
         init(from decoder: any Decoder) throws {
             let c = try decoder.container(keyedBy: Key.self)
             command = try c.decode(String.self, forKey: Key(stringValue: "command"))
-            version = try c.decodeIfPresent(Int.self, forKey: Key(stringValue: "version"))
+            let versionKey = Key(stringValue: "version")
+            versionGiven = c.contains(versionKey)
+            version = try? c.decode(Int.self, forKey: versionKey)
             var object: [String: String] = [:]
             for key in c.allKeys where key.stringValue != "command" && key.stringValue != "version" {
                 if let value = try? c.decode(String.self, forKey: key) { object[key.stringValue] = value }
@@ -115,7 +119,8 @@ public enum ControlRequestError: Error, Sendable, Equatable, CustomStringConvert
     case notARequest
     case unknownCommand(String)
     case missing(_ field: String, _ command: String)
-    case unsupportedVersion(Int)
+    /// A version other than 1 (nil: not a whole number).
+    case unsupportedVersion(Int?)
 
     public var description: String {
         let commands = ControlRequest.commands.joined(separator: ", ")
@@ -127,8 +132,8 @@ public enum ControlRequestError: Error, Sendable, Equatable, CustomStringConvert
         case .missing(let field, let command):
             return "\(command) needs a \(field): {\"command\":\"\(command)\",\"\(field)\":\"NAME\"}"
         case .unsupportedVersion(let version):
-            return
-                "control protocol version \(version) is not spoken here; this whend speaks version \(ControlProtocol.version)"
+            let which = version.map { "control protocol version \($0)" } ?? "a version that is not a whole number"
+            return "\(which) is not spoken here; this whend speaks version \(ControlProtocol.version)"
         }
     }
 }

@@ -16,7 +16,13 @@ final class ControlServer: Sendable {
     private struct State {
         var channel: Channel?
         var respond: (@Sendable (ControlRequest) -> ControlAnswer)?
+        /// Control connections open now.
+        var open = 0
     }
+
+    /// The most control connections open at once: each holds a descriptor and up to
+    /// `ControlProtocol.maxRequestBytes`, and descriptors are what the event socket's clients need.
+    static let maxConnections = 64
 
     private let state = NIOLockedValueBox(State())
     private let group: MultiThreadedEventLoopGroup
@@ -57,6 +63,15 @@ final class ControlServer: Sendable {
     /// Lets root and the daemon's own user in; anyone else gets one line saying why.
     private func initialize(_ channel: Channel) -> EventLoopFuture<Void> {
         guard let provider = channel as? SocketOptionProvider else { return channel.close() }
+        let state = self.state
+        let admitted = state.withLockedValue { state in
+            guard state.open < Self.maxConnections else { return false }
+            state.open += 1
+            return true
+        }
+        // One too many: closed before anything is read (whenctl says whend closed it unanswered).
+        guard admitted else { return channel.close() }
+        channel.closeFuture.whenComplete { _ in state.withLockedValue { $0.open -= 1 } }
         let credentials: EventLoopFuture<whend_ucred> = provider.unsafeGetSocketOption(
             level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED))
         return credentials.flatMapThrowing { [self] cred in
@@ -109,11 +124,29 @@ final class ControlConnectionHandler: ChannelInboundHandler {
         refusal = .refused(why)
     }
 
+    /// How long a connection may take to send its request: an idle one holds a descriptor.
+    static let requestTimeout: TimeAmount = .seconds(10)
+
+    func channelActive(context: ChannelHandlerContext) {
+        let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
+        let loopContext = NIOLoopBound(context, eventLoop: context.eventLoop)
+        context.eventLoop.scheduleTask(in: Self.requestTimeout) {
+            guard !handler.value.answered, loopContext.value.channel.isActive else { return }
+            handler.value.reply(
+                .refused(
+                    "no request within \(Self.requestTimeout.nanoseconds / 1_000_000_000) s; send one line of JSON"),
+                context: loopContext.value)
+        }
+        context.fireChannelActive()
+    }
+
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard !answered else { return }
         let buffer = unwrapInboundIn(data)
         request.append(contentsOf: buffer.readableBytesView)
-        if let newline = request.firstIndex(of: 0x0A) {
+        // The limit holds however the bytes arrive: a line longer than it is refused too.
+        let newline = request.prefix(ControlProtocol.maxRequestBytes + 1).firstIndex(of: 0x0A)
+        if let newline {
             answer(Array(request[..<newline]), context: context)
         } else if request.count > ControlProtocol.maxRequestBytes {
             reply(

@@ -113,10 +113,14 @@ final class SenderRateLimiter: Sendable {
     }
 
     private static func describe(_ c: PeerCredentials, _ by: RateLimitKey, _ connection: UInt64) -> String {
+        // The process names itself (prctl): its name goes into the log escaped, one line.
+        let comm = c.comm.unicodeScalars.map {
+            $0.value < 0x20 || $0.value == 0x7F ? "\\x" + String(format: "%02x", $0.value) : String($0)
+        }.joined()
         switch by {
-        case .pid: return "pid \(c.pid) (\(c.comm), uid \(c.uid))"
+        case .pid: return "pid \(c.pid) (\(comm), uid \(c.uid))"
         case .uid: return "uid \(c.uid)"
-        case .connection: return "connection \(connection) of pid \(c.pid) (\(c.comm), uid \(c.uid))"
+        case .connection: return "connection \(connection) of pid \(c.pid) (\(comm), uid \(c.uid))"
         }
     }
 }

@@ -18,6 +18,9 @@ struct ControlOptions: ParsableArguments {
         return SocketLocation.controlSocket(besideEventSocket: socket ?? SocketLocation.eventSocket())
     }
 
+    /// How long whenctl waits for whend to begin its answer (a reload checks plugins first).
+    static let answerTimeout: TimeInterval = 120
+
     /// Sends one request and returns whend's answer; fails, saying why, when whend cannot be
     /// asked, and (exit 1) when it refuses.
     func request(_ request: ControlRequest, as name: String) throws -> ControlAnswer {
@@ -29,6 +32,12 @@ struct ControlOptions: ParsableArguments {
             try connection.send(request.encoded() + [0x0A])
             connection.finishSending()
             var first: [UInt8]?
+            // A whend that accepts and never answers (stopped, or out of descriptors) is said so.
+            guard connection.waitReadable(timeout: Self.answerTimeout) else {
+                throw Failure(
+                    "whend accepted on \(path) but did not answer within \(Int(Self.answerTimeout)) s; its log (journalctl -u whend, or make run's terminal) says why"
+                )
+            }
             try connection.receiveLines { line in
                 if first == nil { first = Array(line.utf8) }
             }
@@ -37,7 +46,7 @@ struct ControlOptions: ParsableArguments {
             }
             guard let decoded = ControlAnswer.decode(first) else {
                 throw Failure(
-                    "whend's answer on \(path) is not one this whenctl reads: \(String(decoding: first.prefix(200), as: UTF8.self))"
+                    "whend's answer on \(path) is not one this whenctl reads: \(printable(String(decoding: first.prefix(200), as: UTF8.self), limit: 200))"
                 )
             }
             answer = decoded
@@ -47,7 +56,8 @@ struct ControlOptions: ParsableArguments {
             throw unreachable(.control, at: path, error)
         }
         if !answer.ok {
-            printError("whenctl \(name): \(answer.error ?? "whend refused")")
+            let why = answer.error.flatMap { $0.isEmpty ? nil : $0 } ?? "whend refused without saying why; its log may"
+            printError("whenctl \(name): \(printable(why))")
             throw ExitCode(1)
         }
         return answer

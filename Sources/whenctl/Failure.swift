@@ -38,3 +38,17 @@ func unreachable(_ socket: DaemonSocket, at path: String, _ error: Error) -> Fai
 func refuseUnsafeSocketDirectory(_ path: String) throws {
     if let reason = SocketLocation.refusalToConnect(path) { throw Failure(reason) }
 }
+
+/// `text` from elsewhere (whend's answer, which may quote a client's input) as one line a
+/// terminal shows as it is: control characters escaped, and at most `limit` characters.
+func printable(_ text: String, limit: Int = 2000) -> String {
+    var out = ""
+    for scalar in text.unicodeScalars.prefix(limit) {
+        if scalar.value < 0x20 || scalar.value == 0x7F || (0x80...0x9F).contains(scalar.value) {
+            out += String(format: "\\x%02x", scalar.value)
+        } else {
+            out.unicodeScalars.append(scalar)
+        }
+    }
+    return text.unicodeScalars.count > limit ? out + "…" : out
+}

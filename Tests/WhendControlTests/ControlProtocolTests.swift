@@ -49,6 +49,9 @@ import WhendControl
             (#"{"command":"unload","plugin":""}"#, .missing("plugin", "unload")),
             (#"{"command":"restart","pipeline":3}"#, .missing("pipeline", "restart")),
             (#"{"command":"status","version":2}"#, .unsupportedVersion(2)),
+            (#"{"command":"status","version":null}"#, .unsupportedVersion(nil)),
+            (#"{"command":"status","version":"1"}"#, .unsupportedVersion(nil)),
+            (#"{"command":"status","version":1.5}"#, .unsupportedVersion(nil)),
         ]
         for (line, expected) in cases {
             #expect(throws: expected, "\(line)") { try ControlRequest.decode(Array(line.utf8)) }

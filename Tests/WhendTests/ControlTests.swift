@@ -138,6 +138,47 @@ import WhendWire
         daemon.stop()
     }
 
+    /// Control clients that connect and say nothing hold no more than a bounded number of
+    /// descriptors, for a bounded time: events are accepted meanwhile, each idle client is told
+    /// why it is closed, and control answers again once they are gone.
+    @Test func idleControlClientsAreBoundedAndTimedOut() throws {
+        let daemon = DaemonProcess("ctl-idle")
+        try daemon.start()
+        defer { daemon.stop() }
+        // A line longer than the limit, in one write, is refused whatever the timing.
+        let long = try BlockingSocket(path: daemon.controlPath)
+        try long.send(#"{"command":"status","x":""# + String(repeating: "a", count: 100_000) + "\"}\n")
+        var longAnswer = ""
+        try long.receiveLines { longAnswer = $0 }
+        #expect(longAnswer.contains("the request is over 65536 bytes"), "\(longAnswer.prefix(200))")
+        var idle: [BlockingSocket] = []
+        for _ in 0..<100 { if let s = try? BlockingSocket(path: daemon.controlPath) { idle.append(s) } }
+        // Events go on.
+        let answers = try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"screen","name":"A"}"#])
+        #expect(answers.acks.last == 1)
+        // The first 64 idle clients are told, within the request timeout, and closed; the rest
+        // were closed at once.
+        var told = 0
+        for connection in idle {
+            guard connection.waitReadable(timeout: 15) else { continue }
+            try connection.receiveLines { if $0.contains("no request within 10 s") { told += 1 } }
+        }
+        #expect(told == 64)
+        #expect(try daemon.whenctl(["status"]).status == 0)
+    }
+
+    /// What whend answers may quote a client's input: whenctl prints it as one line, control
+    /// characters escaped, so no answer writes a second line or a terminal escape.
+    @Test func whenctlPrintsWhendsAnswersAsOneLine() throws {
+        let daemon = DaemonProcess("ctl-esc")
+        try daemon.start()
+        defer { daemon.stop() }
+        let r = try daemon.whenctl(["plugins", "unload", "x\nwhenctl plugins unload: OK\u{1B}[2J"])
+        #expect(r.status == 1)
+        #expect(r.error.split(separator: "\n").count == 1, "\(r.error)")
+        #expect(!r.error.contains("\u{1B}") && r.error.contains("\\x0a"), "\(r.error)")
+    }
+
     @Test func unknownCommandsAndGarbageGetAClearAnswer() throws {
         let daemon = DaemonProcess("ctl-bad")
         try daemon.start()
@@ -164,6 +205,31 @@ import WhendWire
 }
 
 @Suite(.serialized) struct RateLimitTests {
+    /// A process names itself (`prctl`), and the rate limit's summary quotes that name: it is
+    /// escaped there, so a client cannot write a line of whend's log of its own.
+    @Test func aSendersOwnNameCannotForgeALogLine() throws {
+        let daemon = DaemonProcess(
+            "rate-comm",
+            arguments: ["--rate-limit", "0.001", "--rate-burst", "1", "--rate-limit-report-interval", "0.5"])
+        try daemon.start()
+        defer { daemon.stop() }
+        let script = """
+            import ctypes, socket, sys
+            ctypes.CDLL(None).prctl(15, b"a\\nFORGED critical", 0, 0, 0)
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(sys.argv[1])
+            s.sendall(b'{"hello":{"protocol":1,"app":"a","session":"s","acks":true}}\\n'
+                + b''.join(b'{"type":"when","name":"x","id":"%d"}\\n' % i for i in range(5)))
+            s.shutdown(socket.SHUT_WR)
+            while s.recv(4096): pass
+            """
+        let r = try runCommand("/usr/bin/python3", ["-c", script, daemon.socketPath])
+        #expect(r.status == 0, "\(r.error)")
+        #expect(daemon.waitForLog("rate limit: suppressed"))
+        #expect(daemon.log.contains("(a\\x0aFORGED critic, uid"), "\(daemon.log)")
+        #expect(!daemon.log.split(separator: "\n").contains { $0.hasPrefix("FORGED") }, "\(daemon.log)")
+    }
+
     /// By default the limit is per process: two connections of one process share it.
     @Test func connectionsOfOneProcessShareItsAllowance() throws {
         let daemon = DaemonProcess("rate-pid", arguments: ["--rate-limit", "0.001", "--rate-burst", "6"])
