@@ -20,44 +20,44 @@ package final class JournalWriter: @unchecked Sendable {
     package typealias CommitObserver = @Sendable (_ records: Int, _ bytes: Int, _ seconds: Double) -> Void
 
     /// The settings the writer thread works by; only it reads them after `start()`.
-    private var configurationInUse: JournalConfiguration
+    var configurationInUse: JournalConfiguration
     /// The settings last accepted by `reconfigure`, picked up by the writer between commits.
     private var acceptedConfiguration: JournalConfiguration
     private var reconfigured = false
     private var commitObserver: CommitObserver?
 
-    private let condition = NSCondition()
+    let condition = NSCondition()
     private var queue: [(JournalBatch, Completion)] = []
     /// Bytes of record bodies submitted and not yet committed (queued or in the commit).
     private var pendingBytesStorage = 0
     private var stopping = false
-    private var stats: JournalStatistics
+    var stats: JournalStatistics
     private let finished = DispatchSemaphore(value: 0)
 
-    private var nextSeq: UInt64
-    private let dedup: DedupWindow
-    private var active: SegmentWriter?
+    var nextSeq: UInt64
+    let dedup: DedupWindow
+    var active: SegmentWriter?
     /// A segment whose last write failed: it must be recovered before anything else is written.
-    private var broken: SegmentFile?
+    var broken: SegmentFile?
     /// A sealed segment whose sync failed after it was sealed: its records are rewritten into a
     /// file that is synced whole before anything else is written (the pages the failed sync
     /// did not write may be kept only in memory, and a later sync can report success for them).
-    private var unsyncedSealed: SegmentFile?
-    private let compressor: ZstdCompressor
+    var unsyncedSealed: SegmentFile?
+    let compressor: ZstdCompressor
     private var scratch: [UInt8] = []
-    private var lastRetention = Date.distantPast
-    private var lastMaintenance = Date.distantPast
-    private let log: @Sendable (String) -> Void
+    var lastRetention = Date.distantPast
+    var lastMaintenance = Date.distantPast
+    let log: @Sendable (String) -> Void
     /// The readers retention waits for: each one's name and durable cursor (the last `_seq` it
     /// has finished), asked for when retention runs.
     package typealias RetentionReaders = @Sendable () -> [(name: String, cursor: UInt64)]
     /// Told when retention deletes records a reader had not read: the reader, and the first
     /// and last `_seq` it loses.
     package typealias RetentionLoss = @Sendable (_ reader: String, _ first: UInt64, _ last: UInt64) -> Void
-    private var retentionReaders: RetentionReaders?
-    private var retentionLoss: RetentionLoss?
+    var retentionReaders: RetentionReaders?
+    var retentionLoss: RetentionLoss?
     /// When retention last said it was keeping segments for a reader (said at most hourly).
-    private var lastKeptNotice = Date.distantPast
+    var lastKeptNotice = Date.distantPast
 
     /// Called from the writer's loop at least every `heartbeatInterval` while it is healthy: the
     /// service manager's watchdog is fed from here, so that a writer stuck in a write or a sync
@@ -65,14 +65,14 @@ package final class JournalWriter: @unchecked Sendable {
     private var heartbeat: (@Sendable () -> Void)?
     private var heartbeatInterval: TimeInterval = 1
     /// Syncs and acknowledges what this thread wrote; started with the writer thread.
-    private var syncer: CommitSyncer?
+    var syncer: CommitSyncer?
     /// A failed sync the writer has not taken up yet: the segment, and the first `_seq` in it
     /// that was not acknowledged. Guarded by `condition`.
-    private var syncFailure: (segment: SegmentWriter, fromSeq: UInt64)?
+    var syncFailure: (segment: SegmentWriter, fromSeq: UInt64)?
     /// The first `_seq` a failed sync left not durable, until the writer has made it durable
     /// again (`repairIfBroken`): a resend of a record from there on is not acknowledged as
     /// stored, since its first copy may be lost at a power cut. Guarded by `condition`.
-    private var notDurableFrom: UInt64?
+    var notDurableFrom: UInt64?
 
     /// Opens the journal: recovers the unsealed tail, if any, makes the segments the
     /// de-duplication window covers durable, and rebuilds the window from the latest records.
@@ -486,164 +486,4 @@ package final class JournalWriter: @unchecked Sendable {
         scratch.append(0x2C)
     }
 
-    private func activeSegment() throws -> SegmentWriter {
-        if let active { return active }
-        let segment = try SegmentWriter(
-            directory: configurationInUse.directory, firstSeq: nextSeq, compressor: compressor,
-            frameBytes: configurationInUse.frameBytes)
-        active = segment
-        return segment
-    }
-
-    /// After a failed write, seals what the torn segment holds and carries `_seq` on from it.
-    /// Returns why the journal still cannot store, or nil when it can.
-    private func repairIfBroken() -> CommitFailure? {
-        if let sealed = unsyncedSealed {
-            do {
-                let result = try SegmentRecovery.recover(sealed, evenIfSealed: true)
-                unsyncedSealed = nil
-                log("rewrote \(sealed.path) after its sync failed: records up to _seq \(result.lastSeq) are durable")
-                if broken == nil { madeDurable() }
-            } catch {
-                return .cannotStore("\(error)")
-            }
-        }
-        guard let segment = broken else { return nil }
-        do {
-            let result = try SegmentRecovery.recover(segment) { record in
-                if !record.isDerived, let key = record.dedupKey, let seq = record.seq, seq >= nextSeq {
-                    dedup.insert(key, seq: seq)
-                }
-            }
-            nextSeq = result.lastSeq + 1
-            condition.lock()
-            stats.writtenThrough = nextSeq - 1
-            condition.unlock()
-            broken = nil
-            log("the journal can store again: recovered \(segment.path) up to _seq \(result.lastSeq)")
-            madeDurable()
-            return nil
-        } catch {
-            return .cannotStore("\(error)")
-        }
-    }
-
-    /// What a failed sync left is durable again (rewritten and synced): resends of it may be
-    /// acknowledged, unless another sync failed since (its report is taken up next).
-    private func madeDurable() {
-        condition.lock()
-        if syncFailure == nil { notDurableFrom = nil }
-        condition.unlock()
-    }
-
-    private func flushQuietly() {
-        guard let active else { return }
-        do { try active.flush() } catch {
-            broken = active.file
-            self.active = nil
-            log("flushing \(active.file.path) failed: \(error)")
-        }
-    }
-
-    private func rotate() {
-        guard let segment = active else { return }
-        active = nil
-        do {
-            try seal(segment)
-        } catch {
-            broken = segment.file
-            log("sealing \(segment.file.path) failed: \(error); it will be recovered before the next write")
-        }
-        applyRetention()
-    }
-
-    /// Seals a segment. Under `durability = fsync` its sync goes through the sync thread, after
-    /// the groups written before it: one thread alone syncs the active segment's file, so that
-    /// a failed sync is seen by the thread that acknowledges (a second `fdatasync` of the same
-    /// file would report success for the pages the first failed to write).
-    private func seal(_ segment: SegmentWriter) throws {
-        guard configurationInUse.durability == .fsync, let syncer else { return try segment.seal() }
-        try segment.seal(sync: false)
-        syncer.hand(
-            WrittenGroup(
-                completions: [], submittedBytes: 0, segment: segment, outcome: .stored(lastSeq: segment.lastSeq),
-                firstSeq: segment.lastSeq + 1))
-    }
-
-    private func maintain() {
-        lastMaintenance = Date()
-        if let segment = active, segment.recordCount > 0,
-            Date().timeIntervalSince(segment.openedAt) >= configurationInUse.segmentMaxAge
-        {
-            rotate()
-        }
-        if Date().timeIntervalSince(lastRetention) >= 60 { applyRetention() }
-    }
-
-    /// Sets who retention waits for, and who hears of records deleted before they were read.
-    /// Call before `start()`.
-    package func waitForReaders(_ readers: @escaping RetentionReaders, onLoss: @escaping RetentionLoss) {
-        retentionReaders = readers
-        retentionLoss = onLoss
-    }
-
-    /// Deletes whole sealed segments, oldest first, while the journal is over its size or age
-    /// limits, but only segments every reader has passed: the oldest segment a reader still
-    /// needs stops it. Past the hard limits (`retentionHardMaxBytes`, `retentionMinFreeBytes`)
-    /// segments go even so, and each reader that loses records is told which. The active
-    /// segment is never deleted.
-    private func applyRetention() {
-        lastRetention = Date()
-        let configuration = configurationInUse
-        let policy = RetentionPolicy(
-            maxBytes: configuration.retentionMaxBytes, maxAge: configuration.retentionMaxAge,
-            hardMaxBytes: configuration.retentionHardMaxBytes, minFreeBytes: configuration.retentionMinFreeBytes)
-        guard !policy.isOff else { return }
-        let all = configuration.directory.segments()
-        var segments = all
-        if let active, segments.last?.firstSeq == active.file.firstSeq { segments.removeLast() }
-        if let broken, segments.last?.firstSeq == broken.firstSeq { segments.removeLast() }
-        let sizes = segments.map { FileIO.size($0.path) ?? 0 }
-        var total = sizes.reduce(0, +) + (active?.size ?? 0)
-        let readers = (retentionReaders?() ?? []).map { RetentionPolicy.Reader(name: $0.name, cursor: $0.cursor) }
-        let now = Date().timeIntervalSince1970
-        for (index, file) in segments.enumerated() {
-            // A sealed segment's records end where the next segment's begin.
-            let lastSeq = (all.first { $0.firstSeq > file.firstSeq }?.firstSeq).map { $0 - 1 } ?? nextSeq - 1
-            var st = stat()
-            let age = stat(file.path, &st) == 0 ? now - TimeInterval(st.st_mtim.tv_sec) : 0
-            let oldest = RetentionPolicy.Segment(
-                firstSeq: file.firstSeq, lastSeq: lastSeq, bytes: sizes[index], age: age)
-            let decision = policy.decide(
-                oldest: oldest, totalBytes: total,
-                freeBytes: policy.minFreeBytes > 0
-                    ? FileIO.freeBytes(configuration.directory.path) : nil, readers: readers)
-            switch decision {
-            case .keep: return
-            case .keepForReaders(let behind):
-                if Date().timeIntervalSince(lastKeptNotice) >= 3600 {
-                    lastKeptNotice = Date()
-                    let who = behind.map { "\($0.name) at _seq \($0.cursor)" }.joined(separator: ", ")
-                    log(
-                        "retention: keeping \(file.path) and what follows (\(total) bytes in all) past the limit: \(who) has not read it yet; past retention_hard_max_bytes or under retention_min_free_bytes it goes even so"
-                    )
-                }
-                return
-            case .delete(let reason, let losses):
-                guard unlink(file.path) == 0 else {
-                    log("retention: cannot delete \(file.path): \(String(cString: strerror(errno)))")
-                    return
-                }
-                try? FileIO.syncDirectory(configuration.directory.path)
-                log("retention: deleted \(file.path) (\(reason))")
-                for loss in losses {
-                    log(
-                        "retention: pipeline \(loss.reader) loses _seq \(loss.first)…\(loss.last), deleted before it read them"
-                    )
-                    retentionLoss?(loss.reader, loss.first, loss.last)
-                }
-                total -= sizes[index]
-            }
-        }
-    }
 }

@@ -12,72 +12,6 @@ import WhendWire
 /// worker resumes from its durable cursor, so a restart loses nothing.
 package final class PipelineSupervisor: @unchecked Sendable {
     // Unchecked: mutable state is in `state`, under its lock; the rest is set once.
-    package struct State {
-        package var pid: pid_t = 0
-        package var cursor: UInt64 = 0
-        /// Failed attempts and dead letters since whend started (each worker counts its own).
-        package var failures = 0
-        package var deadLetters = 0
-        var failuresBefore = 0
-        var deadLettersBefore = 0
-        /// Deaths of the shared host in a row while this pipeline ran there, and until when the
-        /// pipeline runs in a process of its own for them.
-        var hostDeaths = 0
-        var ownProcessUntil: Date?
-        /// Records the worker found gone from the journal (retention) and skipped.
-        package var skipped: UInt64 = 0
-        package var restarts = 0
-        package var running = false
-        package var stopping = false
-        package var lastReport = Date()
-        package var lastExit: String?
-        /// The last derived record appended, as (its cause, its ordinal among that cause's).
-        /// A restarted worker handles again the records after its saved cursor, and derives
-        /// again what was derived from them: those are not appended twice.
-        package var appendedThrough: (cause: UInt64, ordinal: Int) = (0, 0)
-        /// How far derived records are known stored, in the same terms: `appendedThrough`
-        /// runs ahead of it while batches are in the journal's hands.
-        package var storedThrough: (cause: UInt64, ordinal: Int) = (0, 0)
-        /// Batches handed to the journal and not yet answered.
-        package var appending = 0
-        /// A batch was not stored: the generation whose worker is stopped for it, so that the
-        /// next one derives its records again and they are appended then.
-        package var failedGeneration: UInt64?
-        /// The current worker's position in the same terms.
-        package var runCause: UInt64 = 0
-        package var runOrdinal = 0
-        /// The current worker's generation: acknowledgements carry it, and one meant for an
-        /// earlier worker is never counted for a later one.
-        package var generation: UInt64 = 0
-        /// The record workers last died on, and how many times in a row.
-        package var deaths: (seq: UInt64, count: Int) = (0, 0)
-        /// The record the next workers write to the dead letters rather than handle, and why.
-        package var poison: (seq: UInt64, why: String)?
-        /// The worker was stopped for no fault of the record in hand (a failed store, a restart
-        /// asked for): its death is not counted against that record.
-        package var excused = false
-        /// A restart asked for before the worker could be told (its pipe not yet open).
-        var restartAsked = false
-        /// The record this pipeline had in hand when the shared host died: whose plugin crashed
-        /// it is not known, so the pipeline handles that record again in a process of its own,
-        /// where a crash is its own, and goes back to the host once past it.
-        package var quarantine: UInt64?
-        /// Each stage's counters as the current worker last reported them, and the sum of what
-        /// earlier workers reported: together, the counts since whend started.
-        package var counters: [String: [String: Int64]] = [:]
-        package var countersBefore: [String: [String: Int64]] = [:]
-
-        /// Each stage's counters since whend started (a record handled again after a worker's
-        /// restart counts again).
-        package var countersSinceStart: [String: [String: Int64]] {
-            countersBefore.merging(counters) { before, now in
-                before.merging(now) { a, b in
-                    let (sum, overflow) = a.addingReportingOverflow(b)
-                    return overflow ? (b > 0 ? .max : .min) : sum
-                }
-            }
-        }
-    }
 
     package let spec: PipelineSpec
     /// Deaths of the shared host in a row, none charged to a record, after which a pipeline
@@ -85,20 +19,19 @@ package final class PipelineSupervisor: @unchecked Sendable {
     static let hostDeathsBeforeOwnProcess = 3
     static let ownProcessPeriod: TimeInterval = 600
     /// The shared host this pipeline runs in; nil: a worker process of its own.
-    private let host: SharedPipelineHost?
+    let host: SharedPipelineHost?
     /// The host running the current worker (shared pipelines only).
     private let hostLife = NIOLockedValueBox<SharedPipelineHost.Life?>(nil)
     /// How the current worker said it ended (shared pipelines only).
-    private let ended = NIOLockedValueBox<UInt64?>(nil)
+    let ended = NIOLockedValueBox<UInt64?>(nil)
     private let executable: String
     private let watchdog: TimeInterval
-    private let logger: Logger
+    let logger: Logger
     /// The last `_seq` the journal has written (synced or not): no worker can have read, and so
     /// derived from, a later record.
-    private let journalWrittenThrough: @Sendable () -> UInt64
+    let journalWrittenThrough: @Sendable () -> UInt64
     /// Appends derived records as one journal batch, then says whether they were stored.
-    private let appendDerived:
-        @Sendable (_ records: [DerivedRecord], _ stored: @escaping @Sendable (Bool) -> Void) -> Void
+    let appendDerived: @Sendable (_ records: [DerivedRecord], _ stored: @escaping @Sendable (Bool) -> Void) -> Void
     /// Where the current worker hears that its derived records are stored (its standard input),
     /// and its generation. Read, written and closed only on `acknowledgementQueue`.
     nonisolated(unsafe) private var acknowledgements: (fd: Int32, generation: UInt64) = (-1, 0)
@@ -206,7 +139,7 @@ package final class PipelineSupervisor: @unchecked Sendable {
     /// then may its cursor pass their causes. Written off the journal's thread, in order, on the
     /// queue that also closes the descriptor: an acknowledgement for a worker that is gone is
     /// dropped, never written to a closed descriptor or to its successor.
-    private func acknowledge(generation: UInt64, batch: UInt64) {
+    func acknowledge(generation: UInt64, batch: UInt64) {
         acknowledgementQueue.async { [self] in
             let (fd, current) = acknowledgements
             guard fd >= 0, current == generation else { return }
@@ -256,7 +189,7 @@ package final class PipelineSupervisor: @unchecked Sendable {
 
     /// Kills the current worker at once. In the shared host, that is the host, and every
     /// pipeline in it restarts from its cursor: `why` is logged.
-    private func killWorker(why: String?) {
+    func killWorker(why: String?) {
         if let life = hostLife.withLockedValue({ $0 }) {
             if let why {
                 logger.error(
@@ -497,135 +430,4 @@ package final class PipelineSupervisor: @unchecked Sendable {
         return true
     }
 
-    private func readReports(from fd: Int32, generation: UInt64) {
-        var frames = WorkerFrameReader()
-        do {
-            _ = try frames.pump(fd) { payload throws(WorkerFrame.DecodeError) in
-                handle(try WorkerFrame.decodeWorkerMessage(payload), generation: generation)
-                return true
-            }
-        } catch {
-            // A worker that writes what is not a message is broken: stop it.
-            logger.error("pipeline \(spec.name): the worker's message cannot be read (\(error)); killing it")
-            killWorker(why: "its message cannot be read")
-        }
-    }
-
-    private func handle(_ message: WorkerMessage, generation: UInt64) {
-        switch message {
-        case .progress(let cursor, let failures, let deadLetters, let skipped):
-            let passed: pid_t? = state.withLockedValue { s in
-                guard host != nil, let seq = s.quarantine, cursor >= seq, s.generation == generation else { return nil }
-                s.quarantine = nil
-                s.excused = true
-                return s.pid
-            }
-            if let pid = passed, pid > 0 {
-                logger.notice("pipeline \(spec.name): past the record it had in hand; back to the shared pipeline host")
-                kill(pid, SIGTERM)
-            }
-            state.withLockedValue {
-                $0.lastReport = Date()
-                $0.cursor = cursor
-                // The worker's word: past what an Int holds is the most it holds, not a trap.
-                $0.failures = $0.failuresBefore &+ Int(clamping: failures)
-                $0.deadLetters = $0.deadLettersBefore &+ Int(clamping: deadLetters)
-                $0.skipped = skipped
-            }
-        case .ended(let status):
-            ended.withLockedValue { $0 = status }
-        case .counters(let plugin, let values):
-            // Only the pipeline's own stages: a worker's word names no other plugin.
-            guard spec.stages.contains(where: { $0.plugin == plugin }) else { return }
-            state.withLockedValue { if $0.generation == generation { $0.counters[plugin] = values } }
-        case .derived(let batch, let records):
-            // Each record's place as (its cause, its ordinal among that cause's): what was
-            // appended before (by this daemon, or found in the journal at start) is not again.
-            enum Take {
-                /// A batch was not stored and the worker is being stopped: dropped, unanswered.
-                case refused
-                case fresh([DerivedRecord], through: (cause: UInt64, ordinal: Int))
-            }
-            // The worker's word, checked: each record's cause is one this worker can have
-            // handled (in the journal, in order) and its origin one of the pipeline's stages. A
-            // forged one (a plugin writing frames of its own) is not stored, and the worker that
-            // sent it is killed: a cause believed past the journal's end would have every later
-            // derived record taken for one already appended.
-            // A worker reads a record as soon as it is written, maybe before its sync: the bound
-            // is what the journal has written, so that a slow disk makes no worker a forger.
-            let lastSeq = journalWrittenThrough()
-            let forged = state.withLockedValue { s -> String? in
-                var previous = s.runCause
-                for r in records {
-                    if r.cause == 0 || r.cause < previous {
-                        return "_cause \(r.cause) after _cause \(previous)"
-                    }
-                    if r.cause > lastSeq {
-                        return "_cause \(r.cause), past the journal's last _seq \(lastSeq)"
-                    }
-                    if let origins = spec.origins, !origins.contains(r.origin) {
-                        return "_origin \(r.origin), not one of the pipeline's plugins \(origins)"
-                    }
-                    previous = r.cause
-                }
-                return nil
-            }
-            if let forged {
-                logger.error(
-                    "pipeline \(spec.name): its worker sent a derived record it cannot have derived (\(forged)); nothing of its batch is stored; killing it"
-                )
-                if state.withLockedValue({ $0.generation == generation }) {
-                    killWorker(why: "it sent a derived record it cannot have derived")
-                }
-                return
-            }
-            let take = state.withLockedValue { s -> Take in
-                s.lastReport = Date()
-                // Its successor derives it all again, and it is appended then.
-                guard s.failedGeneration == nil else { return .refused }
-                let fresh = records.filter { r in
-                    if r.cause != s.runCause {
-                        s.runCause = r.cause
-                        s.runOrdinal = 0
-                    }
-                    s.runOrdinal += 1
-                    guard (r.cause, s.runOrdinal) > s.appendedThrough else { return false }
-                    s.appendedThrough = (r.cause, s.runOrdinal)
-                    return true
-                }
-                if !fresh.isEmpty { s.appending += 1 }
-                return .fresh(fresh, through: s.appendedThrough)
-            }
-            guard case .fresh(let fresh, let through) = take else { return }
-            if fresh.isEmpty {
-                acknowledge(generation: generation, batch: batch)
-                return
-            }
-            appendDerived(fresh) { [self] stored in
-                // Answered in the order appended: what is known stored moves on only while
-                // nothing before it failed.
-                let stop = state.withLockedValue { s -> Bool in
-                    s.appending -= 1
-                    if stored {
-                        if s.failedGeneration == nil, through > s.storedThrough { s.storedThrough = through }
-                        return false
-                    }
-                    guard s.failedGeneration == nil else { return false }
-                    // The worker running now (this batch's, or one started since, which passed
-                    // these records as appended) stops; the next one starts from what is stored.
-                    s.failedGeneration = s.generation
-                    s.excused = true
-                    return s.pid > 0
-                }
-                if stored {
-                    acknowledge(generation: generation, batch: batch)
-                } else if stop {
-                    logger.error(
-                        "pipeline \(spec.name): derived records were not stored; its worker restarts and derives them again"
-                    )
-                    killWorker(why: "derived records were not stored")
-                }
-            }
-        }
-    }
 }

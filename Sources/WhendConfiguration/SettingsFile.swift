@@ -1,0 +1,118 @@
+import Foundation
+import WhendJournal
+
+extension Settings {
+    /// Reads a configuration file: one `key = value` a line; `#` starts a comment; a value may
+    /// be "quoted" (then `\"` and `\\` are its escapes), and a JSON value (`{…}` or `[…]`) runs
+    /// to its closing bracket, `#` in its strings included.
+    package static func parse(_ text: String, path: String) throws(SettingError) -> [SettingValue] {
+        var values: [SettingValue] = []
+        var seen: [String: Int] = [:]
+        // Any newline ends a line: "\r\n" is one Character in Swift, so splitting on "\n" alone
+        // would join a CRLF file into one line.
+        for (number, raw) in text.split(omittingEmptySubsequences: false, whereSeparator: \.isNewline).enumerated() {
+            let source = "\(path):\(number + 1)"
+            let trimmed = raw.trimmingCharacters(in: .whitespaces)
+            if trimmed.isEmpty || trimmed.hasPrefix("#") { continue }
+            guard let eq = trimmed.firstIndex(of: "=") else {
+                throw .notKeyValue(source: source, line: trimmed)
+            }
+            let key = trimmed[..<eq].trimmingCharacters(in: .whitespaces)
+            var value = trimmed[trimmed.index(after: eq)...].trimmingCharacters(in: .whitespaces)
+            if value.unicodeScalars.first == "\"" {
+                // Up to the closing quote, with \" and \\ as escapes; then only a comment. By
+                // scalars, not Characters: a quote followed by a combining mark is one Character,
+                // and would be taken for no quote at all.
+                let scalars = value.unicodeScalars
+                var unquoted = String.UnicodeScalarView()
+                var escaped = false
+                var closing: String.UnicodeScalarView.Index?
+                var i = scalars.index(after: scalars.startIndex)
+                while i < scalars.endIndex {
+                    let ch = scalars[i]
+                    if escaped {
+                        unquoted.append(ch)
+                        escaped = false
+                    } else if ch == "\\" {
+                        escaped = true
+                    } else if ch == "\"" {
+                        closing = i
+                        break
+                    } else {
+                        unquoted.append(ch)
+                    }
+                    i = scalars.index(after: i)
+                }
+                guard let closing else {
+                    throw .unclosedQuote(source: source, key: key)
+                }
+                let rest = String(scalars[scalars.index(after: closing)...]).trimmingCharacters(in: .whitespaces)
+                guard rest.isEmpty || rest.hasPrefix("#") else {
+                    throw .textAfterValue(source: source, key: key, text: rest, valueKind: "quoted")
+                }
+                value = String(unquoted)
+            } else if key.hasPrefix("plugin.") {
+                // A plugin's configuration is JSON, and runs to its closing bracket: a `#` inside
+                // its strings is part of it; after it, only a comment.
+                guard value.hasPrefix("{") || value.hasPrefix("["), let end = jsonValueEnd(value) else {
+                    throw .notJSON(source: source, key: key)
+                }
+                let rest = value[end...].trimmingCharacters(in: .whitespaces)
+                guard rest.isEmpty || rest.hasPrefix("#") else {
+                    throw .textAfterValue(source: source, key: key, text: rest, valueKind: "JSON")
+                }
+                value = String(value[..<end])
+            } else if let hash = value.firstIndex(of: "#") {
+                value = value[..<hash].trimmingCharacters(in: .whitespaces)
+            }
+            if let first = seen[key] {
+                throw .setTwice(source: source, key: key, firstLine: first)
+            }
+            seen[key] = number + 1
+            values.append(SettingValue(key: key, value: value, source: source))
+        }
+        return values
+    }
+
+    /// Where the JSON object or array at the start of `text` ends (just past its closing
+    /// bracket), minding strings and their escapes; nil if it does not close.
+    package static func jsonValueEnd(_ text: String) -> String.Index? {
+        var depth = 0
+        var inString = false
+        var escaped = false
+        var i = text.startIndex
+        while i < text.endIndex {
+            let ch = text[i]
+            i = text.index(after: i)
+            if inString {
+                if escaped {
+                    escaped = false
+                } else if ch == "\\" {
+                    escaped = true
+                } else if ch == "\"" {
+                    inString = false
+                }
+                continue
+            }
+            switch ch {
+            case "\"": inString = true
+            case "{", "[": depth += 1
+            case "}", "]":
+                depth -= 1
+                if depth == 0 { return i }
+            default: break
+            }
+        }
+        return nil
+    }
+
+    /// `WHEND_<KEY>` variables for every key (`WHEND_SOCKET` is also the protocol's own).
+    package static func fromEnvironment(_ environment: [String: String] = ProcessInfo.processInfo.environment)
+        -> [SettingValue]
+    {
+        all.compactMap { setting in
+            let name = "WHEND_" + setting.key.uppercased()
+            return environment[name].map { SettingValue(key: setting.key, value: $0, source: "environment \(name)") }
+        }
+    }
+}
