@@ -78,7 +78,6 @@ package final class Daemon: Sendable {
     let live: LiveConfiguration
     /// Where the configuration came from, for status.
     let configurationFile: String?
-    private let configurationSource: ConfigurationSource?
     private let loggerBox: NIOLockedValueBox<Logger>
     let metrics = DaemonMetrics()
     let limiter: SenderRateLimiter
@@ -94,28 +93,18 @@ package final class Daemon: Sendable {
     let listener = UnixListener(activation: SocketActivation.fromEnvironment())
     var activation: SocketActivation { listener.activation }
     let startedAt = Date()
-    /// Serialises reloads, whether they come from SIGHUP or the control socket.
-    let reloadQueue = DispatchQueue(label: "whend.reload")
-    let lastReload = NIOLockedValueBox<(at: Date, outcome: String)?>(nil)
     /// What the sockets are, for the line that says whend is ready.
     let listening = NIOLockedValueBox<(events: String, control: String)>(("", ""))
-    private let lastStatus = NIOLockedValueBox<(at: Date, stored: UInt64, rate: Double)>((Date(), 0, 0))
-    /// Records stored at the last heartbeat, and when memory was last given back.
-    private let memoryReturn = NIOLockedValueBox<(seen: UInt64, trimmedAt: UInt64)>((0, 0))
-    private let lastRateReport = NIOLockedValueBox<Date>(Date())
+    /// The heartbeat's reports: STATUS=, the rate limit's summary, memory given back.
+    let reporter: StatusReporter
     /// The pipelines: their workers, the shared host, what retention took from them.
     let pipelines: PipelineService
-    /// Plugins `whenctl plugins unload` took out of routing, until `load` puts them back.
-    let unloaded = NIOLockedValueBox<Set<String>>([])
+    /// The configuration's changes and the plugins it routes to: reload, load, unload.
+    let configurations: ConfigurationService
 
     /// The configuration in force (it changes on reload).
     package var configuration: DaemonConfiguration { live.current }
     var logger: Logger { loggerBox.withLockedValue { $0 } }
-    var configurationSourceForReload: ConfigurationSource? { configurationSource }
-
-    func setLogLevel(_ level: Logger.Level) {
-        loggerBox.withLockedValue { $0.logLevel = level }
-    }
 
     package init(
         configuration: DaemonConfiguration, logger: Logger, configurationFile: String? = nil,
@@ -127,7 +116,6 @@ package final class Daemon: Sendable {
         self.loggerBox = loggerBox
         self.live = LiveConfiguration(configuration)
         self.configurationFile = configurationFile
-        self.configurationSource = source
         self.limiter = SenderRateLimiter(
             rate: configuration.rateLimit, burst: configuration.rateBurst, by: configuration.rateLimitBy)
         // Before anything touches the journal: recovering the tail of a journal another daemon
@@ -147,13 +135,19 @@ package final class Daemon: Sendable {
             group: group, listener: listener, live: live, writer: writer, metrics: metrics, limiter: limiter
         ) { loggerBox.withLockedValue { $0 } }
         control = ControlServer(group: group, listener: listener, live: live) { loggerBox.withLockedValue { $0 } }
+        reporter = StatusReporter(
+            writer: writer, metrics: metrics, pipelines: pipelines, limiter: limiter, notifier: notifier, live: live
+        ) { loggerBox.withLockedValue { $0 } }
+        configurations = ConfigurationService(
+            live: live, source: source, pipelines: pipelines, writer: writer, limiter: limiter, notifier: notifier,
+            reporter: reporter, activation: listener.activation, loggerBox: loggerBox)
     }
 
     /// Starts the journal writer (the first step of `DaemonServices`).
     func startJournal() {
         raiseOpenFileLimit()
         // The watchdog is fed from the journal writer's loop: if that loop hangs, pings stop.
-        let notifier = self.notifier
+        let reporter = self.reporter
         let metrics = self.metrics
         // Retention waits for every configured pipeline's durable cursor.
         writer.waitForReaders { [weak self] in
@@ -163,28 +157,10 @@ package final class Daemon: Sendable {
             self?.pipelines.lostToRetention(pipeline, last - first + 1)
             self?.metrics.lostToRetention(pipeline: pipeline, records: last - first + 1)
         }
-        writer.start(heartbeatInterval: notifier.watchdogInterval ?? 1) { [weak self] in
-            notifier.watchdog()
-            self?.publishStatusIfDue()
-            self?.reportSuppressedIfDue()
-            self?.returnMemoryIfQuiet()
+        writer.start(heartbeatInterval: notifier.watchdogInterval ?? 1) {
+            reporter.heartbeat()
         } onCommit: { records, bytes, seconds in
             metrics.committed(records: records, bytes: bytes, seconds: seconds)
-        }
-    }
-
-    /// Loads the ingest middleware and starts the pipelines' workers.
-    func startPlugins() throws(DaemonStartError) {
-        let configuration = self.configuration
-        do {
-            let ingest = try buildPluginChain(configuration, reusing: nil)
-            live.replace(configuration, ingest: ingest)
-            let unloaded = self.unloaded.withLockedValue { $0 }
-            pipelines.run(
-                try pipelines.specs(configuration, unloaded: unloaded, create: false), configuration: configuration,
-                unloaded: unloaded)
-        } catch {
-            throw DaemonStartError.pluginsFailed(reason: error.description)
         }
     }
 
@@ -214,69 +190,7 @@ package final class Daemon: Sendable {
         logger.info(
             "whend \(WhendVersion.current) listening on \(events); control on \(control); journal \(configuration.journal.directory.path) at _seq \(writer.statistics.lastSeq); durability \(configuration.journal.durability.rawValue)"
         )
-        notifier.ready(status: statusLine())
-    }
-
-    /// Events stored per second, over the last five-second window (or since the start).
-    var eventsPerSecond: Double {
-        let (at, stored, rate) = lastStatus.withLockedValue { $0 }
-        let seconds = Date().timeIntervalSince(at)
-        guard seconds >= 1 || rate == 0 else { return rate }
-        return Double(writer.statistics.recordsStored &- stored) / max(0.001, seconds)
-    }
-
-    /// The live figures for `STATUS=`: connections, events stored per second, last `_seq`,
-    /// pipeline lag.
-    func statusLine() -> String {
-        let stats = writer.statistics
-        let failing = stats.failing.map { "; journal failing: \($0)" } ?? ""
-        return
-            "\(metrics.connections) clients, \(Int(eventsPerSecond)) events/s, last _seq \(stats.lastSeq), \(pipelines.lag.map { "pipeline lag \($0)" } ?? "no pipelines")\(failing)"
-    }
-
-    /// Updates STATUS= every five seconds, from the writer's heartbeat.
-    private func publishStatusIfDue() {
-        let due = lastStatus.withLockedValue { Date().timeIntervalSince($0.at) >= 5 }
-        guard due else { return }
-        let stored = writer.statistics.recordsStored
-        lastStatus.withLockedValue { last in
-            let seconds = max(0.001, Date().timeIntervalSince(last.at))
-            last = (Date(), stored, Double(stored &- last.stored) / seconds)
-        }
-        notifier.status(statusLine())
-    }
-
-    /// Gives the memory a burst freed back to the system once ingest has gone quiet (a heartbeat
-    /// with nothing stored since the one before, and something since the last time): glibc
-    /// keeps a freed allocation's pages in its thread's arena, and after 1M events whend held
-    /// 18 MiB of PSS more than it used. Not while records come: the trim holds every arena's
-    /// lock, and the writer's thread, for milliseconds.
-    private func returnMemoryIfQuiet() {
-        let stored = writer.statistics.recordsStored
-        let due = memoryReturn.withLockedValue { state in
-            defer { state.seen = stored }
-            guard stored == state.seen, stored != state.trimmedAt else { return false }
-            state.trimmedAt = stored
-            return true
-        }
-        if due { _ = whend_malloc_trim(0) }
-    }
-
-    /// Sums up in the log what the rate limit suppressed, per sender, every
-    /// `rate_limit_report_interval`: whether or not the sender speaks again.
-    private func reportSuppressedIfDue() {
-        let interval = configuration.rateLimitReportInterval
-        let due = lastRateReport.withLockedValue { last in
-            guard Date().timeIntervalSince(last) >= interval else { return false }
-            last = Date()
-            return true
-        }
-        guard due else { return }
-        for entry in limiter.takeReport() {
-            logger.warning(
-                "rate limit: suppressed \(entry.count) event(s) from \(entry.sender) in the last \(Settings.number(interval)) s"
-            )
-        }
+        notifier.ready(status: reporter.statusLine())
     }
 
     /// Each connection is a descriptor: take the hard limit (what systemd's LimitNOFILE or the

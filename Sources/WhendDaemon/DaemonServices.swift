@@ -33,7 +33,9 @@ package struct DaemonServices {
             (
                 "plugins",
                 {
-                    try await onAThreadOfItsOwn { try TerminationSignals.withNoneBlocked { try daemon.startPlugins() } }
+                    try await onAThreadOfItsOwn {
+                        try TerminationSignals.withNoneBlocked { try daemon.configurations.startPlugins() }
+                    }
                 },
                 { await onAThreadOfItsOwn { daemon.pipelines.stopAll() } }
             ),
@@ -49,7 +51,7 @@ package struct DaemonServices {
                 failureTerminationBehavior: .gracefullyShutdownGroup, serviceName: step.name)
         }
         services.append(
-            .init(service: Reloader(daemon: daemon), successTerminationBehavior: .ignore, serviceName: "reload"))
+            .init(service: daemon.configurations, successTerminationBehavior: .ignore, serviceName: "reload"))
         services.append(
             .init(
                 service: Readiness(startup: startup, daemon: daemon), successTerminationBehavior: .ignore,
@@ -129,17 +131,6 @@ private struct Readiness: Service {
         guard await startup.outcome(of: startup.count - 1) == .started else { return }
         daemon.announceReady()
         try? await gracefulShutdown()
-    }
-}
-
-/// SIGHUP re-reads the configuration, as `whenctl reload` does, until the group stops.
-private struct Reloader: Service {
-    let daemon: Daemon
-
-    func run() async throws {
-        for await _ in await UnixSignalsSequence(trapping: .sighup).cancelOnGracefulShutdown() {
-            _ = daemon.reload(trigger: "SIGHUP")
-        }
     }
 }
 
