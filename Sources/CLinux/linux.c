@@ -26,6 +26,10 @@ int whend_malloc_trim(size_t pad) { return malloc_trim(pad); }
 
 int whend_malloc_arena_max(int arenas) { return mallopt(M_ARENA_MAX, arenas); }
 
+int whend_malloc_thresholds(int mmap_bytes, int trim_bytes) {
+    return mallopt(M_MMAP_THRESHOLD, mmap_bytes) & mallopt(M_TRIM_THRESHOLD, trim_bytes);
+}
+
 int whend_send_descriptors(int socket, const int *descriptors, int count) {
     if (count < 0 || count > 8) {
         errno = EINVAL;

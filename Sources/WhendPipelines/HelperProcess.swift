@@ -79,3 +79,21 @@ extension HelperProcess {
         signal(SIGTERM) { _ in workerStopRequested = 1 }
     }
 }
+
+/// How whend and its pipeline processes have glibc's malloc keep memory.
+package enum MallocTuning {
+    /// Blocks of this size or more are mapped, and unmapped when freed, each on its own.
+    static let mmapThreshold: Int32 = 1 << 20
+    /// An arena's free top past this goes back to the system as it is freed.
+    static let trimThreshold: Int32 = 1 << 20
+
+    /// glibc raises its mmap threshold to the size of each large block freed (up to 32 MiB),
+    /// and its trim threshold to twice that: after a burst, blocks of megabytes (the writer's
+    /// groups, connections' batches, snapshots, session tables) came from the arenas, and what
+    /// they freed stayed there, as malloc_trim gives back no arena's top but the main one's
+    /// (after 1M events, whend kept 22 MiB of free arena tops resident). Fixed thresholds
+    /// keep glibc from raising them. Called first thing in every whend process.
+    package static func apply() {
+        _ = whend_malloc_thresholds(mmapThreshold, trimThreshold)
+    }
+}

@@ -121,6 +121,7 @@ struct Whend: AsyncParsableCommand {
         // Never die of a write to a peer that went away (a worker's pipe, a log reader): NIO
         // ignores SIGPIPE only once it opens its first socket, after the pipelines start.
         signal(SIGPIPE, SIG_IGN)
+        MallocTuning.apply()
         if pipelineWorker {
             // A pipeline's worker process, started by the daemon (PipelineSupervisor).
             LoggingSystem.bootstrap { label in StreamLogHandler.standardError(label: label) }

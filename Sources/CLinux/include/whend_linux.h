@@ -31,6 +31,10 @@ int whend_malloc_trim(size_t pad);
 /// success.
 int whend_malloc_arena_max(int arenas);
 
+/// glibc's mallopt(M_MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD), both fixed (which ends
+/// glibc's raising them as large blocks are freed). 1 on success.
+int whend_malloc_thresholds(int mmap_bytes, int trim_bytes);
+
 /// Sends `count` descriptors (at most 8) with one byte over the Unix socket `socket`, in one
 /// message (SCM_RIGHTS). 0, or -1 with errno set.
 int whend_send_descriptors(int socket, const int *descriptors, int count);
