@@ -45,6 +45,8 @@ package final class JournalWriter: @unchecked Sendable {
     var unsyncedSealed: SegmentFile?
     let compressor: ZstdCompressor
     private var scratch: [UInt8] = []
+    /// What of `scratch` an idle writer keeps.
+    static let idleScratchBytes = 1 << 20
     var lastRetention = Date.distantPast
     var lastMaintenance = Date.distantPast
     let log: @Sendable (String) -> Void
@@ -283,6 +285,10 @@ package final class JournalWriter: @unchecked Sendable {
                 if configurationInUse.durability == .none, queueIsEmpty() { flushQuietly() }
             } else if stop {
                 break
+            } else if scratch.capacity > Self.idleScratchBytes {
+                // Idle for a heartbeat: the group a burst built (20 MiB after 1M events, 12 of
+                // them resident) is not kept for the next burst; it grows again if one comes.
+                scratch = []
             }
             // Rotation by age and retention run whatever the load, at most once a second.
             if Date().timeIntervalSince(lastMaintenance) >= 1 { maintain() }
