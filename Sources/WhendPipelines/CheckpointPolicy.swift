@@ -16,8 +16,10 @@ package struct CheckpointPolicy: Sendable {
     package static let pluginFlushEvery = 0.1
     /// Progress reaches whend at least this often: its watchdog hears the worker alive.
     package static let progressEvery = 0.25
-    /// Freed memory goes back to the system at most this often.
+    /// Freed memory goes back to the system at most this often…
     package static let trimEvery = 10.0
+    /// …or once this many records were handled since the last time, the worker caught up.
+    package static let trimRecords: UInt64 = 100_000
     /// A snapshot costs its pipeline at most one part in this many of its time.
     package static let snapshotCostShare = 20.0
     /// A worker's first snapshot comes within this long of its start, whatever the interval:
@@ -100,9 +102,11 @@ package struct CheckpointPolicy: Sendable {
     package mutating func progressSent(now: Double) { lastProgress = now }
 
     /// Whether the worker gives freed memory back now (only when it handled records since the
-    /// last time); if so, counted as done.
-    package mutating func trimDue(now: Double, handledSince: Bool) -> Bool {
-        guard handledSince, now - lastTrim >= Self.trimEvery else { return false }
+    /// last time: `handled` of them); if so, counted as done. At once after a burst of
+    /// `trimRecords`: a pipeline that caught up with a million records held tens of MiB more
+    /// than it used for up to `trimEvery`.
+    package mutating func trimDue(now: Double, handled: UInt64) -> Bool {
+        guard handled > 0, now - lastTrim >= Self.trimEvery || handled >= Self.trimRecords else { return false }
         lastTrim = now
         return true
     }

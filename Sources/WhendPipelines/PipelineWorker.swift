@@ -370,14 +370,15 @@ package enum PipelineWorker {
                     output.flush()
                     policy.outputSent(now: monotonicSeconds())
                 }
-                report(idle: true)
                 // Memory the plugins freed goes back to the system once in a while: glibc keeps a
                 // freed heap's pages (sessions forgotten, batches sent), and after a burst a
-                // worker held a third more than its state (crashes: 89 → 60 MiB of PSS).
-                if policy.trimDue(now: monotonicSeconds(), handledSince: cursor != trimmedAt) {
+                // worker held a third more than its state (crashes: 89 → 60 MiB of PSS). Before
+                // the progress that says the pipeline caught up: by then it is given back.
+                if policy.trimDue(now: monotonicSeconds(), handled: cursor > trimmedAt ? cursor - trimmedAt : 0) {
                     _ = whend_malloc_trim(0)
                     trimmedAt = cursor
                 }
+                report(idle: true)
                 return !link.stopRequested
             },
             onProblem: { problem in logger.warning("pipeline \(spec.name): \(problem)") })

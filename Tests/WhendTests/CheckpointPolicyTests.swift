@@ -84,9 +84,12 @@ import WhendPipelines
             } else {
                 #expect(now - lastProgress < 0.25 && !(idle && moved))
             }
-            if policy.trimDue(now: now, handledSince: moved) {
-                #expect(now - lastTrim >= 10)
+            let handled: UInt64 = moved ? (random.next() % 20 == 0 ? 100_000 : random.next() % 1000 + 1) : 0
+            if policy.trimDue(now: now, handled: handled) {
+                #expect(handled > 0 && (now - lastTrim >= 10 || handled >= CheckpointPolicy.trimRecords))
                 lastTrim = now
+            } else {
+                #expect(handled == 0 || (now - lastTrim < 10 && handled < CheckpointPolicy.trimRecords))
             }
         }
     }
