@@ -71,6 +71,17 @@ package struct SessionIndex {
     package private(set) var entries: [SessionDigest: Entry] = [:]
     package private(set) var indexedThrough: UInt64 = 0
     package let directory: String
+    /// The apps of the sessions indexed so far, each once: a session's `app` is this copy,
+    /// not a string of its own (one of 64 bytes per session where a name passes 15 bytes;
+    /// a few apps have thousands of sessions).
+    private var apps: [String] = []
+
+    /// `app`, as the copy kept in `apps` when there is one.
+    private mutating func sharedApp(_ app: String) -> String {
+        if let kept = apps.first(where: { $0 == app }) { return kept }
+        if apps.count < 64 { apps.append(app) }
+        return app
+    }
 
     package static func directory(stateDirectory: String) -> String { stateDirectory + "/plugins/session-recorder" }
 
@@ -118,8 +129,8 @@ package struct SessionIndex {
             entries.values[index].counts.add(type)
         } else {
             entries[key] = Entry(
-                app: app(), session: sessionID(), firstSeq: seq, lastSeq: seq, firstTime: now, lastTime: now,
-                counts: [type: 1])
+                app: sharedApp(app()), session: sessionID(), firstSeq: seq, lastSeq: seq, firstTime: now,
+                lastTime: now, counts: [type: 1])
         }
         return true
     }
