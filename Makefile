@@ -16,7 +16,7 @@ TEST_PACKAGES := systemd e2fsprogs util-linux binutils nats-server python3-fusep
 TEST_VENV := .build/test-venv
 TEST_PYTHON_PACKAGES := pyzstd==0.20.0 segment-analytics-python==2.4.0 opentelemetry-proto==1.45.2
 
-.PHONY: deps test-deps build release run test soak strict lint bench bench-client fuzz fuzz-differential harnesses deb package-check system-test clean
+.PHONY: deps test-deps build release run test soak strict lint docs bench bench-client fuzz fuzz-differential harnesses deb package-check system-test clean
 
 # Installs what is missing, and nothing when all is there (so `make run` needs no root twice);
 # waits up to ten minutes for another apt or dpkg to let go of their lock instead of failing.
@@ -176,9 +176,31 @@ system-test: deb
 strict: deps
 	$(SWIFT) build --build-tests --scratch-path .build-strict -Xswiftc -warnings-as-errors
 
+# The DocC catalogues of the two libraries others build on (WhenClient for apps, WhendPluginSDK
+# for plugin authors), converted by the toolchain's docc from symbol graphs of the debug build's
+# modules: a link to a symbol that does not exist, or any other warning, fails. The archives are
+# left in .build/docs/ (open one with `docc preview`).
+DOCS_MODULES := WhenClient WhendPluginSDK
+docs: build
+	@set -e; maps=""; for m in .build/debug/C*.build/module.modulemap; do maps="$$maps -Xcc -fmodule-map-file=$(CURDIR)/$$m"; done; \
+	for module in $(DOCS_MODULES); do \
+		rm -rf .build/docs/$$module.graphs && mkdir -p .build/docs/$$module.graphs; \
+		$(SWIFT) symbolgraph-extract -module-name $$module -I .build/debug/Modules -target $$(uname -m)-unknown-linux-gnu \
+			$$maps -output-dir .build/docs/$$module.graphs; \
+		docc convert Sources/$$module/$$module.docc --additional-symbol-graph-dir .build/docs/$$module.graphs \
+			--fallback-display-name $$module --fallback-bundle-identifier org.whend.$$module \
+			--output-path .build/docs/$$module.doccarchive --warnings-as-errors; \
+	done
+
+# The format, and no hand-written Swift file over 500 lines (generated protobuf code aside): a
+# file that long holds more than one concept.
 lint:
 	$(SWIFT) format lint --strict --recursive Sources Tests Plugins Package.swift Benchmarks/Sources Benchmarks/Package.swift \
 		Fuzz/Sources Fuzz/Differential Fuzz/Package.swift
+	@long=$$(git ls-files -co --exclude-standard '*.swift' | grep -v '\.pb\.swift$$' | \
+		while read -r f; do test -f "$$f" && echo "$$f"; done | xargs wc -l | \
+		awk '$$2 != "total" && $$1 > 500 { print $$2 " (" $$1 " lines)" }'); \
+	if [ -n "$$long" ]; then echo "over 500 lines, split by concept:"; echo "$$long"; exit 1; fi
 
 clean:
 	rm -rf .build .build-static .build-deb .build-strict Fuzz/.build Fuzz/.build-differential Fuzz/.reference
