@@ -130,7 +130,7 @@ fuzz-differential: deps
 	rm -rf Fuzz/.reference && mkdir -p Fuzz/.reference/WhendWireReference Fuzz/findings Fuzz/.corpus/event-line
 	git archive $(FUZZ_REFERENCE) Sources/WhendWire | tar -x -C Fuzz/.reference/WhendWireReference --strip-components=2
 	sed -i 's/\bWhendWire\./WhendWireReference./g' Fuzz/.reference/WhendWireReference/*.swift
-	sed '/^import WhendWire$$/d' Sources/WhendFuzzing/EventLineOutcomes.swift \
+	sed '/^import WhendWire$$/d; /^import WhendRecord$$/d' Sources/WhendFuzzing/EventLineOutcomes.swift \
 		> Fuzz/.reference/WhendWireReference/EventLineOutcomes.swift
 	WHEND_FUZZ_REFERENCE=$(FUZZ_REFERENCE) $(SWIFT) build --package-path Fuzz --scratch-path Fuzz/.build-differential \
 		--manifest-cache none --sanitize=fuzzer -c release --product FuzzEventLineDifferential

@@ -52,20 +52,21 @@ let package = Package(
         // The client library apps emit with, in the seeds' idioms. No NIO.
         .target(name: "WhenClient", dependencies: ["WhendWire"]),
         .target(name: "WhenTesting", dependencies: ["WhenClient"]),
-        .executableTarget(name: "whend-demo", dependencies: ["WhenClient", "WhendWire"]),
+        .executableTarget(name: "whend-demo", dependencies: ["WhenClient", "WhendWire", "WhendSystem"]),
         // The plugin ABI: a C header, checked by the host before it calls anything.
         .target(name: "CWhendPlugin"),
         // Linux calls and types Swift's Glibc module does not import (they need _GNU_SOURCE).
         .target(name: "CLinux"),
         // SIMD helpers for reading records, inlined into Swift (static inline C).
         .target(name: "CScan"),
-        .target(name: "WhendFuzzing", dependencies: ["WhendWire", "WhendJournal", "WhendConfiguration"]),
+        .target(
+            name: "WhendFuzzing", dependencies: ["WhendWire", "WhendRecord", "WhendJournal", "WhendConfiguration"]),
         // The ABI version as exported data, linked into every plugin built with the SDK.
         .target(name: "CWhendPluginABI", dependencies: ["CWhendPlugin"]),
         .target(name: "WhendPluginSDK", dependencies: ["CWhendPlugin", "CWhendPluginABI", "CScan", "WhendWire"]),
         .target(name: "RedactPlugin", dependencies: ["WhendPluginSDK"], path: "Plugins/Redact"),
         // What the built-in plugins share (linked into each library).
-        .target(name: "BuiltinPluginSupport", dependencies: ["WhendWire"], path: "Plugins/Support"),
+        .target(name: "BuiltinPluginSupport", dependencies: ["WhendWire", "WhendSystem"], path: "Plugins/Support"),
         .target(
             name: "ScreenTrackingPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport", "WhendWire"],
             path: "Plugins/ScreenTracking"),
@@ -77,7 +78,9 @@ let package = Package(
         .target(name: "PluginHTTP", dependencies: ["WhendPluginSDK", "CZlib", "CHTTP"], path: "Plugins/HTTP"),
         .target(
             name: "AnalyticsPlugin",
-            dependencies: ["WhendPluginSDK", "BuiltinPluginSupport", "WhendWire", "PluginHTTP"],
+            dependencies: [
+                "WhendPluginSDK", "BuiltinPluginSupport", "WhendWire", "WhendRecord", "WhendSystem", "PluginHTTP",
+            ],
             path: "Plugins/Analytics"
         ),
         .target(
@@ -90,7 +93,7 @@ let package = Package(
             path: "Plugins/OTLP", exclude: ["generate.sh"]
         ),
         .target(
-            name: "CrashReportsPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport"],
+            name: "CrashReportsPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport", "WhendSystem"],
             path: "Plugins/CrashReports"),
         .target(
             name: "SessionRecorderPlugin", dependencies: ["WhendPluginSDK", "BuiltinPluginSupport"],
@@ -98,10 +101,16 @@ let package = Package(
 
         // The control socket's protocol, typed: whend answers it, whenctl asks it.
         .target(name: "WhendControl"),
-        // The wire format (PROTOCOL.md): framing, the validating scanner, normalisation. No NIO.
+        // The wire format (PROTOCOL.md): framing, the validating scanner, normalisation, and the
+        // JSON reading and writing plugin authors use too. No NIO.
         .target(name: "WhendWire"),
+        // The stored-record format (PROTOCOL.md §7): a scanned event encoded as the journal
+        // stores it, its resend key, and a stored record read back.
+        .target(name: "WhendRecord", dependencies: ["WhendWire"]),
+        // What whend asks of the operating system beyond Foundation: durable files, signals.
+        .target(name: "WhendSystem"),
         // The append-only zstd journal: writer, recovery, reader, index, verify. No NIO.
-        .target(name: "WhendJournal", dependencies: ["WhendWire", "CZstd", "CScan"]),
+        .target(name: "WhendJournal", dependencies: ["WhendWire", "WhendRecord", "WhendSystem", "CZstd", "CScan"]),
         // whend's settings: one table for the file, the environment and the flags, and how a
         // configuration is resolved (whend and whenctl replay share it).
         .target(name: "WhendConfiguration", dependencies: ["WhendWire", "WhendJournal"]),
@@ -110,7 +119,7 @@ let package = Package(
         .target(
             name: "WhendPluginHost",
             dependencies: [
-                "CWhendPlugin", "WhendWire", "WhendConfiguration",
+                "CWhendPlugin", "WhendWire", "WhendRecord", "WhendSystem", "WhendConfiguration",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             ]),
@@ -119,7 +128,8 @@ let package = Package(
         .target(
             name: "WhendPipelines",
             dependencies: [
-                "WhendWire", "WhendJournal", "WhendConfiguration", "WhendPluginHost", "CWhendPlugin", "CLinux",
+                "WhendWire", "WhendSystem", "WhendJournal", "WhendConfiguration", "WhendPluginHost", "CWhendPlugin",
+                "CLinux",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             ]),
@@ -128,8 +138,8 @@ let package = Package(
         .target(
             name: "WhendDaemon",
             dependencies: [
-                "WhendWire", "WhendJournal", "WhendConfiguration", "WhendControl", "WhendPluginHost", "WhendPipelines",
-                "CSystemd",
+                "WhendWire", "WhendRecord", "WhendSystem", "WhendJournal", "WhendConfiguration", "WhendControl",
+                "WhendPluginHost", "WhendPipelines", "CSystemd",
                 "CWhendPlugin", "CLinux",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -142,7 +152,7 @@ let package = Package(
         .executableTarget(
             name: "whend",
             dependencies: [
-                "WhendDaemon", "WhendPipelines", "WhendConfiguration",
+                "WhendDaemon", "WhendPipelines", "WhendConfiguration", "WhendSystem",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -150,16 +160,18 @@ let package = Package(
         .executableTarget(
             name: "whenctl",
             dependencies: [
-                "WhendWire", "WhendJournal", "WhendConfiguration", "WhendControl", "WhendPluginHost",
-                "BuiltinPluginSupport",
+                "WhendWire", "WhendRecord", "WhendSystem", "WhendJournal", "WhendConfiguration", "WhendControl",
+                "WhendPluginHost", "BuiltinPluginSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
 
         .testTarget(
             name: "WhendWireTests",
-            dependencies: ["WhendWire", .product(name: "PropertyBased", package: "swift-property-based")]),
-        .testTarget(name: "WhendJournalTests", dependencies: ["WhendJournal", "WhendWire"]),
+            dependencies: [
+                "WhendWire", "WhendRecord", .product(name: "PropertyBased", package: "swift-property-based"),
+            ]),
+        .testTarget(name: "WhendJournalTests", dependencies: ["WhendJournal", "WhendWire", "WhendRecord"]),
         .testTarget(name: "WhendPluginSDKTests", dependencies: ["WhendPluginSDK"]),
         .testTarget(
             name: "WhendControlTests",
@@ -169,8 +181,8 @@ let package = Package(
         .testTarget(
             name: "WhendTests",
             dependencies: [
-                "WhendWire", "WhendJournal", "WhendConfiguration", "WhendPluginHost", "WhendPipelines", "WhendDaemon",
-                "WhenClient",
+                "WhendWire", "WhendRecord", "WhendSystem", "WhendJournal", "WhendConfiguration", "WhendPluginHost",
+                "WhendPipelines", "WhendDaemon", "WhenClient",
                 "WhenTesting", "whend", "whenctl",
                 "whend-demo",
                 // The connection handler alone, on NIO's test channel (ConnectionHandlerTests).

@@ -2,6 +2,8 @@ import BuiltinPluginSupport
 import Foundation
 import PluginHTTP
 import WhendPluginSDK
+import WhendRecord
+import WhendSystem
 import WhendWire
 
 /// The NDJSON destination as the sender appends to it: one descriptor kept open while the path

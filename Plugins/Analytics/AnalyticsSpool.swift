@@ -2,6 +2,7 @@ import BuiltinPluginSupport
 import Foundation
 import PluginHTTP
 import WhendPluginSDK
+import WhendSystem
 import WhendWire
 
 /// Encoded events not yet delivered: in memory for the sender, and in a file so that a restart

@@ -1,6 +1,7 @@
 import BuiltinPluginSupport
 import Foundation
 import WhendPluginSDK
+import WhendSystem
 import WhendWire
 
 /// Keeps the last records of each session as breadcrumbs and, on a fatal `error` (or on every

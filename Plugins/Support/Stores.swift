@@ -1,4 +1,5 @@
 import Foundation
+import WhendSystem
 import WhendWire
 
 /// Where crash-reports keeps its reports, and how they are named: shared by the plugin and by

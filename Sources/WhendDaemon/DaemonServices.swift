@@ -4,6 +4,7 @@ import ServiceLifecycle
 import UnixSignals
 import WhendConfiguration
 import WhendPluginHost
+import WhendSystem
 import WhendWire
 
 /// whend as a `ServiceGroup`: the journal, the plugins, the event socket and the control

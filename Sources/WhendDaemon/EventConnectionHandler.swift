@@ -3,6 +3,7 @@ import NIOCore
 import WhendConfiguration
 import WhendJournal
 import WhendPluginHost
+import WhendRecord
 import WhendWire
 
 /// Asks a connection to finish: read nothing more, wait for the journal, send the final ack,

@@ -6,6 +6,7 @@ import NIOCore
 import NIOPosix
 import WhendConfiguration
 import WhendJournal
+import WhendRecord
 import WhendWire
 
 /// The event socket and its connections: it listens, admits each connection up to

@@ -1,6 +1,7 @@
 import WhendConfiguration
 import WhendJournal
 import WhendPluginHost
+import WhendRecord
 import WhendWire
 
 /// The ingest path of one connection, without the socket: each line a client sent is scanned

@@ -7,6 +7,7 @@ import WhendControl
 import WhendJournal
 import WhendPipelines
 import WhendPluginHost
+import WhendRecord
 import WhendWire
 
 /// whend's pipelines: their supervised workers, the shared host the trusted ones run in, and

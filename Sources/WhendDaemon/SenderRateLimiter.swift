@@ -2,6 +2,7 @@ import Foundation
 import NIOConcurrencyHelpers
 import WhendConfiguration
 import WhendPluginHost
+import WhendRecord
 import WhendWire
 
 /// A token bucket: `rate` events per second on average, `burst` at once.

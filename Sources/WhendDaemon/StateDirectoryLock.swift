@@ -1,6 +1,7 @@
 import Foundation
 import WhendConfiguration
 import WhendPluginHost
+import WhendSystem
 import WhendWire
 
 /// The one-writer rule for a state directory: whend holds an exclusive `flock` on

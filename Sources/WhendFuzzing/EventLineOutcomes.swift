@@ -1,9 +1,11 @@
 import Foundation
+import WhendRecord
 import WhendWire
 
 // This file is also compiled into an older WhendWire (`make fuzz-differential`, which copies it
-// there without the import above), so that the same walk runs over both scanners: it uses only
-// the wire API that has been stable since the protocol's first version.
+// there without the imports above: that WhendWire held the stored-record format too), so that
+// the same walk runs over both scanners: it uses only the wire API that has been stable since
+// the protocol's first version.
 
 /// What the event protocol makes of `input` as one connection's stream, a line at a time, in a
 /// form that compares across versions of the scanner: an error's code and message, a hello's

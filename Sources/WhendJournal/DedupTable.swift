@@ -1,5 +1,6 @@
 import CScan
 import Glibc
+import WhendRecord
 import WhendWire
 
 /// An open-addressing hash table from de-duplication keys to `_seq`s, sized once.

@@ -1,3 +1,4 @@
+import WhendRecord
 import WhendWire
 
 /// Remembers the (`app`, `session`, `id`) of the events among the last `window` records of the

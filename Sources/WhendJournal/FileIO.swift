@@ -1,4 +1,5 @@
 import Foundation
+import WhendSystem
 import WhendWire
 
 /// A failed system call on a journal file, with what to do about it.

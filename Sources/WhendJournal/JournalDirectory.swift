@@ -1,4 +1,5 @@
 import Foundation
+import WhendSystem
 import WhendWire
 
 /// One segment file of the journal, named by the `_seq` of its first record.

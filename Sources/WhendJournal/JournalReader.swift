@@ -1,4 +1,5 @@
 import Foundation
+import WhendRecord
 import WhendWire
 
 /// Something wrong found in a segment, with where it is.

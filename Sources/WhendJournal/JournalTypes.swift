@@ -1,4 +1,5 @@
 import Foundation
+import WhendRecord
 import WhendWire
 
 /// What an acknowledgement means (DESIGN.md "The journal writer").

@@ -1,4 +1,5 @@
 import Foundation
+import WhendRecord
 import WhendWire
 
 /// What `whenctl verify` found.

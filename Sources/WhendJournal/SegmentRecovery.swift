@@ -1,5 +1,6 @@
 import CZstd
 import Foundation
+import WhendRecord
 import WhendWire
 
 /// Brings the unsealed last segment back to a sealed state after a crash or a failed write.

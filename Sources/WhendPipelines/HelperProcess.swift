@@ -1,6 +1,7 @@
 import CLinux
 import Foundation
 import WhendConfiguration
+import WhendSystem
 import WhendWire
 
 /// Starts a process of whend's own that runs plugin code (a pipeline worker, the shared host,

@@ -1,6 +1,7 @@
 import Foundation
 import WhendConfiguration
 import WhendPluginHost
+import WhendSystem
 import WhendWire
 
 /// A pipeline's plugins' state saved together with the cursor it goes with: after a restart

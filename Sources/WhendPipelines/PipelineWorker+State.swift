@@ -6,6 +6,7 @@ import Synchronization
 import WhendConfiguration
 import WhendJournal
 import WhendPluginHost
+import WhendSystem
 import WhendWire
 
 extension PipelineWorker {

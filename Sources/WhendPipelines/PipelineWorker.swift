@@ -6,6 +6,7 @@ import Synchronization
 import WhendConfiguration
 import WhendJournal
 import WhendPluginHost
+import WhendSystem
 import WhendWire
 
 /// A pipeline's worker process: it loads the pipeline's plugins, reads the journal itself from

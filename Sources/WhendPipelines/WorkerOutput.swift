@@ -6,6 +6,7 @@ import Synchronization
 import WhendConfiguration
 import WhendJournal
 import WhendPluginHost
+import WhendSystem
 import WhendWire
 
 /// The worker's side of the pipes to the daemon: derived records gathered into batches, and

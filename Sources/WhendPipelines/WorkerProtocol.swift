@@ -1,6 +1,7 @@
 import Foundation
 import WhendConfiguration
 import WhendPluginHost
+import WhendSystem
 import WhendWire
 
 /// What a pipeline worker derived from one record: the plugin's bytes, stored as written.

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import WhendConfiguration
+import WhendRecord
 import WhendWire
 
 /// A pipeline run offline over records the caller reads from a journal: the same plugin

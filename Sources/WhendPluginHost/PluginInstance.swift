@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import NIOConcurrencyHelpers
 import WhendConfiguration
+import WhendSystem
 import WhendWire
 
 /// One created instance of a plugin, with the services whend offers it. Calls into the

@@ -92,7 +92,7 @@ enum KnownKey: Int {
     }
 }
 
-@inline(__always) func equal(_ a: UnsafeBufferPointer<UInt8>, _ s: StaticString) -> Bool {
+@inlinable package func equal(_ a: UnsafeBufferPointer<UInt8>, _ s: StaticString) -> Bool {
     let n = s.utf8CodeUnitCount
     guard a.count == n else { return false }
     let p = s.utf8Start
@@ -114,7 +114,7 @@ package struct EventMember: Sendable {
     /// Whether the bytes from the key to the value's end are already `"key":value` in the
     /// canonical form whend stores (`appendCanonicalJSON`): no spaces, no escape written
     /// otherwise than that form writes it.
-    var canonical = true
+    package var canonical = true
 }
 
 /// A validated event line, as positions into the line it was scanned from.
@@ -133,9 +133,9 @@ package struct ScannedEvent: Sendable {
     package var id: StringValue?
     /// For a `when` in the Codable form: the member index of `when`, and the ranges of the case
     /// name (raw string contents) and its params object.
-    var codableWhen: (member: Int, name: Range<Int>, params: Range<Int>)?
+    package var codableWhen: (member: Int, name: Range<Int>, params: Range<Int>)?
     /// True for a plain-form `when` without `params`: the stored record gains `"params":{}`.
-    var needsEmptyParams: Bool
+    package var needsEmptyParams: Bool
 }
 
 /// A string value in a line: its contents between the quotes, and whether they hold escapes.

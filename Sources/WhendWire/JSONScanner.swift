@@ -28,9 +28,9 @@ package struct JSONScanner {
         self.position = 0
     }
 
-    @inline(__always) var atEnd: Bool { position >= bytes.count }
+    @inlinable package var atEnd: Bool { position >= bytes.count }
 
-    @inline(__always) func peek() -> UInt8? { position < bytes.count ? bytes[position] : nil }
+    @inlinable package func peek() -> UInt8? { position < bytes.count ? bytes[position] : nil }
 
     package mutating func skipWhitespace() {
         while position < bytes.count {
@@ -43,7 +43,7 @@ package struct JSONScanner {
         }
     }
 
-    func syntaxError(_ what: String) -> WireError {
+    package func syntaxError(_ what: String) -> WireError {
         WireError(.invalidJSON, "the line is not valid JSON: \(what) at byte \(position + 1)")
     }
 

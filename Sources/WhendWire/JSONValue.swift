@@ -108,3 +108,19 @@ public enum JSONBytes {
         }
     }
 }
+
+extension JSONBytes {
+    /// A decimal unsigned integer, or nil if it is not one (or overflows).
+    public static func parseUInt(_ bytes: UnsafeBufferPointer<UInt8>) -> UInt64? {
+        guard !bytes.isEmpty else { return nil }
+        var v: UInt64 = 0
+        for b in bytes {
+            guard b >= 0x30 && b <= 0x39 else { return nil }
+            let (m, o1) = v.multipliedReportingOverflow(by: 10)
+            let (a, o2) = m.addingReportingOverflow(UInt64(b - 0x30))
+            if o1 || o2 { return nil }
+            v = a
+        }
+        return v
+    }
+}

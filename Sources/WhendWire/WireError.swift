@@ -1,5 +1,5 @@
 /// The error codes of PROTOCOL.md §5, exactly as they appear on the wire.
-public enum WireErrorCode: String, Sendable, CaseIterable {
+package enum WireErrorCode: String, Sendable, CaseIterable {
     case invalidJSON = "invalid_json"
     case invalidUTF8 = "invalid_utf8"
     case notAnObject = "not_an_object"
@@ -16,18 +16,18 @@ public enum WireErrorCode: String, Sendable, CaseIterable {
 }
 
 /// Why one line was refused: a protocol code and a message a person can act on.
-public struct WireError: Error, Sendable, Equatable, CustomStringConvertible {
-    public var code: WireErrorCode
-    public var message: String
+package struct WireError: Error, Sendable, Equatable, CustomStringConvertible {
+    package var code: WireErrorCode
+    package var message: String
     /// True for errors about the connection itself (a bad hello): they carry no event number,
     /// and the daemon closes the connection after sending them.
-    public var isAboutConnection: Bool
+    package var isAboutConnection: Bool
 
-    public init(_ code: WireErrorCode, _ message: String, isAboutConnection: Bool = false) {
+    package init(_ code: WireErrorCode, _ message: String, isAboutConnection: Bool = false) {
         self.code = code
         self.message = message
         self.isAboutConnection = isAboutConnection
     }
 
-    public var description: String { "\(code.rawValue): \(message)" }
+    package var description: String { "\(code.rawValue): \(message)" }
 }

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import WhendJournal
+import WhendRecord
 import WhendWire
 
 /// Which records to show: the filters `cat` and `tail` share.

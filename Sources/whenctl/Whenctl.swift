@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import WhendJournal
+import WhendSystem
 import WhendWire
 
 @main

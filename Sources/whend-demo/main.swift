@@ -1,5 +1,6 @@
 import Foundation
 import WhenClient
+import WhendSystem
 import WhendWire
 
 // whend-demo: app sessions simulated through WhenClient — the seeds' three journeys (a Marvel

@@ -5,6 +5,7 @@ import WhendConfiguration
 import WhendDaemon
 import WhendJournal
 import WhendPipelines
+import WhendSystem
 import WhendWire
 
 @main

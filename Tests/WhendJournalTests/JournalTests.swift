@@ -1,6 +1,7 @@
 import CZstd
 import Foundation
 import Testing
+import WhendRecord
 import WhendWire
 
 @testable import WhendJournal

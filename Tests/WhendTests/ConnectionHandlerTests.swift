@@ -4,6 +4,8 @@ import NIOEmbedded
 import Testing
 import WhendConfiguration
 import WhendJournal
+import WhendRecord
+import WhendSystem
 import WhendWire
 
 @testable import WhendDaemon

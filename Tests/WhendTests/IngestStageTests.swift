@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import WhendConfiguration
+import WhendRecord
 import WhendWire
 
 @testable import WhendDaemon

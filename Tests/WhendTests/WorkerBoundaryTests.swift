@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import WhendJournal
 import WhendPipelines
+import WhendSystem
 import WhendWire
 
 /// The boundary between whend and a pipeline's worker, tried from the plugin's side: a real C

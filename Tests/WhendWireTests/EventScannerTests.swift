@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import WhendRecord
 import WhendWire
 
 /// Scans `line` as a non-first line, returning the error code or nil if accepted.

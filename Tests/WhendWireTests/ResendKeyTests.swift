@@ -1,6 +1,7 @@
 import Foundation
 import PropertyBased
 import Testing
+import WhendRecord
 import WhendWire
 
 /// A JSON string value as UTF-16 code units (what JSON's `\u` escapes spell, lone surrogates

@@ -1,36 +1,38 @@
+import WhendWire
+
 /// The fields of a stored record (PROTOCOL.md §7) that readers filter and index on.
 ///
 /// Scanning validates the whole line as one JSON object, so a reader that gets a
 /// `StoredRecord` knows the line is sound.
-public struct StoredRecord: Sendable, Equatable {
-    public var seq: UInt64?
+package struct StoredRecord: Sendable, Equatable {
+    package var seq: UInt64?
     /// `_rt` in microseconds since 1970.
-    public var receivedMicros: Int64?
-    public var type: String?
-    public var app: [UInt8]?
-    public var session: [UInt8]?
-    public var id: [UInt8]?
+    package var receivedMicros: Int64?
+    package var type: String?
+    package var app: [UInt8]?
+    package var session: [UInt8]?
+    package var id: [UInt8]?
     /// The de-duplication identity, when the record carries an `id` (and an `app`), from the
     /// strings as stored (`DedupKey`): `app`, `session` and `id` above are decoded, and decoding
     /// makes one of strings that differ.
-    public var dedupKey: DedupKey?
+    package var dedupKey: DedupKey?
     /// Whether a pipeline derived the record (it carries `_origin`, which only whend writes):
     /// a resend of a client's event is never one of these.
-    public var isDerived = false
+    package var isDerived = false
     /// A derived record's `_origin` (the stage that derived it) and `_pipeline`, decoded, and
     /// its `_cause`. Read by whend's own scanner: Foundation's parser refuses values whend
     /// stores (an unpaired surrogate's escape, a number past a Double), and a reader of
     /// derived records that skipped those would take what was derived for not derived.
-    public var origin: [UInt8]?
-    public var pipeline: [UInt8]?
-    public var cause: UInt64?
+    package var origin: [UInt8]?
+    package var pipeline: [UInt8]?
+    package var cause: UInt64?
 
-    public init() {}
+    package init() {}
 
     /// Scans one stored line.
     /// - Throws: `WireError` (`invalid_json`, `not_an_object`, `invalid_utf8`) when the line is
     ///   not one JSON object.
-    public static func scan(_ line: UnsafeBufferPointer<UInt8>) throws(WireError) -> StoredRecord {
+    package static func scan(_ line: UnsafeBufferPointer<UInt8>) throws(WireError) -> StoredRecord {
         if let bad = firstInvalidUTF8Offset(line) {
             throw WireError(.invalidUTF8, "not UTF-8 at byte \(bad + 1)")
         }
@@ -91,22 +93,6 @@ public struct StoredRecord: Sendable, Equatable {
             record.dedupKey = builder.finish(hasSession: keyParts.session != nil)
         }
         return record
-    }
-}
-
-extension JSONBytes {
-    /// A decimal unsigned integer, or nil if it is not one (or overflows).
-    public static func parseUInt(_ bytes: UnsafeBufferPointer<UInt8>) -> UInt64? {
-        guard !bytes.isEmpty else { return nil }
-        var v: UInt64 = 0
-        for b in bytes {
-            guard b >= 0x30 && b <= 0x39 else { return nil }
-            let (m, o1) = v.multipliedReportingOverflow(by: 10)
-            let (a, o2) = m.addingReportingOverflow(UInt64(b - 0x30))
-            if o1 || o2 { return nil }
-            v = a
-        }
-        return v
     }
 }
 

@@ -1,4 +1,5 @@
 import Foundation
+import WhendWire
 
 /// The daemon-written fields of PROTOCOL.md §7 for one connection's sender.
 package struct PeerCredentials: Sendable, Equatable {
@@ -31,13 +32,13 @@ package struct PeerCredentials: Sendable, Equatable {
 /// window of 100,000 has a probability near 1e-29, and the random key keeps clients from
 /// aiming for one. Sixteen bytes a key keep the window small (PROTOCOL.md §4), and
 /// hashing straight from the line allocates nothing per event.
-public struct DedupKey: Hashable, Sendable {
-    public let low: UInt64
-    public let high: UInt64
+package struct DedupKey: Hashable, Sendable {
+    package let low: UInt64
+    package let high: UInt64
 
     /// - Parameters: the contents of the strings (between their quotes) in canonical form, as a
     ///   stored record holds them.
-    public init(app: [UInt8], session: [UInt8]?, id: [UInt8]) {
+    package init(app: [UInt8], session: [UInt8]?, id: [UInt8]) {
         var builder = Builder()
         app.withUnsafeBufferPointer { builder.add($0) }
         (session ?? []).withUnsafeBufferPointer { builder.add($0) }
@@ -50,7 +51,7 @@ public struct DedupKey: Hashable, Sendable {
         self.high = high
     }
 
-    public func hash(into hasher: inout Hasher) {
+    package func hash(into hasher: inout Hasher) {
         hasher.combine(low)
     }
 
