@@ -91,9 +91,11 @@ package enum Secrets {
         return ok ? walker.result : nil
     }
 
-    /// How the value of setting `key` prints: a plugin's configuration redacted, the rest as is.
+    /// How the value of setting `key` prints: a plugin's configuration redacted, the rest as is
+    /// (and a plugin's configuration that is not set, as a reload that adds one shows its old
+    /// value, as nothing: there is nothing in it to hide).
     package static func shown(key: String, value: String, hiding known: Set<String> = []) -> String {
-        guard key.hasPrefix("plugin.") else { return value }
+        guard key.hasPrefix("plugin."), !value.isEmpty else { return value }
         return redact(value, hiding: known) ?? "(not shown: not JSON)"
     }
 

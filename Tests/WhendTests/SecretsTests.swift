@@ -44,6 +44,13 @@ import WhendConfiguration
         #expect(Secrets.shown(key: "durability", value: "fsync") == "fsync")
     }
 
+    /// A reload that adds a plugin's configuration shows the old value as what it was: nothing
+    /// (it printed `(not shown: not JSON) → {…}`).
+    @Test func aPluginConfigurationNotSetBeforeShowsAsNothing() {
+        #expect(Secrets.shown(key: "plugin.x", value: "") == "")
+        #expect(Secrets.shown(key: "plugin.x", value: " ") == "(not shown: not JSON)")
+    }
+
     @Test func scrubHidesSecretsInFreeText() {
         let message = #"analytics: endpoint must be http(s), not ftp://u:pw1@h; config {"k":"a\/bc"}"#
         #expect(
