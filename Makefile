@@ -73,7 +73,8 @@ soak: test-deps
 		--filter "CrashConsistencyTests|HostileClientTests|FaultTests|PowerCutTests|KillTimingTests"
 
 # The ingest benchmark: release builds of whend and of Benchmarks/, rsyslog unpacked beside them,
-# one corpus of BENCH_EVENTS events sent to each. Prints the table and the bars. BENCH_ONLY=shipped
+# one corpus of BENCH_EVENTS events sent to each. Prints the table and the bars, and writes them
+# into BENCHMARKS.md and the headline into the README (Benchmarks/record-report.sh). BENCH_ONLY=shipped
 # runs whend as it ships beside rsyslog and nothing else; BENCH_ONLY=latency, the ack latency.
 BENCH_EVENTS ?= 1000000
 BENCH_ROUNDS ?= 3
@@ -85,10 +86,12 @@ bench: deps
 	$(SWIFT) build -c release --package-path Benchmarks
 	cc -shared -fPIC -O2 -I Sources/CWhendPlugin/include Benchmarks/noop.c -o Benchmarks/.build/libnoop.so
 	$(NATS_PEER)
-	Benchmarks/.build/release/whend-bench --whend .build/release/whend --whenctl .build/release/whenctl \
+	bash -c 'set -o pipefail; Benchmarks/.build/release/whend-bench --whend .build/release/whend --whenctl .build/release/whenctl \
 		--rsyslog-root Benchmarks/.peer/root --events $(BENCH_EVENTS) --rounds $(BENCH_ROUNDS) \
 		--noop-plugin Benchmarks/.build/libnoop.so $(if $(wildcard /usr/sbin/nats-server),--nats-server /usr/sbin/nats-server --nats-peer Benchmarks/.build/nats-peer) \
-		$(if $(BENCH_ONLY),--only $(BENCH_ONLY))
+		$(if $(BENCH_ONLY),--only $(BENCH_ONLY)) | tee .build/bench-report.txt'
+	Benchmarks/record-report.sh .build/bench-report.txt \
+		"make bench$(if $(BENCH_ONLY), BENCH_ONLY=$(BENCH_ONLY))$(if $(filter-out 3,$(BENCH_ROUNDS)), BENCH_ROUNDS=$(BENCH_ROUNDS))"
 
 # What WhenClient.emit costs the app's thread with the daemon up, down and stopped, against one
 # blocking send(2) per event in the same run.
