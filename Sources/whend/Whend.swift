@@ -122,7 +122,11 @@ struct Whend: AsyncParsableCommand {
         // Never die of a write to a peer that went away (a worker's pipe, a log reader): NIO
         // ignores SIGPIPE only once it opens its first socket, after the pipelines start.
         signal(SIGPIPE, SIG_IGN)
-        MallocTuning.apply()
+        // Pipeline processes only: in the daemon, blocks of a megabyte mapped and unmapped each
+        // time (a connection's batch, a commit's group) cost ingest a fifth more CPU per event
+        // (1.44–1.68 → 1.74–2.09 µs, `whend-bench --only ingest`); it gives its memory back
+        // when ingest goes quiet instead (`StatusReporter`, `JournalWriter`).
+        if pipelineWorker || pipelineHost { MallocTuning.apply() }
         if pipelineWorker {
             // A pipeline's worker process, started by the daemon (PipelineSupervisor).
             LoggingSystem.bootstrap { label in StreamLogHandler.standardError(label: label) }
