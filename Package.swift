@@ -57,13 +57,13 @@ let package = Package(
         .target(name: "CWhendPlugin"),
         // Linux calls and types Swift's Glibc module does not import (they need _GNU_SOURCE).
         .target(name: "CLinux"),
-        // SIMD helpers for reading records, inlined into Swift (static inline C).
+        // A cache prefetch for the journal's resend table, inlined into Swift (static inline C).
         .target(name: "CScan"),
         .target(
             name: "WhendFuzzing", dependencies: ["WhendWire", "WhendRecord", "WhendJournal", "WhendConfiguration"]),
         // The ABI version as exported data, linked into every plugin built with the SDK.
         .target(name: "CWhendPluginABI", dependencies: ["CWhendPlugin"]),
-        .target(name: "WhendPluginSDK", dependencies: ["CWhendPlugin", "CWhendPluginABI", "CScan", "WhendWire"]),
+        .target(name: "WhendPluginSDK", dependencies: ["CWhendPlugin", "CWhendPluginABI", "WhendWire"]),
         .target(name: "RedactPlugin", dependencies: ["WhendPluginSDK"], path: "Plugins/Redact"),
         // What the built-in plugins share (linked into each library).
         .target(name: "BuiltinPluginSupport", dependencies: ["WhendWire", "WhendSystem"], path: "Plugins/Support"),

@@ -1,3 +1,3 @@
-// The scanning helpers are static inline in include/whend_scan.h; this file gives the target
+// The prefetch is static inline in include/whend_scan.h; this file gives the target
 // the one source file a C target needs.
 #include "whend_scan.h"

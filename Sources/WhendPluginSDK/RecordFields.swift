@@ -1,4 +1,3 @@
-import CScan
 import Foundation
 import WhendWire
 
@@ -186,15 +185,19 @@ func forEachMember(
         var escaped = false
         guard let base = bytes.baseAddress else { return false }
         while i < n {
-            // To the next quote or backslash, sixteen bytes at a time: most of a record is strings.
-            i += whend_find_quote_or_backslash(base + i, n - i)
+            // To the next quote, backslash or control character, sixteen bytes at a time: most
+            // of a record is strings. (A stored string holds no control character; one is
+            // stepped over as the byte it is.)
+            i += firstStringSpecial(base + i, n - i)
             guard i < n else { break }
             if bytes[i] == UInt8(ascii: "\\") {
                 escaped = true
                 i += 2
-            } else {
+            } else if bytes[i] == UInt8(ascii: "\"") {
                 i += 1
                 return escaped
+            } else {
+                i += 1
             }
         }
         return escaped

@@ -289,18 +289,26 @@ package struct JSONScanner {
 
 /// Where the first byte of `p[0..<n]` that ends a string's plain run is — a `"`, a `\\` or a
 /// control character (below 0x20) — or `n` if there is none: sixteen bytes at a time (Swift's
-/// SIMD types: SSE2 on x86-64, NEON on arm64), then one at a time within the block that has
-/// one, and for the tail. Every key and string value of an event is crossed with it. Plain
-/// Swift rather than C, so that importing WhendWire needs no C module (apps compile against
-/// it with `swiftc -I`).
-@inline(__always) package func firstStringSpecial(_ p: UnsafePointer<UInt8>, _ n: Int) -> Int {
+/// SIMD types: SSE2 on x86-64, NEON on arm64), the byte found in a block by the position of its
+/// lane's mark, then one at a time for the tail. The one string skip of every reader of JSON in
+/// whend: the event scanner crosses every key and string value of an event with it, and
+/// readers of stored records and plugins' field scans theirs. Plain Swift rather than C, so
+/// that importing WhendWire needs no C module (apps compile against it with `swiftc -I`), and
+/// inlinable into those other modules.
+@inlinable @inline(__always) package func firstStringSpecial(_ p: UnsafePointer<UInt8>, _ n: Int) -> Int {
     var i = 0
     let quote = SIMD16<UInt8>(repeating: 0x22)
     let backslash = SIMD16<UInt8>(repeating: 0x5C)
     let space = SIMD16<UInt8>(repeating: 0x20)
     while i + 16 <= n {
         let v = UnsafeRawPointer(p + i).loadUnaligned(as: SIMD16<UInt8>.self)
-        if any((v .== quote) .| (v .== backslash) .| (v .< space)) { break }
+        let found = (v .== quote) .| (v .== backslash) .| (v .< space)
+        if any(found) {
+            // Each lane found becomes 0xFF; the first is the lowest nonzero byte (little-endian).
+            let marks = unsafeBitCast(
+                SIMD16<UInt8>(repeating: 0).replacing(with: 0xFF, where: found), to: SIMD2<UInt64>.self)
+            return i + (marks[0] != 0 ? marks[0].trailingZeroBitCount : 64 + marks[1].trailingZeroBitCount) / 8
+        }
         i += 16
     }
     while i < n {
