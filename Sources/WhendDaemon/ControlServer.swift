@@ -108,36 +108,52 @@ final class ControlConnectionHandler: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
 
+    /// How a request is answered: by running it, or, for a peer that may not control whend,
+    /// with the same refusal whatever it asks (not even decoded).
+    private enum Answering {
+        case commands(@Sendable (ControlRequest) -> ControlAnswer)
+        case refusal(ControlAnswer)
+    }
+
     private var request: [UInt8] = []
     private var answered = false
-    private let respond: @Sendable (ControlRequest) -> ControlAnswer
-    /// The answer to whatever is asked, for a peer that may not control whend.
-    private let refusal: ControlAnswer?
+    private let answering: Answering
+    /// The request's deadline, cancelled once it is answered.
+    private var deadline: Scheduled<Void>?
 
     init(respond: @escaping @Sendable (ControlRequest) -> ControlAnswer) {
-        self.respond = respond
-        refusal = nil
+        answering = .commands(respond)
     }
 
     init(refusing why: String) {
-        respond = { _ in .refused(why) }
-        refusal = .refused(why)
+        answering = .refusal(.refused(why))
     }
 
     /// How long a connection may take to send its request: an idle one holds a descriptor.
     static let requestTimeout: TimeAmount = .seconds(10)
 
+    /// The handler is added once the peer's credentials are read, when the connection may
+    /// already be active: the deadline starts from whichever comes second.
+    func handlerAdded(context: ChannelHandlerContext) {
+        if context.channel.isActive { startDeadline(context: context) }
+    }
+
     func channelActive(context: ChannelHandlerContext) {
+        startDeadline(context: context)
+        context.fireChannelActive()
+    }
+
+    private func startDeadline(context: ChannelHandlerContext) {
+        guard deadline == nil, !answered else { return }
         let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
         let loopContext = NIOLoopBound(context, eventLoop: context.eventLoop)
-        context.eventLoop.scheduleTask(in: Self.requestTimeout) {
+        deadline = context.eventLoop.scheduleTask(in: Self.requestTimeout) {
             guard !handler.value.answered, loopContext.value.channel.isActive else { return }
             handler.value.reply(
                 .refused(
                     "no request within \(Self.requestTimeout.nanoseconds / 1_000_000_000) s; send one line of JSON"),
                 context: loopContext.value)
         }
-        context.fireChannelActive()
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -169,16 +185,20 @@ final class ControlConnectionHandler: ChannelInboundHandler {
     /// Runs the command off the event loop (a reload reads files and may wait for the writer).
     private func answer(_ line: [UInt8], context: ChannelHandlerContext) {
         answered = true
-        if let refusal {
+        deadline?.cancel()
+        let respond: @Sendable (ControlRequest) -> ControlAnswer
+        switch answering {
+        case .refusal(let refusal):
             reply(refusal, context: context)
             return
+        case .commands(let commands):
+            respond = commands
         }
         let request: ControlRequest
         do { request = try ControlRequest.decode(line) } catch {
             reply(.refused(error.description), context: context)
             return
         }
-        let respond = self.respond
         let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
         let loopContext = NIOLoopBound(context, eventLoop: context.eventLoop)
         let eventLoop = context.eventLoop
@@ -190,6 +210,7 @@ final class ControlConnectionHandler: ChannelInboundHandler {
 
     private func reply(_ answer: ControlAnswer, context: ChannelHandlerContext) {
         answered = true
+        deadline?.cancel()
         let bytes = answer.encoded()
         var buffer = context.channel.allocator.buffer(capacity: bytes.count + 1)
         buffer.writeBytes(bytes)
