@@ -107,13 +107,14 @@ let package = Package(
         // The stored-record format (PROTOCOL.md §7): a scanned event encoded as the journal
         // stores it, its resend key, and a stored record read back.
         .target(name: "WhendRecord", dependencies: ["WhendWire"]),
-        // What whend asks of the operating system beyond Foundation: durable files, signals.
+        // What whend asks of the operating system beyond Foundation: durable files, signals, its
+        // own executable.
         .target(name: "WhendSystem"),
         // The append-only zstd journal: writer, recovery, reader, index, verify. No NIO.
         .target(name: "WhendJournal", dependencies: ["WhendWire", "WhendRecord", "WhendSystem", "CZstd", "CScan"]),
         // whend's settings: one table for the file, the environment and the flags, and how a
         // configuration is resolved (whend and whenctl replay share it).
-        .target(name: "WhendConfiguration", dependencies: ["WhendWire", "WhendJournal"]),
+        .target(name: "WhendConfiguration", dependencies: ["WhendWire", "WhendJournal", "WhendSystem"]),
         // Plugins as whend hosts them: loading (dlopen, the ABI check), host services, chains,
         // and a pipeline run offline (whenctl replay).
         .target(
@@ -176,8 +177,10 @@ let package = Package(
         .testTarget(
             name: "WhendControlTests",
             dependencies: ["WhendControl", .product(name: "PropertyBased", package: "swift-property-based")]),
-        // End to end: real whend and whenctl processes on real sockets. Depends on the
-        // executables so that `swift test` builds them beside the test bundle.
+        // End to end: whend on real sockets, in the test's own process (`TestDaemon`) or as a
+        // real process where a promise needs one (kills, signals, systemd), with whenctl and the
+        // demo as real processes. Depends on the executables so that `swift test` builds them
+        // beside the test bundle.
         .testTarget(
             name: "WhendTests",
             dependencies: [
@@ -188,6 +191,7 @@ let package = Package(
                 // The connection handler alone, on NIO's test channel (ConnectionHandlerTests).
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ]),
     ],

@@ -1,5 +1,6 @@
 import Foundation
 import WhendJournal
+import WhendSystem
 import WhendWire
 
 /// Everything the daemon needs to run; every field has the embedded default that `make run`
@@ -98,10 +99,7 @@ package struct DaemonConfiguration: Sendable {
     }
 
     package static func defaultPluginDirectories() -> [String] {
-        guard let executable = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") else {
-            return []
-        }
-        let bin = (executable as NSString).deletingLastPathComponent
+        let bin = (WhendExecutable.path as NSString).deletingLastPathComponent
         return [
             ((bin as NSString).deletingLastPathComponent as NSString).appendingPathComponent("lib/whend/plugins"), bin,
         ]

@@ -59,9 +59,16 @@ final class ConfigurationService: Service, Sendable {
     /// When the last reload was, and what it did, for status.
     var lastReload: (at: Date, outcome: String)? { lastReloadBox.withLockedValue { $0 } }
 
+    /// Reloads at each SIGHUP until the graceful shutdown (see `untilGracefulShutdown` for why
+    /// not `cancelOnGracefulShutdown`).
     func run() async throws {
-        for await _ in await UnixSignalsSequence(trapping: .sighup).cancelOnGracefulShutdown() {
-            _ = reload(trigger: "SIGHUP")
+        let signals = await UnixSignalsSequence(trapping: .sighup)
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask {
+                for await _ in signals { _ = self.reload(trigger: "SIGHUP") }
+            }
+            await untilGracefulShutdown()
+            group.cancelAll()
         }
     }
 

@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import NIOConcurrencyHelpers
 import ServiceLifecycle
 import UnixSignals
 import WhendConfiguration
@@ -16,14 +17,12 @@ import WhendWire
 /// reverse order, each after the one after it has stopped: the control socket closes, then
 /// connections drain, then the pipelines stop, then the journal commits and seals. A step that fails
 /// to start stops those already started, in the same order, and whend exits with its error.
-package struct DaemonServices {
-    let daemon: Daemon
+package struct DaemonServices: Sendable {
+    private let group: ServiceGroup
 
-    package init(_ daemon: Daemon) { self.daemon = daemon }
-
-    /// Runs until SIGTERM or SIGINT has stopped every service; throws what kept one from starting.
-    package func run() async throws {
-        let daemon = self.daemon
+    /// `stopSignals`: what stops whend gracefully; a program that embeds the daemon (the tests)
+    /// passes none and calls `stop()`.
+    package init(_ daemon: Daemon, stopSignals: [UnixSignal] = [.sigterm, .sigint]) {
         // The threads a step starts (the writer, supervisors) block no signal; what blocks (the
         // plugin check, a pipeline's stop) runs on a thread of its own, not in `run()`.
         let steps: [(name: String, start: @Sendable () async throws -> Void, stop: @Sendable () async -> Void)] = [
@@ -58,10 +57,21 @@ package struct DaemonServices {
                 service: Readiness(startup: startup, daemon: daemon), successTerminationBehavior: .ignore,
                 serviceName: "readiness"))
         var configuration = ServiceGroupConfiguration(
-            services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: Self.quiet(daemon.logger))
+            services: services, gracefulShutdownSignals: stopSignals, logger: Self.quiet(daemon.logger))
         // Each step bounds its own stop (connections drain within shutdown_timeout).
         configuration.maximumGracefulShutdownDuration = nil
-        try await ServiceGroup(configuration: configuration).run()
+        group = ServiceGroup(configuration: configuration)
+    }
+
+    /// Runs until a stop signal (or `stop()`) has stopped every service; throws what kept one
+    /// from starting.
+    package func run() async throws {
+        try await group.run()
+    }
+
+    /// Stops whend as SIGTERM does: the steps in reverse order, each after the one after it.
+    package func stop() async {
+        await group.triggerGracefulShutdown()
     }
 
     /// The group's own lines (a service started, stopped) only when whend logs at notice or
@@ -107,7 +117,7 @@ private struct Step: Service {
             // Not started, so nothing to stop: wait for the shutdown the failed step began (a
             // step that returned now would be a second, unexpected, end for the group to report).
             await startup.settle(index, .failed)
-            try? await gracefulShutdown()
+            await untilGracefulShutdown()
             return
         }
         do {
@@ -118,7 +128,7 @@ private struct Step: Service {
         }
         await startup.settle(index, .started)
         // A graceful shutdown and a cancellation (another step failed) end the same way.
-        try? await gracefulShutdown()
+        await untilGracefulShutdown()
         await stop()
     }
 }
@@ -131,7 +141,7 @@ private struct Readiness: Service {
     func run() async throws {
         guard await startup.outcome(of: startup.count - 1) == .started else { return }
         daemon.announceReady()
-        try? await gracefulShutdown()
+        await untilGracefulShutdown()
     }
 }
 
@@ -149,5 +159,48 @@ func onAThreadOfItsOwn(_ body: @escaping @Sendable () -> Void) async {
             body()
             done.resume()
         }.start()
+    }
+}
+
+/// Returns once the group's graceful shutdown has begun, or the task is cancelled.
+///
+/// Not ServiceLifecycle's `gracefulShutdown()`: that resumes its waiter from an unstructured
+/// task, which runs on Swift's shared threads whatever executor the service was given, so a
+/// daemon embedded in a program that holds those threads (the tests, blocked on sockets) would
+/// never stop. This one is resumed by the handler itself.
+func untilGracefulShutdown() async {
+    let signal = OneTimeSignal()
+    await withTaskCancellationHandler {
+        await withGracefulShutdownHandler {
+            await signal.wait()
+        } onGracefulShutdown: {
+            signal.fire()
+        }
+    } onCancel: {
+        signal.fire()
+    }
+}
+
+/// Fired once; every wait before or after returns once it has been.
+private final class OneTimeSignal: Sendable {
+    private let state = NIOLockedValueBox<(fired: Bool, waiting: [CheckedContinuation<Void, Never>])>((false, []))
+
+    func fire() {
+        let waiting = state.withLockedValue { state in
+            state.fired = true
+            defer { state.waiting = [] }
+            return state.waiting
+        }
+        for continuation in waiting { continuation.resume() }
+    }
+
+    func wait() async {
+        await withCheckedContinuation { continuation in
+            let fired = state.withLockedValue { state in
+                if !state.fired { state.waiting.append(continuation) }
+                return state.fired
+            }
+            if fired { continuation.resume() }
+        }
     }
 }

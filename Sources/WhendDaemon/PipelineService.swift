@@ -8,6 +8,7 @@ import WhendJournal
 import WhendPipelines
 import WhendPluginHost
 import WhendRecord
+import WhendSystem
 import WhendWire
 
 /// whend's pipelines: their supervised workers, the shared host the trusted ones run in, and
@@ -127,8 +128,7 @@ final class PipelineService: Sendable {
     }
 
     func run(_ specs: [String: PipelineSpec], configuration: DaemonConfiguration, unloaded: Set<String>) {
-        let executable =
-            (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        let executable = WhendExecutable.path
         let watchdog = configuration.pipelineWatchdog
         let logger = self.logger
         state.withLockedValue {

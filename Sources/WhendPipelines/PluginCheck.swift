@@ -4,6 +4,7 @@ import Foundation
 import Logging
 import WhendConfiguration
 import WhendPluginHost
+import WhendSystem
 import WhendWire
 
 /// Creates every plugin instance a configuration asks for, and destroys them again, before the
@@ -100,8 +101,7 @@ package enum PluginCheck {
     /// `create` that hangs is killed, and the configuration refused).
     package static func run(_ request: Request, timeout: TimeInterval) -> Outcome {
         guard !request.chains.isEmpty else { return Outcome() }
-        let executable =
-            (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        let executable = WhendExecutable.path
         var input: [Int32] = [0, 0]
         var reports: [Int32] = [0, 0]
         guard pipe(&input) == 0 else { return failed("pipe: \(String(cString: strerror(errno)))") }

@@ -69,28 +69,11 @@ struct Whend: AsyncParsableCommand {
     /// The flags given, as settings, in order.
     var flagValues: [SettingValue] {
         get throws {
-            var values: [SettingValue] = []
-            var arguments = settingFlags.makeIterator()
-            while let argument = arguments.next() {
-                guard argument.hasPrefix("--"), argument.count > 2 else {
-                    throw ValidationError("unexpected argument '\(argument)'; `whend --help` lists the settings")
-                }
-                var name = String(argument.dropFirst(2))
-                var value: String?
-                if let equals = name.firstIndex(of: "=") {
-                    value = String(name[name.index(after: equals)...])
-                    name = String(name[..<equals])
-                }
-                let key = name.replacingOccurrences(of: "-", with: "_")
-                guard let setting = Settings.all.first(where: { $0.key == key }) else {
-                    throw ValidationError("unknown option '--\(name)'; `whend --help` lists the settings")
-                }
-                guard let given = value ?? arguments.next() else {
-                    throw ValidationError("--\(name) needs a value: \(setting.allowed)")
-                }
-                values.append(SettingValue(key: key, value: given, source: "--" + name))
+            do {
+                return try SettingValue.flags(settingFlags)
+            } catch {
+                throw ValidationError(error.description)
             }
-            return values
         }
     }
 

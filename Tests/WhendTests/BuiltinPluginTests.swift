@@ -3,11 +3,11 @@ import Testing
 import WhendWire
 
 /// A daemon with the built-in pipelines on, configured by `settings` (a configuration file).
-func daemonWithBuiltins(_ name: String, settings: String = "") throws -> DaemonProcess {
+func daemonWithBuiltins(_ name: String, settings: String = "") throws -> TestDaemon {
     let directory = scratchDirectory(name + "-conf")
     let file = directory + "/whend.conf"
     try (settings + "\n").write(toFile: file, atomically: true, encoding: .utf8)
-    let daemon = DaemonProcess(name, arguments: ["--builtin-pipelines", "true", "--config", file])
+    let daemon = TestDaemon.live(name, arguments: ["--builtin-pipelines", "true", "--config", file])
     try daemon.start()
     return daemon
 }

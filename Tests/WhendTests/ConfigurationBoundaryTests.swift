@@ -117,7 +117,7 @@ private func whens(_ range: ClosedRange<Int>) -> [String] {
     /// given the first's running instance, whose `next` then waited on itself: every
     /// connection's events hung.
     @Test func twoNamesOfOneLibraryAreRefusedNotDeadlocked() throws {
-        let daemon = DaemonProcess("cfg-symlink")
+        let daemon = TestDaemon("cfg-symlink")
         let plugins = try pluginDirectory(in: daemon.directory)
         _ = try buildGatePlugin(into: plugins, name: "gate")
         try FileManager.default.createSymbolicLink(atPath: plugins + "/libgate2.so", withDestinationPath: "libgate.so")
@@ -151,7 +151,7 @@ private func whens(_ range: ClosedRange<Int>) -> [String] {
     /// Past `max_connections` a connection is answered with one `unavailable` error about the
     /// connection and closed, counted and logged; once one closes, another is served.
     @Test func connectionsPastTheCapAreRefusedWithAnErrorLine() throws {
-        let daemon = DaemonProcess("cfg-cap", arguments: ["--max-connections", "3"])
+        let daemon = TestDaemon("cfg-cap", arguments: ["--max-connections", "3"])
         try daemon.start()
         defer { daemon.stop() }
         // The start's own probe is closed before the count is taken.

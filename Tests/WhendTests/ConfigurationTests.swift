@@ -6,7 +6,7 @@ import WhendPluginHost
 import WhendWire
 
 @Suite(.serialized) struct ConfigurationTests {
-    func welcomedMaxEventBytes(_ daemon: DaemonProcess) throws -> Int? {
+    func welcomedMaxEventBytes(_ daemon: TestDaemon) throws -> Int? {
         let answers = try exchange(daemon.socketPath, [helloWithAcks])
         return (answers.first?["welcome"] as? [String: Any])?["max_event_bytes"] as? Int
     }
@@ -21,18 +21,18 @@ import WhendWire
         durability = "write"
         """.write(toFile: file, atomically: true, encoding: .utf8)
 
-        let fromFile = DaemonProcess("cfg-file", arguments: ["--config", file])
+        let fromFile = TestDaemon("cfg-file", arguments: ["--config", file])
         try fromFile.start()
         #expect(try welcomedMaxEventBytes(fromFile) == 2048)
         fromFile.stop()
 
-        let fromEnvironment = DaemonProcess("cfg-env", arguments: ["--config", file])
+        let fromEnvironment = TestDaemon("cfg-env", arguments: ["--config", file])
         fromEnvironment.environment = ["WHEND_MAX_EVENT_BYTES": "4096"]
         try fromEnvironment.start()
         #expect(try welcomedMaxEventBytes(fromEnvironment) == 4096)
         fromEnvironment.stop()
 
-        let fromFlag = DaemonProcess("cfg-flag", arguments: ["--config", file, "--max-event-bytes", "8192"])
+        let fromFlag = TestDaemon("cfg-flag", arguments: ["--config", file, "--max-event-bytes", "8192"])
         fromFlag.environment = ["WHEND_MAX_EVENT_BYTES": "4096"]
         try fromFlag.start()
         #expect(try welcomedMaxEventBytes(fromFlag) == 8192)

@@ -4,13 +4,13 @@ import WhendWire
 
 @Suite(.serialized) struct ControlTests {
     @Test func statusAndMetricsDescribeTheRunningDaemon() throws {
-        let daemon = DaemonProcess("status")
+        let daemon = TestDaemon("status")
         try daemon.start()
         let answers = try exchange(
             daemon.socketPath, [helloWithAcks, #"{"type":"screen","name":"A"}"#, #"{"type":"bogus"}"#])
         #expect(answers.acks.last == 2)
         let status = try daemon.status()
-        #expect(status["pid"] as? Int == Int(daemon.process!.processIdentifier))
+        #expect(status["pid"] as? Int == Int(daemon.pid))
         #expect(status["events_received"] as? Int == 1)
         #expect((status["events_rejected"] as? [String: Int])?["unknown_type"] == 1)
         #expect((status["journal"] as? [String: Any])?["last_seq"] as? Int == 1)
@@ -35,7 +35,7 @@ import WhendWire
     /// finds nothing to say, with traffic, a rejection and the built-in pipelines present, and
     /// every family whend exposes is there with its help and type.
     @Test func metricsAreWhatPromtoolChecksClean() throws {
-        let daemon = DaemonProcess("promtool", arguments: ["--builtin-pipelines", "true"])
+        let daemon = TestDaemon("promtool", arguments: ["--builtin-pipelines", "true"])
         try daemon.start()
         defer { daemon.stop() }
         let answers = try exchange(
@@ -64,7 +64,7 @@ import WhendWire
     /// A reload applies what changed to connections that stay open, refuses an invalid file
     /// and keeps the configuration in force, and names what needs a restart.
     @Test func reloadAppliesChangesWithoutDroppingConnectionsAndRefusesBadOnes() throws {
-        let daemon = DaemonProcess("reload")
+        let daemon = TestDaemon.live("reload")  // SIGHUP
         let config = daemon.directory + "/whend.conf"
         try "durability = fsync\nsocket_mode = 0666\n".write(toFile: config, atomically: true, encoding: .utf8)
         daemon.environment = ["WHEND_CONFIG": config]
@@ -119,7 +119,7 @@ import WhendWire
     /// with the socket opened to everyone, another user is refused.
     @Test(.enabled(if: getuid() == 0, "needs root to act as another user"))
     func theControlSocketRefusesOtherUsersWhateverItsMode() throws {
-        let daemon = DaemonProcess("ctl-cred")
+        let daemon = TestDaemon("ctl-cred")
         try daemon.start()
         var st = stat()
         #expect(stat(daemon.controlPath, &st) == 0 && st.st_mode & 0o777 == 0o600)
@@ -142,7 +142,7 @@ import WhendWire
     /// descriptors, for a bounded time: events are accepted meanwhile, each idle client is told
     /// why it is closed, and control answers again once they are gone.
     @Test func idleControlClientsAreBoundedAndTimedOut() throws {
-        let daemon = DaemonProcess("ctl-idle")
+        let daemon = TestDaemon("ctl-idle")
         try daemon.start()
         defer { daemon.stop() }
         // A line longer than the limit, in one write, is refused whatever the timing.
@@ -170,7 +170,7 @@ import WhendWire
     /// What whend answers may quote a client's input: whenctl prints it as one line, control
     /// characters escaped, so no answer writes a second line or a terminal escape.
     @Test func whenctlPrintsWhendsAnswersAsOneLine() throws {
-        let daemon = DaemonProcess("ctl-esc")
+        let daemon = TestDaemon("ctl-esc")
         try daemon.start()
         defer { daemon.stop() }
         let r = try daemon.whenctl(["plugins", "unload", "x\nwhenctl plugins unload: OK\u{1B}[2J"])
@@ -180,7 +180,7 @@ import WhendWire
     }
 
     @Test func unknownCommandsAndGarbageGetAClearAnswer() throws {
-        let daemon = DaemonProcess("ctl-bad")
+        let daemon = TestDaemon("ctl-bad")
         try daemon.start()
         // The commands named for what is not a request; a version this whend does not speak,
         // and a command without what it needs, said so.
@@ -208,7 +208,7 @@ import WhendWire
     /// A process names itself (`prctl`), and the rate limit's summary quotes that name: it is
     /// escaped there, so a client cannot write a line of whend's log of its own.
     @Test func aSendersOwnNameCannotForgeALogLine() throws {
-        let daemon = DaemonProcess(
+        let daemon = TestDaemon(
             "rate-comm",
             arguments: ["--rate-limit", "0.001", "--rate-burst", "1", "--rate-limit-report-interval", "0.5"])
         try daemon.start()
@@ -232,7 +232,7 @@ import WhendWire
 
     /// By default the limit is per process: two connections of one process share it.
     @Test func connectionsOfOneProcessShareItsAllowance() throws {
-        let daemon = DaemonProcess("rate-pid", arguments: ["--rate-limit", "0.001", "--rate-burst", "6"])
+        let daemon = TestDaemon("rate-pid", arguments: ["--rate-limit", "0.001", "--rate-burst", "6"])
         try daemon.start()
         var stored = 0
         var limited = 0
@@ -251,7 +251,7 @@ import WhendWire
 
     /// What was suppressed is summed up on a timer, without the sender speaking again.
     @Test func suppressedEventsAreReportedOnATimer() throws {
-        let daemon = DaemonProcess(
+        let daemon = TestDaemon(
             "rate-report",
             arguments: ["--rate-limit", "0.001", "--rate-burst", "1", "--rate-limit-report-interval", "0.5"])
         try daemon.start()
@@ -266,7 +266,7 @@ import WhendWire
     }
 
     @Test func perUserLimitsCountEveryProcessOfTheUser() throws {
-        let daemon = DaemonProcess(
+        let daemon = TestDaemon(
             "rate-uid", arguments: ["--rate-limit", "0.001", "--rate-burst", "3", "--rate-limit-by", "uid"])
         try daemon.start()
         // This test process and a whenctl process: one user, one allowance of 3.
@@ -287,7 +287,7 @@ import WhendWire
     /// was not acked is, every line whend read was acked or refused, and whend exits 0.
     @Test func sigtermDuringAStreamLosesNoAckedEvent() throws {
         for round in 0..<3 {
-            let daemon = DaemonProcess("stop-stream")
+            let daemon = TestDaemon.live("stop-stream")  // SIGTERM mid-stream
             try daemon.start()
             let connection = try BlockingSocket(path: daemon.socketPath)
             try connection.send(helloWithAcks + "\n")

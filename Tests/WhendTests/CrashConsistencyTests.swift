@@ -91,7 +91,7 @@ final class ResendingClient: @unchecked Sendable {
 
 @Suite(.serialized) struct CrashConsistencyTests {
     @Test func sigkillAtRandomMomentsLosesNoAckedEventAndStoresNoneTwice() throws {
-        let daemon = DaemonProcess("crash", arguments: ["--segment-max-bytes", "8192"])
+        let daemon = TestDaemon.live("crash", arguments: ["--segment-max-bytes", "8192"])
         let clients = (0..<3).map { ResendingClient(name: "c\($0)", socketPath: daemon.socketPath) }
         try daemon.start()
         for client in clients { client.start() }

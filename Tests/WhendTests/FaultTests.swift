@@ -9,7 +9,7 @@ import WhendWire
         let stateDirectory = scratchDirectory("ro-mnt")
         #expect(mount(stateDirectory, size: "4m"))
         defer { unmount(stateDirectory) }
-        let daemon = DaemonProcess("readonly", stateDirectory: stateDirectory)
+        let daemon = TestDaemon("readonly", stateDirectory: stateDirectory)
         try daemon.start()
         // The filesystem turns read-only under the running daemon.
         #expect((try runCommand("/bin/mount", ["-o", "remount,ro", stateDirectory])).status == 0)
@@ -26,7 +26,7 @@ import WhendWire
     }
 
     @Test func aSealedSegmentCorruptedInTheMiddleIsNamedSkippedAndWritingGoesOn() throws {
-        let daemon = DaemonProcess("corrupt", arguments: ["--segment-max-bytes", "4096"])
+        let daemon = TestDaemon("corrupt", arguments: ["--segment-max-bytes", "4096"])
         try daemon.start()
         try sendNoisyParts(daemon, 0..<6)
         let segments = daemon.journal.segments()

@@ -7,7 +7,7 @@ import Testing
 private func analyticsDaemon(
     _ name: String, endpoint: String, writeKey: String, timeout: Double = 1, extra: String = ""
 ) throws
-    -> DaemonProcess
+    -> TestDaemon
 {
     let directory = scratchDirectory(name + "-conf")
     let file = directory + "/whend.conf"
@@ -15,7 +15,8 @@ private func analyticsDaemon(
     plugin.analytics = {"endpoint": "\(endpoint)", "file": null, "flush_interval": 0.1, "max_backoff": 0.3, "timeout": \(timeout), "write_key": "\(writeKey)", "batch_events": 5\(extra)}
 
     """.write(toFile: file, atomically: true, encoding: .utf8)
-    let daemon = DaemonProcess(name, arguments: ["--builtin-pipelines", "true", "--config", file])
+    // Live: what the analytics worker logs (drops, refusals) is on whend's standard error.
+    let daemon = TestDaemon.live(name, arguments: ["--builtin-pipelines", "true", "--config", file])
     try daemon.start()
     return daemon
 }

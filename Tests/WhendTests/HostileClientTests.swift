@@ -19,9 +19,9 @@ func residentKiB(_ pid: pid_t) -> Int {
 /// Runs `hostile` on a thread while a well-behaved client sends 500 events with acks; then
 /// checks that whend is up, stayed within its memory bound, and stored every good event.
 func withWellBehavedClient(
-    _ name: String, arguments: [String] = [], hostile: @escaping @Sendable (DaemonProcess) -> Void
+    _ name: String, arguments: [String] = [], hostile: @escaping @Sendable (TestDaemon) -> Void
 ) throws {
-    let daemon = DaemonProcess(name, arguments: arguments)
+    let daemon = TestDaemon.live(name, arguments: arguments)
     try daemon.start()
     let pid = try #require(daemon.process?.processIdentifier)
     let done = DispatchSemaphore(value: 0)
@@ -137,7 +137,7 @@ func sendFor(_ fd: Int32, _ bytes: [UInt8], seconds: Double) -> Int {
     }
 
     @Test func tenThousandConnectCloseCycles() throws {
-        let daemon = DaemonProcess("churn")
+        let daemon = TestDaemon.live("churn")
         try daemon.start()
         let pid = try #require(daemon.process?.processIdentifier)
         func descriptors() -> Int {

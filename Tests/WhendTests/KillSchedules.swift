@@ -29,7 +29,7 @@ struct PipelineOutput {
     }
 
     /// What `daemon` (stopped) stored and wrote.
-    static func live(_ daemon: DaemonProcess) -> PipelineOutput {
+    static func live(_ daemon: TestDaemon) -> PipelineOutput {
         PipelineOutput(
             derived: liveDerived(daemon).map { "\($0.cause) \($0.text)" },
             reports: reports(in: daemon.stateDirectory + "/plugins/crash-reports/reports"),
@@ -39,7 +39,7 @@ struct PipelineOutput {
     /// What `whenctl replay` of each pipeline derives and writes from `daemon`'s journal in one go
     /// (the three at once).
     static func replayed(
-        _ daemon: DaemonProcess, config: String, pipelines: [String] = ["screens", "crashes", "sessions"]
+        _ daemon: TestDaemon, config: String, pipelines: [String] = ["screens", "crashes", "sessions"]
     ) throws -> PipelineOutput {
         let directory = scratchDirectory("replays")
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -105,7 +105,7 @@ struct PipelineOutput {
 }
 
 /// The pid of `pipeline`'s worker once one other than `previous` runs; 0 if none within `seconds`.
-func workerPid(_ daemon: DaemonProcess, _ pipeline: String, other previous: Int = 0, seconds: Double = 10)
+func workerPid(_ daemon: TestDaemon, _ pipeline: String, other previous: Int = 0, seconds: Double = 10)
     -> Int
 {
     var pid = 0
@@ -118,7 +118,7 @@ func workerPid(_ daemon: DaemonProcess, _ pipeline: String, other previous: Int 
 }
 
 /// Waits until every pipeline of `daemon` has handled every record, three polls in a row.
-func settle(_ daemon: DaemonProcess, seconds: Double = 60) -> Bool {
+func settle(_ daemon: TestDaemon, seconds: Double = 60) -> Bool {
     var settled = 0
     return eventually(seconds) {
         guard let pipelines = (try? daemon.status())?["pipelines"] as? [[String: Any]], !pipelines.isEmpty else {
@@ -160,7 +160,7 @@ struct Journeys {
     mutating func pick<T>(_ from: [T]) -> T { from[Int(random.next() % UInt64(from.count))] }
 
     /// About 20 events for each session.
-    mutating func sendChunk(to daemon: DaemonProcess) throws {
+    mutating func sendChunk(to daemon: TestDaemon) throws {
         for session in stacks.indices {
             var events: [String] = []
             func lifecycle(_ screen: String, _ status: String) {
@@ -275,7 +275,7 @@ struct KillSchedule: CustomStringConvertible {
             pipeline_snapshot_interval = \(snapshotInterval)
             pipeline.analytics =
             """)
-        let daemon = DaemonProcess(
+        let daemon = TestDaemon.live(
             "kill-\(seed % 10000)", arguments: ["--builtin-pipelines", "true", "--config", config])
         let points = daemon.directory + "/kill-points"
         try FileManager.default.createDirectory(atPath: points, withIntermediateDirectories: true)

@@ -15,7 +15,7 @@ import WhendPipelines
     @Test func whendKilledWhileSessionsWithUnpairedSurrogatesStreamDerivesWhatAReplayDerives() throws {
         let config = try writeConfiguration(
             scratchDirectory("odd-conf"), "pipeline.analytics =\npipeline.crashes =\npipeline.sessions =\n")
-        let daemon = DaemonProcess("odd-kill", arguments: ["--builtin-pipelines", "true", "--config", config])
+        let daemon = TestDaemon.live("odd-kill", arguments: ["--builtin-pipelines", "true", "--config", config])
         try daemon.start()
         for round in 0..<3 {
             let done = DispatchSemaphore(value: 0)
@@ -54,7 +54,7 @@ import WhendPipelines
     /// empty state, and a crash loop of young workers never saved one.)
     @Test func workersKilledBeforeTheirFirstSnapshotDeriveWhatAReplayDerives() throws {
         let config = try writeConfiguration(scratchDirectory("young-conf"), "pipeline.analytics =\n")
-        let daemon = DaemonProcess("young-kills", arguments: ["--builtin-pipelines", "true", "--config", config])
+        let daemon = TestDaemon.live("young-kills", arguments: ["--builtin-pipelines", "true", "--config", config])
         try daemon.start()
         let demo = try startDemo(
             daemon, ["--rate", "0", "--sessions", "3000", "--seed", "31", "--fatal-one-in", "2"])
@@ -129,7 +129,7 @@ import WhendPipelines
         defer { unmount(state) }
         let config = try writeConfiguration(
             scratchDirectory("fail-conf"), "pipeline.analytics =\npipeline.crashes =\npipeline.sessions =\n")
-        let daemon = DaemonProcess(
+        let daemon = TestDaemon.live(
             "fail-store", arguments: ["--builtin-pipelines", "true", "--config", config], stateDirectory: state)
         try daemon.start()
         #expect(try daemon.whenctl(["plugins", "unload", "screen-tracking"]).status == 0)
@@ -186,7 +186,7 @@ import WhendPipelines
             pipeline.crashes =
             pipeline.sessions =
             """)
-        let daemon = DaemonProcess("ret-snap", arguments: ["--builtin-pipelines", "true", "--config", config])
+        let daemon = TestDaemon.live("ret-snap", arguments: ["--builtin-pipelines", "true", "--config", config])
         try daemon.start()
         let snapshot = daemon.stateDirectory + "/pipelines/screens/snapshot"
         try sendSession(
@@ -224,7 +224,7 @@ import WhendPipelines
             pipeline.crashes =
             pipeline.sessions =
             """)
-        let daemon = DaemonProcess(
+        let daemon = TestDaemon.live(
             "ret-old",
             arguments: ["--builtin-pipelines", "true", "--config", config, "--pipeline-snapshot-interval", "0.05"])
         try daemon.start()
@@ -234,7 +234,7 @@ import WhendPipelines
             [#"{"type":"navigation","action":"root","screen":"CharacterList"}"#])
         #expect(eventually { (PipelineSnapshotCursor.read(snapshot) ?? 0) >= 1 })
         #expect(daemon.stop() == 0)
-        let again = DaemonProcess(
+        let again = TestDaemon.live(
             "ret-old",
             arguments: ["--builtin-pipelines", "true", "--config", config, "--pipeline-snapshot-interval", "0"],
             stateDirectory: daemon.stateDirectory)
@@ -259,7 +259,7 @@ import WhendPipelines
             segment_max_bytes = 4096
             retention_max_bytes = 12000
             """)
-        let daemon = DaemonProcess("ret-off", arguments: ["--builtin-pipelines", "true", "--config", config])
+        let daemon = TestDaemon.live("ret-off", arguments: ["--builtin-pipelines", "true", "--config", config])
         try daemon.start()
         #expect(daemon.waitForLog("built-in pipeline screens is off"), "\(daemon.log)")
         var part = 0

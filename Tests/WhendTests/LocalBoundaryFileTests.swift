@@ -16,7 +16,7 @@ extension LocalBoundaryTests {
         chmod(state, 0o750)
         chmod(state + "/plugins", 0o777)
         symlink(precious, state + "/plugins/analytics/events.ndjson")
-        let daemon = DaemonProcess("fs-link", arguments: ["--builtin-pipelines", "true"], stateDirectory: state)
+        let daemon = TestDaemon.live("fs-link", arguments: ["--builtin-pipelines", "true"], stateDirectory: state)
         try daemon.start()
         defer { daemon.stop() }
         var st = stat()
@@ -38,7 +38,7 @@ extension LocalBoundaryTests {
         let stateDirectory = scratchDirectory("fs-full")
         #expect(mount(stateDirectory, size: "512k"))
         defer { unmount(stateDirectory) }
-        let daemon = DaemonProcess(
+        let daemon = TestDaemon(
             "fs-full", arguments: ["--builtin-pipelines", "true", "--pipeline-snapshot-interval", "0.2"],
             stateDirectory: stateDirectory)
         try daemon.start()

@@ -32,7 +32,7 @@ import WhendWire
             """.write(toFile: config, atomically: true, encoding: .utf8)
         }
         try write(token: token1, password: password1, endpointUserInfo: nil)
-        let daemon = DaemonProcess("secrets-e2e", arguments: ["--config", config])
+        let daemon = TestDaemon.live("secrets-e2e", arguments: ["--config", config])
         daemon.environment = ["CREDENTIALS_DIRECTORY": credentials]
         try daemon.start()
         defer { daemon.stop() }
@@ -243,7 +243,7 @@ import WhendWire
         let unreachable = #"plugin.analytics = {"endpoint": "http://127.0.0.1:9/v1/batch", "flush_interval": 0.2}"#
         try "pipeline_snapshot_interval = 0.2\n\(unreachable)\n".write(
             toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
-        let daemon = DaemonProcess(
+        let daemon = TestDaemon.live(
             "modes", arguments: ["--builtin-pipelines", "true", "--config", directory + "/whend.conf"])
         try daemon.start()
         defer { daemon.stop() }
@@ -288,7 +288,7 @@ import WhendWire
     /// whenctl ignores SIGPIPE: a reader that goes away (`whenctl cat | head -1`) ends it with
     /// exit status 0 through EPIPE, not a death by signal.
     @Test func whenctlEndsQuietlyWhenItsReaderGoesAway() throws {
-        let daemon = DaemonProcess("sigpipe")
+        let daemon = TestDaemon.live("sigpipe")
         try daemon.start()
         let noise = String(repeating: "n", count: 200)
         let events = (1...1000).map { #"{"type":"when","name":"e\#($0)","params":{"noise":"\#(noise)"}}"# }

@@ -102,7 +102,7 @@ struct NatsTests {
         pipeline.forward = nats
         plugin.nats = {"url": "nats://127.0.0.1:\(port)", "host": "h", "subject": "whend.{host}.{app}.{type}.{screen}", "stream": "SUBJECTS", "create_stream": true, "subjects": [\(expected.map { "\"\($0)\"" }.joined(separator: ", "))], "ack_timeout": 1, "max_backoff": 0.2}
         """.write(toFile: config, atomically: true, encoding: .utf8)
-        let daemon = DaemonProcess("nats-subjects", arguments: ["--config", config, "--durability", "write"])
+        let daemon = TestDaemon.live("nats-subjects", arguments: ["--config", config, "--durability", "write"])
         try daemon.start()
         defer { daemon.stop() }
         for (app, body) in [
@@ -138,7 +138,7 @@ struct NatsTests {
         pipeline.forward = nats
         plugin.nats = {"servers": [\(servers)], "stream": "WHEND", "create_stream": true, "replicas": \(count), "max_in_flight": 2000, "ack_timeout": 2}
         """.write(toFile: config, atomically: true, encoding: .utf8)
-        let daemon = DaemonProcess("nats-d\(count)", arguments: ["--config", config, "--durability", "write"])
+        let daemon = TestDaemon.live("nats-d\(count)", arguments: ["--config", config, "--durability", "write"])
         try daemon.start()
 
         var configuration = WhenClient.Configuration(

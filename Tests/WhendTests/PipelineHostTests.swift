@@ -8,8 +8,8 @@ import Testing
 @Suite(.serialized) struct PipelineHostTests {
     /// The built-in pipelines and a fixture plugin's (Tests/Fixtures/chatty.c, which aborts its
     /// process on a record named "crash"), with `settings` added.
-    func mixedDaemon(_ name: String, retryLimit: Int = 2, settings: String = "") throws -> DaemonProcess {
-        let daemon = DaemonProcess(name, arguments: ["--builtin-pipelines", "true"])
+    func mixedDaemon(_ name: String, retryLimit: Int = 2, settings: String = "") throws -> TestDaemon {
+        let daemon = TestDaemon.live(name, arguments: ["--builtin-pipelines", "true"])
         let plugins = try pluginDirectory(in: daemon.directory)
         _ = try buildTestPlugin("chatty", into: plugins, name: "chatty")
         let built = (executable("whend") as NSString).deletingLastPathComponent
@@ -28,7 +28,7 @@ import Testing
     }
 
     /// Each running pipeline's worker pid, by pipeline, once all of `names` run.
-    func workers(_ daemon: DaemonProcess, _ names: Set<String>) -> [String: Int] {
+    func workers(_ daemon: TestDaemon, _ names: Set<String>) -> [String: Int] {
         var pids: [String: Int] = [:]
         _ = eventually {
             let pipelines = (try? daemon.status())?["pipelines"] as? [[String: Any]] ?? []
@@ -41,7 +41,7 @@ import Testing
         return pids
     }
 
-    func restarts(_ daemon: DaemonProcess, _ name: String) -> Int {
+    func restarts(_ daemon: TestDaemon, _ name: String) -> Int {
         ((try? daemon.status())?["pipelines"] as? [[String: Any]])?.first { $0["name"] as? String == name }?[
             "restarts"] as? Int ?? -1
     }

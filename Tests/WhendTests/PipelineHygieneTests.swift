@@ -11,7 +11,7 @@ import Testing
         try """
         plugin.analytics = {"write_key": "\(secret)", "endpoint": "http://127.0.0.1:9/v1/batch"}
         """.write(toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
-        let daemon = DaemonProcess(
+        let daemon = TestDaemon.live(
             "secret", arguments: ["--builtin-pipelines", "true", "--config", directory + "/whend.conf"])
         try daemon.start()
         var workers: [Int] = []
@@ -37,7 +37,7 @@ import Testing
     /// reload; the plugin check's process tells it now. The fixture's constructor writes the pid
     /// of every process that loads it.
     @Test func whendNeverLoadsAPipelinePluginsLibrary() throws {
-        let daemon = DaemonProcess("no-dlopen")
+        let daemon = TestDaemon.live("no-dlopen")
         let plugins = try pluginDirectory(in: daemon.directory)
         let marker = daemon.directory + "/loaded-by"
         _ = try buildTestPlugin(
@@ -72,7 +72,7 @@ import Testing
     /// of the SIGINT first was logged "killed by signal 2; restarting" once a pipeline before
     /// the clean stop. Workers ignore SIGINT, and die of SIGTERM and SIGKILL as before.
     @Test func aCtrlCStopsWhendWithoutItsWorkersDyingFirst() throws {
-        let daemon = DaemonProcess("ctrl-c", arguments: ["--builtin-pipelines", "true"])
+        let daemon = TestDaemon.live("ctrl-c", arguments: ["--builtin-pipelines", "true"])
         try daemon.start()
         var workers: [Int32] = []
         #expect(
@@ -99,7 +99,7 @@ import Testing
         pipeline.failing = analytics
         plugin.analytics = {"file": null}
         """.write(toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
-        let daemon = DaemonProcess(
+        let daemon = TestDaemon.live(
             "backoff", arguments: ["--config", directory + "/whend.conf", "--shutdown-timeout", "3"])
         try daemon.start()
         #expect(daemon.waitForLog("restarting in 3.2 s", seconds: 20), "\(daemon.log)")
@@ -119,7 +119,7 @@ import Testing
         pipeline.failing = analytics
         plugin.analytics = {"file": null}
         """.write(toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
-        let daemon = DaemonProcess("wait", arguments: ["--config", directory + "/whend.conf"])
+        let daemon = TestDaemon.live("wait", arguments: ["--config", directory + "/whend.conf"])
         try daemon.start()
         defer { daemon.stop() }
         let hello = #"{"hello":{"protocol":1,"app":"com.example.wait","acks":true}}"#
@@ -137,7 +137,7 @@ import Testing
     /// with the four built-in pipelines creating their directories while the sockets are bound.
     @Test func theStateDirectoryAndSocketsKeepTheirModes() throws {
         for round in 1...3 {
-            let daemon = DaemonProcess("modes", arguments: ["--builtin-pipelines", "true"])
+            let daemon = TestDaemon.live("modes", arguments: ["--builtin-pipelines", "true"])
             try daemon.start()
             #expect(
                 eventually {

@@ -10,7 +10,7 @@ import WhendPluginHost
     /// The same journal gives byte-identical derived records through a live pipeline (worker,
     /// framed protocol, journal) and through `whenctl replay` in one go.
     @Test func aLivePipelineAndAReplayDeriveByteIdenticalRecords() throws {
-        let daemon = DaemonProcess("live-replay", arguments: ["--builtin-pipelines", "true"])
+        let daemon = TestDaemon("live-replay", arguments: ["--builtin-pipelines", "true"])
         try daemon.start()
         let demo = try runCommand(
             executable("whend-demo"),
@@ -35,7 +35,7 @@ import WhendPluginHost
     /// an earlier generation (meant for a worker that died) never lets its cursor pass a record
     /// whose derived records are not stored.
     @Test func aWorkerIgnoresAnAcknowledgementOfAnEarlierGeneration() throws {
-        let daemon = DaemonProcess("generation")
+        let daemon = TestDaemon("generation")
         try daemon.start()
         try sendSession(
             daemon, app: "com.example.marvel", session: "g",

@@ -15,13 +15,13 @@ func analyticsSeqs(in path: String) -> Set<UInt64> {
 }
 
 /// The pipeline's saved cursor, as a restarted worker reads it.
-func savedCursor(_ daemon: DaemonProcess, pipeline: String) -> UInt64? {
+func savedCursor(_ daemon: TestDaemon, pipeline: String) -> UInt64? {
     let bytes = FileManager.default.contents(atPath: daemon.stateDirectory + "/pipelines/\(pipeline)/cursor")
     return bytes.flatMap { UInt64(String(decoding: $0, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)) }
 }
 
 /// The `_seq`s of the clients' `when` events in the journal, each one an analytics event.
-func clientWhenSeqs(_ daemon: DaemonProcess, through: UInt64 = .max) -> [UInt64] {
+func clientWhenSeqs(_ daemon: TestDaemon, through: UInt64 = .max) -> [UInt64] {
     var seqs: [UInt64] = []
     JournalReader(directory: daemon.journal).read { record, _ in
         guard let seq = record.seq else { return true }
@@ -98,7 +98,7 @@ extension PowerCutTests {
         plugin.analytics = {"endpoint": "http://127.0.0.1:\(endpoint.port)/v1/batch", "file": null, "flush_interval": 0.05, "batch_events": 2500, "spool_compact_bytes": 8192}
 
         """.write(toFile: configuration, atomically: true, encoding: .utf8)
-        let daemon = DaemonProcess(
+        let daemon = TestDaemon.live(
             "spool-steady", arguments: ["--builtin-pipelines", "true", "--config", configuration])
         try daemon.start()
         defer {

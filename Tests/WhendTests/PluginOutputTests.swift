@@ -26,8 +26,8 @@ import WhendWire
     static let prettyStored = #""pretty":{"a":[1,2],"s":"café / 😀"}"#
 
     /// A daemon whose configuration loads the `pretty` fixture, built with `defines`.
-    func prettyDaemon(_ name: String, defines: [String], settings: String) throws -> DaemonProcess {
-        let daemon = DaemonProcess(name)
+    func prettyDaemon(_ name: String, defines: [String], settings: String) throws -> TestDaemon {
+        let daemon = TestDaemon.live(name)
         let plugins = try pluginDirectory(in: daemon.directory)
         _ = try buildTestPlugin("pretty", into: plugins, name: "pretty", defines: defines)
         let config = daemon.directory + "/whend.conf"
@@ -37,7 +37,7 @@ import WhendWire
     }
 
     /// Every line `whenctl cat` prints, which must each be one JSON object.
-    func catLines(_ daemon: DaemonProcess) throws -> [String] {
+    func catLines(_ daemon: TestDaemon) throws -> [String] {
         let cat = try whenctlToFiles(["cat", "--state-dir", daemon.stateDirectory], in: daemon.directory)
         #expect(cat.status == 0, "\(cat.error)")
         let lines = cat.output.split(separator: "\n").map(String.init)
@@ -46,14 +46,14 @@ import WhendWire
         return lines
     }
 
-    func expectVerifies(_ daemon: DaemonProcess) throws {
+    func expectVerifies(_ daemon: TestDaemon) throws {
         let verify = try whenctlToFiles(["verify", "--state-dir", daemon.stateDirectory], in: daemon.directory)
         #expect(verify.status == 0, "\(verify.output.prefix(300))\(verify.error.prefix(300))")
     }
 
     /// The journal after a SIGKILL and a restart holds what it held before, the same records
     /// with the same `_seq`s, and the next event gets the next `_seq`.
-    func expectSurvivesACrash(_ daemon: DaemonProcess, before: [String]) throws {
+    func expectSurvivesACrash(_ daemon: TestDaemon, before: [String]) throws {
         daemon.crash()
         try daemon.start()
         let next = try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"screen","name":"After"}"#])
@@ -126,7 +126,7 @@ import WhendWire
     }
 
     @Test func theReadmesDenyAppsCannotBeEscapedBySpacesEscapesOrNesting() throws {
-        let daemon = DaemonProcess("deny-apps")
+        let daemon = TestDaemon.live("deny-apps")
         let plugins = try pluginDirectory(in: daemon.directory)
         let source = try Self.readmeBlock(after: "## In C", language: "c")
         #expect(source.hasPrefix("/* deny-apps.c"))
@@ -176,7 +176,7 @@ import WhendWire
     /// A plugin after another that changed the record sees it as it would be stored, canonical:
     /// the README's filter behind the pretty-printing fixture is not bypassed either.
     @Test func aPluginAfterOneThatPrettyPrintsSeesTheRecordCanonical() throws {
-        let daemon = DaemonProcess("deny-chain")
+        let daemon = TestDaemon.live("deny-chain")
         let plugins = try pluginDirectory(in: daemon.directory)
         try Self.readmeBlock(after: "## In C", language: "c")
             .write(toFile: daemon.directory + "/deny-apps.c", atomically: true, encoding: .utf8)
@@ -220,7 +220,7 @@ import WhendWire
     /// counted), and the token is hidden wherever the counters show (it showed in `whenctl
     /// plugins` and the metrics). Both stages' counters show in both.
     @Test func aPluginsCountersAreBoundedAndSaturate() throws {
-        let daemon = DaemonProcess("counting")
+        let daemon = TestDaemon.live("counting")
         let plugins = try pluginDirectory(in: daemon.directory)
         _ = try buildTestPlugin("counting", into: plugins, name: "counting")
         // The pipeline's copy under another file name than the name its library gives itself.

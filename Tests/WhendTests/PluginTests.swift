@@ -24,7 +24,7 @@ func buildTestPlugin(_ source: String, into directory: String, name: String, def
     /// The Swift redact plugin (built by `swift build` through the SDK) and the C gate plugin
     /// (built here with cc), loaded with dlopen into a running daemon as ingest middleware.
     @Test func swiftAndCPluginsChangeDropAndRejectBeforeTheJournal() throws {
-        let daemon = DaemonProcess("plugins")
+        let daemon = TestDaemon("plugins")
         let plugins = try pluginDirectory(in: daemon.directory)
         _ = try buildGatePlugin(into: plugins, name: "gate")
         let marker = daemon.directory + "/old-plugin-ran"
@@ -106,8 +106,10 @@ func buildTestPlugin(_ source: String, into directory: String, name: String, def
 }
 
 /// A daemon with one pipeline, `rec`, of the C recorder plugin.
-func pipelineDaemon(_ name: String, settings: String = "") throws -> (DaemonProcess, seen: String) {
-    let daemon = DaemonProcess(name)
+func pipelineDaemon(_ name: String, settings: String = "", _ mode: DaemonMode = .inProcess) throws -> (
+    TestDaemon, seen: String
+) {
+    let daemon = TestDaemon(name, mode)
     let plugins = try pluginDirectory(in: daemon.directory)
     _ = try buildTestPlugin("recorder", into: plugins, name: "recorder")
     let config = daemon.directory + "/whend.conf"
@@ -119,7 +121,7 @@ func pipelineDaemon(_ name: String, settings: String = "") throws -> (DaemonProc
     return (daemon, state + "/seen")
 }
 
-extension DaemonProcess {
+extension TestDaemon {
     /// The pipeline's entry in `whenctl status`.
     func pipeline(_ name: String) throws -> [String: Any]? {
         (try status()["pipelines"] as? [[String: Any]])?.first { $0["name"] as? String == name }
@@ -152,7 +154,7 @@ func isInOrderAtLeastOnce(_ seqs: [Int], upTo n: Int) -> Bool {
 }
 
 /// 500 `when` events named `name` on each of `connections` connections in turn, each acked.
-private func sendWhens(_ daemon: DaemonProcess, named name: String, connections: Int) throws {
+private func sendWhens(_ daemon: TestDaemon, named name: String, connections: Int) throws {
     for part in 0..<connections {
         let events = (1...500).map { #"{"type":"when","name":"\#(name)","id":"\#(part)-\#($0)"}"# }
         #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 500)
@@ -194,7 +196,7 @@ private func sendWhens(_ daemon: DaemonProcess, named name: String, connections:
     /// derives again what whend had already appended after it; whend finds those in the
     /// journal at start and appends each derived record once.
     @Test func derivedRecordsAreNotAppendedTwiceAfterTheDaemonIsKilled() throws {
-        let (daemon, _) = try pipelineDaemon("pipe-kill-derive")
+        let (daemon, _) = try pipelineDaemon("pipe-kill-derive", .live)
         try daemon.start()
         for part in 0..<10 {
             let events = (1...1000).map { #"{"type":"when","name":"derive","id":"\#(part)-\#($0)"}"# }
@@ -301,7 +303,7 @@ private func sendWhens(_ daemon: DaemonProcess, named name: String, connections:
     @Test func loadingAPluginThatIsNotInstalledFails() throws {
         let empty = scratchDirectory("no-plugins")
         chmod(empty, 0o755)
-        let daemon = DaemonProcess(
+        let daemon = TestDaemon(
             "load-missing", arguments: ["--builtin-pipelines", "true", "--plugin-dirs", empty])
         try daemon.start()
         defer { daemon.stop() }

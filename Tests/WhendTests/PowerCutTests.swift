@@ -65,7 +65,7 @@ final class PowerCutFileSystem {
     deinit { cut() }
 }
 
-extension DaemonProcess {
+extension TestDaemon {
     /// whend and its pipeline workers SIGKILLed at once, as a power cut stops them.
     func crashWithWorkers() {
         guard let pid = process?.processIdentifier else { return }
@@ -96,8 +96,8 @@ extension DaemonProcess {
     /// whend starts again over what survived. After each cut, checks what the journal holds.
     func powerCutRounds(
         _ name: String, rounds: Int, durability: String, pipelines: Bool,
-        afterCut: (DaemonProcess, _ round: Int, _ lastSeq: UInt64) throws -> Void = { _, _, _ in }
-    ) throws -> (Outcome, DaemonProcess, [ResendingClient], PowerCutFileSystem) {
+        afterCut: (TestDaemon, _ round: Int, _ lastSeq: UInt64) throws -> Void = { _, _, _ in }
+    ) throws -> (Outcome, TestDaemon, [ResendingClient], PowerCutFileSystem) {
         let fs = PowerCutFileSystem(name)
         try fs.mount()
         let configuration = fs.directory + "/whend.conf"
@@ -106,7 +106,7 @@ extension DaemonProcess {
         segment_max_bytes = 65536
         pipeline_snapshot_interval = 0.2
         """.write(toFile: configuration, atomically: true, encoding: .utf8)
-        let daemon = DaemonProcess(
+        let daemon = TestDaemon.live(
             name, arguments: ["--builtin-pipelines", pipelines ? "true" : "false", "--config", configuration],
             stateDirectory: fs.mountPoint + "/state")
         let clients = (0..<3).map { ResendingClient(name: "c\($0)", socketPath: daemon.socketPath) }
@@ -230,7 +230,7 @@ extension DaemonProcess {
         let configuration = fs.directory + "/whend.conf"
         try "durability = fsync\nsegment_max_bytes = 4096\n".write(
             toFile: configuration, atomically: true, encoding: .utf8)
-        let daemon = DaemonProcess(
+        let daemon = TestDaemon.live(
             "pc-syncfail", arguments: ["--builtin-pipelines", "false", "--config", configuration],
             stateDirectory: fs.mountPoint + "/state")
         try daemon.start()

@@ -6,7 +6,7 @@ import WhendWire
 /// PROTOCOL.md §1–§7 against a real whend on a real socket.
 @Suite(.serialized) struct ProtocolTests {
     @Test func helloGetsWelcomeAndAcksCoverEveryLine() throws {
-        let daemon = DaemonProcess("hello")
+        let daemon = TestDaemon("hello")
         try daemon.start()
         let answers = try exchange(
             daemon.socketPath,
@@ -29,7 +29,7 @@ import WhendWire
     }
 
     @Test func withoutHelloThereAreNoAcksAndAppIsTheSendersProcessName() throws {
-        let daemon = DaemonProcess("nohello")
+        let daemon = TestDaemon("nohello")
         try daemon.start()
         let answers = try exchange(
             daemon.socketPath,
@@ -45,7 +45,7 @@ import WhendWire
     }
 
     @Test func halfCloseGetsTheFinalAckEvenForALastLineWithoutNewline() throws {
-        let daemon = DaemonProcess("halfclose")
+        let daemon = TestDaemon("halfclose")
         try daemon.start()
         let connection = try BlockingSocket(path: daemon.socketPath)
         try connection.send(helloWithAcks + "\n")
@@ -60,7 +60,7 @@ import WhendWire
     }
 
     @Test func trustedFieldsComeFromTheKernelAndCannotBeForged() throws {
-        let daemon = DaemonProcess("trusted")
+        let daemon = TestDaemon("trusted")
         try daemon.start()
         let answers = try exchange(
             daemon.socketPath,
@@ -87,7 +87,7 @@ import WhendWire
     }
 
     @Test func codableWhenIsStoredAsNameAndParams() throws {
-        let daemon = DaemonProcess("codable")
+        let daemon = TestDaemon("codable")
         try daemon.start()
         let answers = try exchange(
             daemon.socketPath,
@@ -113,7 +113,7 @@ import WhendWire
     /// Each §5 code a line can earn, with the line numbers the errors name, and every line
     /// around it stored.
     @Test func everyLineErrorCodeNamesItsLineAndSparesTheOthers() throws {
-        let daemon = DaemonProcess("codes", arguments: ["--max-event-bytes", "1024"])
+        let daemon = TestDaemon("codes", arguments: ["--max-event-bytes", "1024"])
         try daemon.start()
         let good = #"{"type":"screen","name":"Good"}"#
         let cases: [(String, [UInt8]?)] = [
@@ -149,7 +149,7 @@ import WhendWire
     }
 
     @Test func aLineOverTheLimitIsRejectedAndTheConnectionCarriesOn() throws {
-        let daemon = DaemonProcess("limit")
+        let daemon = TestDaemon("limit")
         try daemon.start()
         let connection = try BlockingSocket(path: daemon.socketPath)
         try connection.send(helloWithAcks + "\n")
@@ -170,7 +170,7 @@ import WhendWire
     }
 
     @Test func unsupportedProtocolIsAnErrorAboutTheConnectionWhichIsClosed() throws {
-        let daemon = DaemonProcess("protocol")
+        let daemon = TestDaemon("protocol")
         try daemon.start()
         let answers = try exchange(
             daemon.socketPath, [#"{"hello":{"protocol":2,"acks":true}}"#, #"{"type":"screen","name":"A"}"#])
@@ -183,7 +183,7 @@ import WhendWire
     }
 
     @Test func rateLimitedEventsAreNotStored() throws {
-        let daemon = DaemonProcess("rate", arguments: ["--rate-limit", "1", "--rate-burst", "3"])
+        let daemon = TestDaemon("rate", arguments: ["--rate-limit", "1", "--rate-burst", "3"])
         try daemon.start()
         var lines = [helloWithAcks]
         for i in 1...10 { lines.append(#"{"type":"when","name":"tap","id":"t\#(i)"}"#) }
@@ -196,7 +196,7 @@ import WhendWire
     }
 
     @Test func resentEventsAreStoredOnceEvenAcrossARestart() throws {
-        let daemon = DaemonProcess("dedup")
+        let daemon = TestDaemon("dedup")
         try daemon.start()
         let events = (1...5).map { #"{"type":"when","name":"tap","id":"e\#($0)"}"# }
         #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 5)
@@ -218,7 +218,7 @@ import WhendWire
     }
 
     @Test func underATightMemoryBoundManyConnectionsAllGetStoredWithoutStalling() throws {
-        let daemon = DaemonProcess("bound", arguments: ["--max-pending-bytes", "4096"])
+        let daemon = TestDaemon("bound", arguments: ["--max-pending-bytes", "4096"])
         try daemon.start()
         let group = DispatchGroup()
         let acks = LockedAcks()
@@ -238,7 +238,7 @@ import WhendWire
     }
 
     @Test func theDaemonRefusesASecondInstanceOnTheSameSocket() throws {
-        let daemon = DaemonProcess("twice")
+        let daemon = TestDaemon("twice")
         try daemon.start()
         let second = try runCommand(
             executable("whend"), ["--socket", daemon.socketPath, "--state-dir", daemon.directory + "/other"])
@@ -251,7 +251,7 @@ import WhendWire
     /// must not touch the journal the first is writing: every event the first acknowledges, before
     /// and after the attempt, is on disk afterwards.
     @Test func aSecondDaemonOnTheSameStateDirectoryIsRefusedAndTheFirstLosesNothing() throws {
-        let daemon = DaemonProcess("one-writer")
+        let daemon = TestDaemon("one-writer")
         try daemon.start()
         let before = (1...500).map { #"{"type":"when","name":"before","id":"b\#($0)"}"# }
         #expect(try exchange(daemon.socketPath, [helloWithAcks] + before).acks.last == 500)
@@ -262,7 +262,7 @@ import WhendWire
                 "--builtin-pipelines", "false",
             ])
         #expect(second.status != 0)
-        let pid = daemon.process!.processIdentifier
+        let pid = daemon.pid
         #expect(
             second.error.contains("another whend (pid \(pid)) is already using the state directory"), "\(second.error)")
         #expect(second.error.contains("--state-dir"))
@@ -284,7 +284,7 @@ import WhendWire
         let stateDirectory = scratchDirectory("full-mnt")
         #expect(mount(stateDirectory, size: "1m"))
         defer { unmount(stateDirectory) }
-        let daemon = DaemonProcess("full", stateDirectory: stateDirectory)
+        let daemon = TestDaemon("full", stateDirectory: stateDirectory)
         try daemon.start()
         #expect(
             try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"screen","name":"Before","id":"b"}"#]).acks.last

@@ -12,7 +12,7 @@ import WhendJournal
     ]
 
     @Test func replayingAPipelineTwiceGivesByteIdenticalOutputAndTouchesNothingLive() throws {
-        let daemon = DaemonProcess("replay-det")
+        let daemon = TestDaemon("replay-det")
         try daemon.start()
         for i in 0..<20 { try sendSession(daemon, app: "com.example.marvel", session: "s\(i)", journey) }
         daemon.stop()
@@ -54,7 +54,7 @@ import WhendJournal
     }
 
     @Test func resendingToAnotherDaemonKeepsEverySessionsOrder() throws {
-        let source = DaemonProcess("replay-src")
+        let source = TestDaemon("replay-src")
         try source.start()
         // Two sessions interleaved on two connections at once.
         let threads = (0..<2).map { n in
@@ -70,7 +70,7 @@ import WhendJournal
         let deadline = Date().addingTimeInterval(20)
         while source.records().count < 600 && Date() < deadline { usleep(50_000) }
         source.stop()
-        let target = DaemonProcess("replay-dst")
+        let target = TestDaemon("replay-dst")
         try target.start()
         let r = try whenctl([
             "replay", "--state-dir", source.stateDirectory, "--to-socket", target.socketPath, "--speed", "50",
@@ -94,7 +94,7 @@ import WhendJournal
     /// number past a Double) are re-sent like any other, their members as stored and in their
     /// order: whenctl once counted them skipped, and re-encoded the rest with sorted keys.
     @Test func eventsFoundationCannotReadAreResentAsStored() throws {
-        let source = DaemonProcess("replay-odd")
+        let source = TestDaemon("replay-odd")
         try source.start()
         try sendSession(
             source, app: "a", session: #"s\udc00"#,
@@ -103,7 +103,7 @@ import WhendJournal
                 #"{"type":"when","name":"plain","params":{"z":1,"a":2}}"#,
             ])
         source.stop()
-        let target = DaemonProcess("replay-odd-dst")
+        let target = TestDaemon("replay-odd-dst")
         try target.start()
         let r = try whenctl([
             "replay", "--state-dir", source.stateDirectory, "--to-socket", target.socketPath, "--speed", "50",
@@ -112,7 +112,7 @@ import WhendJournal
         #expect(r.error.contains("2 records sent") && r.error.contains("2 acknowledged"), "\(r.error)")
         target.stop()
         // Each record's members between `_seq` and the trusted ones whend adds (`_rt` first).
-        func appParts(_ daemon: DaemonProcess) -> [String] {
+        func appParts(_ daemon: TestDaemon) -> [String] {
             var parts: [String] = []
             JournalReader(directory: daemon.journal).read { record, _ in
                 let line = String(decoding: record.line, as: UTF8.self)
@@ -130,7 +130,7 @@ import WhendJournal
     }
 
     @Test func anExportedSessionCompilesAndNamesEveryWhenInOrder() throws {
-        let daemon = DaemonProcess("export")
+        let daemon = TestDaemon("export")
         try daemon.start()
         try sendSession(
             daemon, app: "com.example.mail", session: "e-42",
@@ -199,7 +199,7 @@ import WhendJournal
     }
 
     @Test func flowCountsTheScreenTransitions() throws {
-        let daemon = DaemonProcess("flow")
+        let daemon = TestDaemon("flow")
         try daemon.start()
         for i in 0..<3 {
             try sendSession(

@@ -77,7 +77,7 @@ import WhendWire
         try fs.mount()
         let configuration = fs.directory + "/whend.conf"
         try "durability = fsync\n".write(toFile: configuration, atomically: true, encoding: .utf8)
-        let daemon = DaemonProcess(
+        let daemon = TestDaemon.live(
             "pc-resend", arguments: ["--builtin-pipelines", "false", "--config", configuration],
             stateDirectory: fs.mountPoint + "/state")
         try daemon.start()
@@ -163,7 +163,7 @@ import WhendWire
         try fs.mount()
         let configuration = fs.directory + "/whend.conf"
         try "durability = write\n".write(toFile: configuration, atomically: true, encoding: .utf8)
-        let daemon = DaemonProcess(
+        let daemon = TestDaemon.live(
             "pc-resend-w", arguments: ["--builtin-pipelines", "false", "--config", configuration],
             stateDirectory: fs.mountPoint + "/state")
         try daemon.start()

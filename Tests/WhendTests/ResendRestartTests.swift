@@ -46,7 +46,7 @@ import WhendWire
         let configuration = fs.directory + "/whend.conf"
         try "durability = fsync\nsegment_max_bytes = 4096\n".write(
             toFile: configuration, atomically: true, encoding: .utf8)
-        let daemon = DaemonProcess(
+        let daemon = TestDaemon.live(
             "pc-restart", arguments: ["--config", configuration], stateDirectory: fs.mountPoint + "/state")
         let gate = daemon.directory + "/sync-gate"
         let shim = try buildTestPlugin("syncgate", into: daemon.directory, name: "syncgate")
@@ -98,7 +98,7 @@ import WhendWire
     /// Different strings are different events, before and after a restart: lone surrogates,
     /// which decoding makes U+FFFD alike, included. Another spelling of one of them is a resend.
     @Test func idsThatAreDifferentStringsAreDifferentEvents() throws {
-        let daemon = DaemonProcess("rs-surrogate")
+        let daemon = TestDaemon.live("rs-surrogate")
         try daemon.start()
         let ids = [#"\ud800"#, #"\udfff"#, #"\ufffd"#, #"x\udc00"#, #"x\ud83d"#]
         func events(_ ids: [String]) -> [String] {
@@ -141,7 +141,7 @@ import WhendWire
     /// can. Live, they are not first copies of client events; after a restart they must not be
     /// either: a client's event with the same three is stored, not acknowledged as a resend.
     @Test func aDerivedRecordIsNoFirstCopyOfAClientsEventAfterARestart() throws {
-        let daemon = DaemonProcess("rs-derived")
+        let daemon = TestDaemon.live("rs-derived")
         let plugins = try pluginDirectory(in: daemon.directory)
         _ = try buildTestPlugin("claimid", into: plugins, name: "claimid")
         let config = daemon.directory + "/whend.conf"

@@ -12,7 +12,7 @@ import Testing
                 segment_max_bytes = 4096
                 retention_max_bytes = 12000
                 retention_hard_max_bytes = 40000
-                """)
+                """, .live)
         let down = (seen as NSString).deletingLastPathComponent + "/down"
         #expect(FileManager.default.createFile(atPath: down, contents: nil))
         try daemon.start()

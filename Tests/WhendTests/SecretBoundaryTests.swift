@@ -12,7 +12,7 @@ import WhendConfiguration
         let directory = scratchDirectory("secret-deep")
         let config = directory + "/whend.conf"
         try #"plugin.x = {"n": 1}"#.write(toFile: config, atomically: true, encoding: .utf8)
-        let daemon = DaemonProcess("secret-deep-d", arguments: ["--config", config])
+        let daemon = TestDaemon("secret-deep-d", arguments: ["--config", config])
         try daemon.start()
         defer { daemon.stop() }
         let depth = 10_000
@@ -26,7 +26,7 @@ import WhendConfiguration
         #expect(reload.status != 0, "\(reload.output)")
         #expect((reload.output + reload.error).contains("512"), "\(reload.output) \(reload.error)")
         // Alive, with the configuration it had.
-        #expect(daemon.process?.isRunning == true, "\(daemon.log)")
+        #expect(daemon.isRunning, "\(daemon.log)")
         let status = try daemon.whenctl(["status"])
         #expect(status.status == 0, "\(status.error)")
         // At the limit, it is taken.
@@ -107,7 +107,8 @@ import WhendConfiguration
         try """
         plugin.analytics = {"endpoint": "$file:\(directory)/endpoint", "file": null, "flush_interval": 0.2, "max_backoff": 0.2}
         """.write(toFile: config, atomically: true, encoding: .utf8)
-        let daemon = DaemonProcess("secret-endpoint-d", arguments: ["--builtin-pipelines", "true", "--config", config])
+        let daemon = TestDaemon.live(
+            "secret-endpoint-d", arguments: ["--builtin-pipelines", "true", "--config", config])
         try daemon.start()
         defer { daemon.stop() }
         try sendSession(daemon, app: "com.example.k", session: "s", [#"{"type":"when","name":"x"}"#])
@@ -141,7 +142,7 @@ import WhendConfiguration
         pipeline.rec = recorder
         plugin.recorder = {"crash_at": 1, "token": "\(token)"}
         """.write(toFile: config, atomically: true, encoding: .utf8)
-        let daemon = DaemonProcess("secret-crash-d", arguments: ["--config", config])
+        let daemon = TestDaemon.live("secret-crash-d", arguments: ["--config", config])
         try daemon.start()
         defer { daemon.stop() }
         try sendSession(daemon, app: "com.example.c", session: "s", [#"{"type":"when","name":"x"}"#])

@@ -42,7 +42,7 @@ final class NotifySocket {
 
 @Suite(.serialized) struct ServiceManagerTests {
     @Test func readyStatusWatchdogAndStoppingReachTheServiceManager() throws {
-        let daemon = DaemonProcess("notify")
+        let daemon = TestDaemon.live("notify")
         let notify = try NotifySocket(directory: daemon.directory)
         daemon.environment = ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "200000"]
         try daemon.start()
@@ -62,7 +62,7 @@ final class NotifySocket {
     /// The states the service manager sees, in order (watchdog pings and STATUS= updates left
     /// out): start, a reload by SIGHUP, a reload by whenctl, a refused reload, stop.
     @Test func startReloadAndStopSendTheExactSequence() throws {
-        let daemon = DaemonProcess("sequence")
+        let daemon = TestDaemon.live("sequence")
         let config = daemon.directory + "/whend.conf"
         try "durability = fsync\n".write(toFile: config, atomically: true, encoding: .utf8)
         let notify = try NotifySocket(directory: daemon.directory)
@@ -109,7 +109,7 @@ final class NotifySocket {
     @Test(.enabled(if: LoopFilesystem.isAvailable, "needs root, loop devices, mkfs.ext4 and fsfreeze"))
     func aStuckWriterStopsTheWatchdogPings() throws {
         let filesystem = try LoopFilesystem("frozen")
-        let daemon = DaemonProcess("watchdog", stateDirectory: filesystem.mountPoint + "/state")
+        let daemon = TestDaemon.live("watchdog", stateDirectory: filesystem.mountPoint + "/state")
         let notify = try NotifySocket(directory: daemon.directory)
         daemon.environment = ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "200000"]
         try daemon.start()
@@ -132,7 +132,7 @@ final class NotifySocket {
     }
 
     @Test func withoutANotifySocketNothingChanges() throws {
-        let daemon = DaemonProcess("nonotify")
+        let daemon = TestDaemon.live("nonotify")
         daemon.environment = ["WATCHDOG_USEC": "200000"]
         try daemon.start()
         #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"screen","name":"A"}"#]).acks.last == 1)
@@ -291,7 +291,7 @@ func waitForExit(_ pid: pid_t) -> Int32 {
     }
 
     @Test func sigtermStopsTheStepsInReverseOrder() throws {
-        let daemon = DaemonProcess("group-stop", arguments: ["--builtin-pipelines", "true", "--log-level", "info"])
+        let daemon = TestDaemon.live("group-stop", arguments: ["--builtin-pipelines", "true", "--log-level", "info"])
         try daemon.start()
         #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"when","name":"a"}"#]).acks.last == 1)
         #expect(daemon.stop() == 0)
@@ -308,9 +308,9 @@ func waitForExit(_ pid: pid_t) -> Int32 {
     /// A whend that cannot listen (another one has the socket) stops what it had started — its
     /// pipelines' workers, its journal — in order, and exits 1 saying why.
     @Test func aStepThatCannotStartStopsTheOnesBeforeIt() throws {
-        let first = DaemonProcess("group-first")
+        let first = TestDaemon.live("group-first")
         try first.start()
-        let second = DaemonProcess("group-second")
+        let second = TestDaemon.live("group-second")
         let p = Process()
         p.executableURL = URL(fileURLWithPath: executable("whend"))
         p.arguments = [

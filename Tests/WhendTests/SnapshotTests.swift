@@ -8,7 +8,7 @@ import WhendPluginHost
 
 /// SIGKILLs `pipeline`'s worker as it runs now (it may be starting again after the last kill);
 /// false if none runs within 5 s.
-private func killWorker(_ daemon: DaemonProcess, _ pipeline: String) -> Bool {
+private func killWorker(_ daemon: TestDaemon, _ pipeline: String) -> Bool {
     var pid = 0
     _ = eventually(5) {
         let entry = try? daemon.pipeline(pipeline)
@@ -35,7 +35,7 @@ private func killWorker(_ daemon: DaemonProcess, _ pipeline: String) -> Bool {
         pipeline.crashes =
         pipeline.sessions =
         """.write(toFile: file, atomically: true, encoding: .utf8)
-        let daemon = DaemonProcess("snapshots", arguments: ["--builtin-pipelines", "true", "--config", file])
+        let daemon = TestDaemon.live("snapshots", arguments: ["--builtin-pipelines", "true", "--config", file])
         try daemon.start()
         let demo = try startDemo(daemon, ["--rate", "600", "--duration", "12", "--seed", "11", "--fatal-one-in", "0"])
         var generator = SystemRandomNumberGenerator()
@@ -81,7 +81,7 @@ private func killWorker(_ daemon: DaemonProcess, _ pipeline: String) -> Bool {
         pipeline.crashes =
         pipeline.screens =
         """.write(toFile: file, atomically: true, encoding: .utf8)
-        let daemon = DaemonProcess("sessions-kill", arguments: ["--builtin-pipelines", "true", "--config", file])
+        let daemon = TestDaemon.live("sessions-kill", arguments: ["--builtin-pipelines", "true", "--config", file])
         try daemon.start()
         let demo = try startDemo(daemon, ["--rate", "600", "--duration", "8", "--seed", "5"])
         var kills = 0
@@ -130,7 +130,7 @@ private func killWorker(_ daemon: DaemonProcess, _ pipeline: String) -> Bool {
         pipeline.crashes =
         pipeline.sessions =
         """.write(toFile: file, atomically: true, encoding: .utf8)
-        let daemon = DaemonProcess("snapshot-dmg", arguments: ["--builtin-pipelines", "true", "--config", file])
+        let daemon = TestDaemon.live("snapshot-dmg", arguments: ["--builtin-pipelines", "true", "--config", file])
         let snapshot = daemon.stateDirectory + "/pipelines/screens/snapshot"
         func snapshotCursor(_ path: String) -> UInt64? {
             (FileManager.default.contents(atPath: path)).flatMap { try? PipelineSnapshot.decode(Array($0)).cursor }

@@ -29,102 +29,6 @@ struct TestFailure: Error, CustomStringConvertible {
     var description: String
 }
 
-/// A real whend process with its own socket and state directory.
-final class DaemonProcess: @unchecked Sendable {
-    // Unchecked: used from one test at a time; `process` is replaced only by start().
-    let directory: String
-    let socketPath: String
-    let stateDirectory: String
-    let extraArguments: [String]
-    /// Extra environment for the daemon (NOTIFY_SOCKET, WATCHDOG_USEC, …).
-    var environment: [String: String] = [:]
-    private(set) var process: Process?
-    let logPath: String
-
-    init(_ name: String, arguments: [String] = [], stateDirectory: String? = nil) {
-        directory = scratchDirectory(name)
-        socketPath = directory + "/events.sock"
-        self.stateDirectory = stateDirectory ?? directory + "/state"
-        extraArguments = arguments
-        logPath = directory + "/whend.log"
-    }
-
-    var journal: JournalDirectory { JournalDirectory(stateDirectory: stateDirectory) }
-
-    /// Starts whend and waits until its socket accepts connections.
-    func start() throws {
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: executable("whend"))
-        // The built-in pipelines only where a test asks for them: they add derived records.
-        let builtin = extraArguments.contains("--builtin-pipelines") ? [] : ["--builtin-pipelines", "false"]
-        p.arguments =
-            ["--socket", socketPath, "--state-dir", stateDirectory, "--log-level", "notice"] + builtin + extraArguments
-        if !environment.isEmpty {
-            var env = ProcessInfo.processInfo.environment
-            for (k, v) in environment { env[k] = v }
-            p.environment = env
-        }
-        _ = FileManager.default.createFile(atPath: logPath, contents: nil)
-        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
-        log.seekToEndOfFile()
-        p.standardOutput = log
-        p.standardError = log
-        try p.run()
-        process = p
-        let deadline = Date().addingTimeInterval(20)
-        while Date() < deadline {
-            // Both sockets: the control socket is bound just after the event socket.
-            if (try? BlockingSocket(path: socketPath)) != nil, FileManager.default.fileExists(atPath: controlPath) {
-                return
-            }
-            if !p.isRunning { throw TestFailure(description: "whend exited at start: \(self.log)") }
-            usleep(20_000)
-        }
-        throw TestFailure(description: "whend did not listen within 20 s: \(self.log)")
-    }
-
-    var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
-
-    /// SIGTERM, and wait for the graceful stop. Returns the exit status.
-    @discardableResult
-    func stop(signal: Int32 = SIGTERM) -> Int32 {
-        guard let p = process else { return 0 }
-        kill(p.processIdentifier, signal)
-        p.waitUntilExit()
-        process = nil
-        return p.terminationStatus
-    }
-
-    /// SIGKILL: no chance to flush, seal or answer.
-    func crash() {
-        guard let p = process else { return }
-        kill(p.processIdentifier, SIGKILL)
-        p.waitUntilExit()
-        process = nil
-    }
-
-    deinit {
-        if let p = process, p.isRunning {
-            kill(p.processIdentifier, SIGKILL)
-            p.waitUntilExit()
-        }
-    }
-
-    /// Every stored record, parsed.
-    func records() -> [[String: Any]] {
-        var result: [[String: Any]] = []
-        JournalReader(directory: journal).read { r, _ in
-            if let o = try? JSONSerialization.jsonObject(with: Data(buffer: r.line)) as? [String: Any] {
-                result.append(o)
-            }
-            return true
-        } onProblem: {
-            Issue.record("journal problem: \($0)")
-        }
-        return result
-    }
-}
-
 /// Sends `lines` on a fresh connection, half-closes, and returns every line the daemon
 /// answered before it closed, parsed.
 func exchange(_ socketPath: String, _ lines: [String], raw: [UInt8]? = nil) throws -> [[String: Any]] {
@@ -191,7 +95,7 @@ func runCommand(_ path: String, _ arguments: [String], environment: [String: Str
 
 /// Sends `parts` connections of 30 events each, with random padding so that they do not compress
 /// to nothing (small segments then rotate), numbered from `first`; expects every one acked.
-func sendNoisyParts(_ daemon: DaemonProcess, _ parts: Range<Int>) throws {
+func sendNoisyParts(_ daemon: TestDaemon, _ parts: Range<Int>) throws {
     for part in parts {
         let events = (1...30).map {
             #"{"type":"when","name":"e","params":{"n":\#(part * 30 + $0),"noise":"\#(noise(64))"}}"#
@@ -200,7 +104,7 @@ func sendNoisyParts(_ daemon: DaemonProcess, _ parts: Range<Int>) throws {
     }
 }
 
-extension DaemonProcess {
+extension TestDaemon {
     /// The control socket: beside the event socket unless the test says otherwise.
     var controlPath: String { directory + "/control.sock" }
 
@@ -294,7 +198,7 @@ func whenctl(_ arguments: [String]) throws -> (status: Int32, output: String, er
 }
 
 /// Sends `events` as one app session on one connection with acks: each must be stored.
-func sendSession(_ daemon: DaemonProcess, app: String, session: String, _ events: [String]) throws {
+func sendSession(_ daemon: TestDaemon, app: String, session: String, _ events: [String]) throws {
     let hello = #"{"hello":{"protocol":1,"app":"\#(app)","session":"\#(session)","acks":true}}"#
     let answers = try exchange(daemon.socketPath, [hello] + events)
     #expect(answers.errors.isEmpty, "\(answers.errors)")
@@ -302,7 +206,7 @@ func sendSession(_ daemon: DaemonProcess, app: String, session: String, _ events
 }
 
 /// What screen-tracking derived, as stored: each record's plugin part and cause, in journal order.
-func liveDerived(_ daemon: DaemonProcess) -> [(cause: Int, text: String)] {
+func liveDerived(_ daemon: TestDaemon) -> [(cause: Int, text: String)] {
     var out: [(Int, String)] = []
     JournalReader(directory: daemon.journal).read { record, _ in
         let text = String(decoding: record.line, as: UTF8.self)
@@ -318,7 +222,7 @@ func liveDerived(_ daemon: DaemonProcess) -> [(cause: Int, text: String)] {
 /// its causes, what `whenctl replay` of the pipeline `screens` derives from the same journal in
 /// one go; at least `atLeast` records, so that the comparison is about something.
 func expectReplayDerivesWhatWasLive(
-    _ daemon: DaemonProcess, config: String? = nil, atLeast: Int, sourceLocation: SourceLocation = #_sourceLocation
+    _ daemon: TestDaemon, config: String? = nil, atLeast: Int, sourceLocation: SourceLocation = #_sourceLocation
 ) throws {
     let live = liveDerived(daemon)
     let replay = try whenctl(
@@ -364,7 +268,7 @@ extension BlockingSocket {
 }
 
 /// whend-demo streaming the seeds' journeys to `daemon` in the background, its output dropped.
-func startDemo(_ daemon: DaemonProcess, _ arguments: [String]) throws -> Process {
+func startDemo(_ daemon: TestDaemon, _ arguments: [String]) throws -> Process {
     let demo = Process()
     demo.executableURL = URL(fileURLWithPath: executable("whend-demo"))
     demo.arguments = ["--socket", daemon.socketPath, "--quiet"] + arguments

@@ -30,13 +30,13 @@ private final class Flag: @unchecked Sendable {
 }
 
 /// Records of one app, in `_seq` order.
-private func records(of app: String, in daemon: DaemonProcess) -> [[String: Any]] {
+private func records(of app: String, in daemon: TestDaemon) -> [[String: Any]] {
     daemon.records().filter { $0["app"] as? String == app }
 }
 
 @Suite(.serialized) struct WhenClientTests {
     @Test func eventsArriveInOrderWithTheRightFields() throws {
-        let daemon = DaemonProcess("client-order")
+        let daemon = TestDaemon("client-order")
         try daemon.start()
         var configuration = WhenClient.Configuration(
             app: "com.example.marvel", session: "s-1", socketPath: daemon.socketPath)
@@ -99,7 +99,7 @@ private func records(of app: String, in daemon: DaemonProcess) -> [[String: Any]
     }
 
     @Test func aDaemonKilledAndRestartedMidStreamLosesNothingAndStoresNothingTwice() throws {
-        let daemon = DaemonProcess("client-kill")
+        let daemon = TestDaemon.live("client-kill")
         try daemon.start()
         var configuration = WhenClient.Configuration(app: "kill-test", session: "k", socketPath: daemon.socketPath)
         configuration.queueCapacity = 100_000
@@ -140,7 +140,7 @@ private func records(of app: String, in daemon: DaemonProcess) -> [[String: Any]
     }
 
     @Test func withTheDaemonDownAFullQueueDropsCountsAndReportsOnceBack() throws {
-        let daemon = DaemonProcess("client-down")
+        let daemon = TestDaemon("client-down")
         var configuration = WhenClient.Configuration(app: "down-test", session: "d", socketPath: daemon.socketPath)
         configuration.queueCapacity = 100
         configuration.maxBackoff = 0.5
@@ -168,7 +168,7 @@ private func records(of app: String, in daemon: DaemonProcess) -> [[String: Any]
 
     @Test func eventsTheDaemonCannotStoreForNowAreSentAgain() throws {
         // 100 events/s with a burst of 10: most of the 200 are first refused as rate_limited.
-        let daemon = DaemonProcess("client-rate", arguments: ["--rate-limit", "100", "--rate-burst", "10"])
+        let daemon = TestDaemon("client-rate", arguments: ["--rate-limit", "100", "--rate-burst", "10"])
         try daemon.start()
         let client = WhenClient(.init(app: "rate-test", session: "r", socketPath: daemon.socketPath))
         for i in 0..<200 { client.emit(["type": "when", "name": "tick", "params": ["n": i]]) }
@@ -182,7 +182,7 @@ private func records(of app: String, in daemon: DaemonProcess) -> [[String: Any]
     }
 
     @Test func eventsTheDaemonRefusesForGoodAreCountedAndNotSentAgain() throws {
-        let daemon = DaemonProcess("client-refused")
+        let daemon = TestDaemon("client-refused")
         try daemon.start()
         let client = WhenClient(.init(app: "refused-test", session: "r", socketPath: daemon.socketPath))
         client.emit(["type": "lifecycle", "screen": "A", "status": "sleeping"])
@@ -194,7 +194,7 @@ private func records(of app: String, in daemon: DaemonProcess) -> [[String: Any]
     }
 
     @Test func valuesOfEveryKindArriveAsSent() throws {
-        let daemon = DaemonProcess("client-values")
+        let daemon = TestDaemon("client-values")
         try daemon.start()
         let client = WhenClient(.init(app: "values-test", session: "v", socketPath: daemon.socketPath))
         // As an app might have them: native values, and values that came out of JSONSerialization.
@@ -225,7 +225,7 @@ private func records(of app: String, in daemon: DaemonProcess) -> [[String: Any]
     }
 
     @Test func theDemoRunsTheSeedsThreeJourneys() throws {
-        let daemon = DaemonProcess("client-demo")
+        let daemon = TestDaemon("client-demo")
         try daemon.start()
         let run = try runCommand(
             executable("whend-demo"),

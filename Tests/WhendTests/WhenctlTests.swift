@@ -8,7 +8,7 @@ import WhendWire
     let whenctl = executable("whenctl")
 
     @Test func emitReportsErrorsAndExitStatus() throws {
-        let daemon = DaemonProcess("emit")
+        let daemon = TestDaemon("emit")
         try daemon.start()
         let env = ["WHEND_SOCKET": daemon.socketPath]
         let ok = try runCommand(
@@ -35,7 +35,7 @@ import WhendWire
     /// Every subcommand's exit status tells the kind of outcome: 0 done; 1 the work failed, said
     /// in one line that names the input; 64 a usage error, with the subcommand's usage.
     @Test func everySubcommandExitsByTheKindOfOutcome() throws {
-        let daemon = DaemonProcess("exits", arguments: ["--builtin-pipelines", "true"])
+        let daemon = TestDaemon("exits", arguments: ["--builtin-pipelines", "true"])
         try daemon.start()
         let session = [
             #"{"hello":{"protocol":1,"app":"com.x","session":"x1","acks":true}}"#,
@@ -107,7 +107,7 @@ import WhendWire
         #expect(typo.status == 64 && typo.error.contains("did you mean 'status'?"), "\(typo)")
         let far = try runCommand(whenctl, ["frobnicate"])
         #expect(far.status == 64 && !far.error.contains("did you mean"), "\(far)")
-        let daemon = DaemonProcess("cat-derived", arguments: ["--builtin-pipelines", "true"])
+        let daemon = TestDaemon("cat-derived", arguments: ["--builtin-pipelines", "true"])
         try daemon.start()
         defer { daemon.stop() }
         let lines = [
@@ -151,7 +151,7 @@ import WhendWire
         let section = try #require(guide.range(of: "\n## From another language\n"))
         let open = try #require(guide.range(of: "\n```python\n", range: section.upperBound..<guide.endIndex))
         let close = try #require(guide.range(of: "\n```\n", range: open.upperBound..<guide.endIndex))
-        let daemon = DaemonProcess("python-client")
+        let daemon = TestDaemon("python-client")
         try daemon.start()
         defer { daemon.stop() }
         let script = daemon.directory + "/client.py"
@@ -166,7 +166,7 @@ import WhendWire
     }
 
     @Test func catFiltersByAppSessionTypeSeqAndTime() throws {
-        let daemon = DaemonProcess("cat", arguments: ["--segment-max-bytes", "4096"])
+        let daemon = TestDaemon("cat", arguments: ["--segment-max-bytes", "4096"])
         try daemon.start()
         var lines = [#"{"hello":{"protocol":1,"acks":true}}"#]
         for i in 1...300 {
@@ -201,7 +201,7 @@ import WhendWire
     }
 
     @Test func tailFollowsRecordsAsTheyAreCommitted() throws {
-        let daemon = DaemonProcess("tail", arguments: ["--segment-max-bytes", "4096"])
+        let daemon = TestDaemon("tail", arguments: ["--segment-max-bytes", "4096"])
         try daemon.start()
         #expect(
             try exchange(daemon.socketPath, [helloWithAcks] + (1...20).map { #"{"type":"when","name":"early\#($0)"}"# })
@@ -244,7 +244,7 @@ import WhendWire
     }
 
     @Test func verifyNamesTheFileAndOffsetOfDamage() throws {
-        let daemon = DaemonProcess("verify", arguments: ["--segment-max-bytes", "4096"])
+        let daemon = TestDaemon("verify", arguments: ["--segment-max-bytes", "4096"])
         try daemon.start()
         try sendNoisyParts(daemon, 0..<10)
         daemon.stop()
@@ -276,7 +276,7 @@ import WhendWire
     }
 
     @Test func rotationAndRetentionKeepTheJournalWithinItsSizeAndVerifiable() throws {
-        let daemon = DaemonProcess(
+        let daemon = TestDaemon(
             "retain", arguments: ["--segment-max-bytes", "4096", "--retention-max-bytes", "16384"])
         try daemon.start()
         for round in 0..<10 {
@@ -299,7 +299,7 @@ import WhendWire
 
     @Test(arguments: ["write", "none"])
     func everyDurabilityStoresEverythingItAcked(durability: String) throws {
-        let daemon = DaemonProcess("dur-\(durability)", arguments: ["--durability", durability])
+        let daemon = TestDaemon("dur-\(durability)", arguments: ["--durability", durability])
         try daemon.start()
         let events = (1...2000).map { #"{"type":"when","name":"d","id":"\#($0)"}"# }
         #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 2000)
@@ -313,7 +313,7 @@ import WhendWire
     }
 
     @Test func segmentsRotateByAge() throws {
-        let daemon = DaemonProcess("age", arguments: ["--segment-max-age", "1"])
+        let daemon = TestDaemon("age", arguments: ["--segment-max-age", "1"])
         try daemon.start()
         #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"screen","name":"A"}"#]).acks.last == 1)
         usleep(2_500_000)  // the writer looks once a second
@@ -325,7 +325,7 @@ import WhendWire
     }
 
     @Test func aGracefulStopAnswersEveryLineItReceived() throws {
-        let daemon = DaemonProcess("graceful")
+        let daemon = TestDaemon("graceful")
         try daemon.start()
         let connection = try BlockingSocket(path: daemon.socketPath)
         try connection.send(helloWithAcks + "\n")
@@ -374,7 +374,7 @@ func noise(_ bytes: Int = 24) -> String {
 @Suite(.serialized) struct SustainedLoadTests {
     /// Rotation by age must not wait for an idle moment: under a steady stream it still happens.
     @Test func segmentsRotateByAgeUnderSteadyLoad() throws {
-        let daemon = DaemonProcess("busy-age", arguments: ["--segment-max-age", "1"])
+        let daemon = TestDaemon("busy-age", arguments: ["--segment-max-age", "1"])
         try daemon.start()
         let connection = try BlockingSocket(path: daemon.socketPath)
         try connection.send(#"{"hello":{"protocol":1}}"# + "\n")

@@ -9,8 +9,8 @@ import WhendWire
 /// plugin (Tests/Fixtures/chatty.c) that prints to its standard output, derives more than a
 /// frame holds, or writes a forged frame, in a real worker of a real whend.
 @Suite(.serialized) struct WorkerBoundaryTests {
-    func chattyDaemon(_ name: String, configuration: String = "{}", settings: String = "") throws -> DaemonProcess {
-        let daemon = DaemonProcess(name)
+    func chattyDaemon(_ name: String, configuration: String = "{}", settings: String = "") throws -> TestDaemon {
+        let daemon = TestDaemon.live(name)
         let plugins = try pluginDirectory(in: daemon.directory)
         _ = try buildTestPlugin("chatty", into: plugins, name: "chatty")
         let config = daemon.directory + "/whend.conf"
@@ -50,7 +50,7 @@ import WhendWire
     /// standard output only what the plugin derived, one JSON object a line, and the plugin's
     /// prints go to its standard error.
     @Test func aPluginPrintingToItsStandardOutputStaysOutOfReplaysRecords() throws {
-        let daemon = DaemonProcess("w-replay-printf")
+        let daemon = TestDaemon.live("w-replay-printf")
         try daemon.start()
         let events = (1...50).map { i in
             i % 10 == 0
