@@ -3,11 +3,11 @@ import Testing
 import WhendWire
 
 /// A daemon with the built-in pipelines on, configured by `settings` (a configuration file).
-func daemonWithBuiltins(_ name: String, settings: String = "") throws -> TestDaemon {
+func daemonWithBuiltins(_ name: String, settings: String = "", _ mode: DaemonMode = .inProcess) throws -> TestDaemon {
     let directory = scratchDirectory(name + "-conf")
     let file = directory + "/whend.conf"
     try (settings + "\n").write(toFile: file, atomically: true, encoding: .utf8)
-    let daemon = TestDaemon.live(name, arguments: ["--builtin-pipelines", "true", "--config", file])
+    let daemon = TestDaemon(name, arguments: ["--builtin-pipelines", "true", "--config", file], mode)
     try daemon.start()
     return daemon
 }
@@ -290,10 +290,10 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
     @Test func analyticsFiltersByAppAndWhenReportsOversizedEventsAndDropsWhatA4xxRefuses() throws {
         let server = try HTTPTestServer(answers: [.init(status: 400), .init(status: 200)])
         let daemon = try daemonWithBuiltins(
-            "builtin-filters",
+            "builtin-filters",  // live: the analytics worker's log is on whend's standard error
             settings: """
                 plugin.analytics = {"endpoint": "http://127.0.0.1:\(server.port)/v1/batch", "flush_interval": 0.2, "include_apps": ["com.example.mail"], "exclude_whens": ["noise"], "event_max_bytes": 600}
-                """)
+                """, .live)
         let huge = String(repeating: "x", count: 700)
         try sendSession(
             daemon, app: "com.example.mail", session: "m",

@@ -184,11 +184,11 @@ private func nanosText(_ time: String) -> String? {
         let server = try HTTPTestServer(answers: [.init(status: 200, body: partialSuccess)])
         defer { server.stop() }
         let daemon = try daemonWithBuiltins(
-            "builtin-otlp-partial",
+            "builtin-otlp-partial",  // live: the exporter's log is on whend's standard error
             settings: """
                 pipeline.otel = otlp
                 plugin.otlp = {"endpoint": "http://127.0.0.1:\(server.port)/v1/logs", "flush_interval": 0.2, "types": ["when"]}
-                """)
+                """, .live)
         defer { daemon.stop() }
         try sendSession(daemon, app: "com.example.mail", session: "p", [#"{"type":"when","name":"tapped"}"#])
         #expect(

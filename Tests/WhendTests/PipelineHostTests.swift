@@ -8,8 +8,11 @@ import Testing
 @Suite(.serialized) struct PipelineHostTests {
     /// The built-in pipelines and a fixture plugin's (Tests/Fixtures/chatty.c, which aborts its
     /// process on a record named "crash"), with `settings` added.
-    func mixedDaemon(_ name: String, retryLimit: Int = 2, settings: String = "") throws -> TestDaemon {
-        let daemon = TestDaemon.live(name, arguments: ["--builtin-pipelines", "true"])
+    /// Live unless a test says: what the workers and the host log is on whend's standard error.
+    func mixedDaemon(
+        _ name: String, retryLimit: Int = 2, settings: String = "", _ mode: DaemonMode = .live
+    ) throws -> TestDaemon {
+        let daemon = TestDaemon(name, arguments: ["--builtin-pipelines", "true"], mode)
         let plugins = try pluginDirectory(in: daemon.directory)
         _ = try buildTestPlugin("chatty", into: plugins, name: "chatty")
         let built = (executable("whend") as NSString).deletingLastPathComponent
@@ -181,7 +184,7 @@ import Testing
     /// A built-in plugin's name is not trust: a library called otlp found first in another
     /// plugin directory (here the chatty fixture) runs in a process of its own.
     @Test func aLibraryNamedLikeABuiltinElsewhereIsNotTrusted() throws {
-        let daemon = try mixedDaemon("host-spoof", settings: "pipeline.spoof = otlp")
+        let daemon = try mixedDaemon("host-spoof", settings: "pipeline.spoof = otlp", .inProcess)
         _ = try buildTestPlugin("chatty", into: daemon.directory + "/plugins", name: "otlp")
         try daemon.start()
         defer { daemon.stop() }
@@ -193,7 +196,7 @@ import Testing
     /// reloaded: the pipeline runs the new file, in a new host (the running one would have
     /// answered its dlopen with the old code, and derived what a replay no longer derives).
     @Test func aReplacedLibraryIsLoadedByANewHost() throws {
-        let daemon = try mixedDaemon("host-upgrade", settings: "isolation.chatty = shared")
+        let daemon = try mixedDaemon("host-upgrade", settings: "isolation.chatty = shared", .inProcess)
         try daemon.start()
         defer { daemon.stop() }
         let before = workers(daemon, ["chat", "screens"])

@@ -27,7 +27,7 @@ import WhendWire
 
     /// A daemon whose configuration loads the `pretty` fixture, built with `defines`.
     func prettyDaemon(_ name: String, defines: [String], settings: String) throws -> TestDaemon {
-        let daemon = TestDaemon.live(name)
+        let daemon = TestDaemon.live(name)  // killed mid-stream (`expectSurvivesACrash`)
         let plugins = try pluginDirectory(in: daemon.directory)
         _ = try buildTestPlugin("pretty", into: plugins, name: "pretty", defines: defines)
         let config = daemon.directory + "/whend.conf"
@@ -126,7 +126,7 @@ import WhendWire
     }
 
     @Test func theReadmesDenyAppsCannotBeEscapedBySpacesEscapesOrNesting() throws {
-        let daemon = TestDaemon.live("deny-apps")
+        let daemon = TestDaemon("deny-apps")
         let plugins = try pluginDirectory(in: daemon.directory)
         let source = try Self.readmeBlock(after: "## In C", language: "c")
         #expect(source.hasPrefix("/* deny-apps.c"))
@@ -176,7 +176,7 @@ import WhendWire
     /// A plugin after another that changed the record sees it as it would be stored, canonical:
     /// the README's filter behind the pretty-printing fixture is not bypassed either.
     @Test func aPluginAfterOneThatPrettyPrintsSeesTheRecordCanonical() throws {
-        let daemon = TestDaemon.live("deny-chain")
+        let daemon = TestDaemon("deny-chain")
         let plugins = try pluginDirectory(in: daemon.directory)
         try Self.readmeBlock(after: "## In C", language: "c")
             .write(toFile: daemon.directory + "/deny-apps.c", atomically: true, encoding: .utf8)

@@ -98,7 +98,7 @@ import WhendWire
     /// Different strings are different events, before and after a restart: lone surrogates,
     /// which decoding makes U+FFFD alike, included. Another spelling of one of them is a resend.
     @Test func idsThatAreDifferentStringsAreDifferentEvents() throws {
-        let daemon = TestDaemon.live("rs-surrogate")
+        let daemon = TestDaemon("rs-surrogate")
         try daemon.start()
         let ids = [#"\ud800"#, #"\udfff"#, #"\ufffd"#, #"x\udc00"#, #"x\ud83d"#]
         func events(_ ids: [String]) -> [String] {
