@@ -18,6 +18,8 @@ let package = Package(
         .library(name: "WhendPluginSDK", targets: ["WhendPluginSDK"]),
         // The properties Fuzz/'s libFuzzer targets check, for that package alone.
         .library(name: "WhendFuzzing", targets: ["WhendFuzzing"]),
+        // The seeded generator the demo, the benchmarks and the tests draw from.
+        .library(name: "SeededRandom", targets: ["SeededRandom"]),
         // Plugins, as shared libraries loaded with dlopen.
         .library(name: "redact", type: .dynamic, targets: ["RedactPlugin"]),
         .library(name: "screen-tracking", type: .dynamic, targets: ["ScreenTrackingPlugin"]),
@@ -52,7 +54,10 @@ let package = Package(
         // The client library apps emit with, in the seeds' idioms. No NIO.
         .target(name: "WhenClient", dependencies: ["WhendWire"]),
         .target(name: "WhenTesting", dependencies: ["WhenClient"]),
-        .executableTarget(name: "whend-demo", dependencies: ["WhenClient", "WhendWire", "WhendSystem"]),
+        .executableTarget(
+            name: "whend-demo", dependencies: ["WhenClient", "WhendWire", "WhendSystem", "SeededRandom"]),
+        // SplitMix64: one seed, one sequence, for whatever must be generated the same way again.
+        .target(name: "SeededRandom"),
         // The plugin ABI: a C header, checked by the host before it calls anything.
         .target(name: "CWhendPlugin"),
         // Linux calls and types Swift's Glibc module does not import (they need _GNU_SOURCE).
@@ -169,7 +174,8 @@ let package = Package(
         .testTarget(
             name: "WhendWireTests",
             dependencies: [
-                "WhendWire", "WhendRecord", .product(name: "PropertyBased", package: "swift-property-based"),
+                "WhendWire", "WhendRecord", "SeededRandom",
+                .product(name: "PropertyBased", package: "swift-property-based"),
             ]),
         .testTarget(name: "WhendJournalTests", dependencies: ["WhendJournal", "WhendWire", "WhendRecord"]),
         .testTarget(name: "WhendPluginSDKTests", dependencies: ["WhendPluginSDK"]),
@@ -184,7 +190,7 @@ let package = Package(
                 "WhendWire", "WhendRecord", "WhendSystem", "WhendJournal", "WhendConfiguration", "WhendPluginHost",
                 "WhendPipelines", "WhendDaemon", "WhenClient",
                 "WhenTesting", "whend", "whenctl",
-                "whend-demo",
+                "whend-demo", "SeededRandom",
                 // The connection handler alone, on NIO's test channel (ConnectionHandlerTests).
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),

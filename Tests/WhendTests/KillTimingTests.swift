@@ -1,5 +1,6 @@
 import Foundation
 import PropertyBased
+import SeededRandom
 import Testing
 import WhendDaemon
 import WhendJournal
@@ -58,7 +59,7 @@ import WhendPipelines
         try daemon.start()
         let demo = try startDemo(
             daemon, ["--rate", "0", "--sessions", "3000", "--seed", "31", "--fatal-one-in", "2"])
-        var random = SplitMix(state: 31)
+        var random = SplitMix64(state: 31)
         var kills = 0
         // Each kill's worker is a new one: the pipelines share their host, so the one killed for
         // screens was crashes' too.
