@@ -1,6 +1,14 @@
 // swift-tools-version:6.1
 import PackageDescription
 
+// The dependencies' products that more than one target uses.
+let logging: Target.Dependency = .product(name: "Logging", package: "swift-log")
+let nioCore: Target.Dependency = .product(name: "NIOCore", package: "swift-nio")
+let nioConcurrencyHelpers: Target.Dependency = .product(name: "NIOConcurrencyHelpers", package: "swift-nio")
+let argumentParser: Target.Dependency = .product(name: "ArgumentParser", package: "swift-argument-parser")
+// Tests only: properties over generated, seeded inputs, with shrinking.
+let propertyBased: Target.Dependency = .product(name: "PropertyBased", package: "swift-property-based")
+
 let package = Package(
     name: "whend",
     platforms: [.macOS(.v15)],
@@ -124,9 +132,8 @@ let package = Package(
         .target(
             name: "WhendPluginHost",
             dependencies: [
-                "CWhendPlugin", "WhendWire", "WhendRecord", "WhendSystem", "WhendConfiguration",
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                "CWhendPlugin", "WhendWire", "WhendRecord", "WhendSystem", "WhendConfiguration", logging,
+                nioConcurrencyHelpers,
             ]),
         // Pipelines: the spec, the worker and the shared pipeline host, their supervisor in the
         // daemon, the frames between them, the exactly-once ledger, snapshots and the plugin check.
@@ -134,9 +141,7 @@ let package = Package(
             name: "WhendPipelines",
             dependencies: [
                 "WhendWire", "WhendSystem", "WhendJournal", "WhendConfiguration", "WhendPluginHost", "CWhendPlugin",
-                "CLinux",
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                "CLinux", logging, nioConcurrencyHelpers,
             ]),
         // The daemon: NIO event and control sockets, connections, acks, wiring to the journal,
         // reload, metrics.
@@ -146,9 +151,9 @@ let package = Package(
                 "WhendWire", "WhendRecord", "WhendSystem", "WhendJournal", "WhendConfiguration", "WhendControl",
                 "WhendPluginHost", "WhendPipelines", "CSystemd",
                 "CWhendPlugin", "CLinux",
-                .product(name: "NIOCore", package: "swift-nio"),
+                nioCore,
                 .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "Logging", package: "swift-log"),
+                logging,
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
@@ -157,31 +162,21 @@ let package = Package(
         .executableTarget(
             name: "whend",
             dependencies: [
-                "WhendDaemon", "WhendPipelines", "WhendConfiguration", "WhendSystem",
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
-                .product(name: "Logging", package: "swift-log"),
+                "WhendDaemon", "WhendPipelines", "WhendConfiguration", "WhendSystem", argumentParser, logging,
             ]
         ),
         .executableTarget(
             name: "whenctl",
             dependencies: [
                 "WhendWire", "WhendRecord", "WhendSystem", "WhendJournal", "WhendConfiguration", "WhendControl",
-                "WhendPluginHost", "BuiltinPluginSupport",
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                "WhendPluginHost", "BuiltinPluginSupport", argumentParser,
             ]
         ),
 
-        .testTarget(
-            name: "WhendWireTests",
-            dependencies: [
-                "WhendWire", "WhendRecord", "SeededRandom",
-                .product(name: "PropertyBased", package: "swift-property-based"),
-            ]),
+        .testTarget(name: "WhendWireTests", dependencies: ["WhendWire", "WhendRecord", "SeededRandom", propertyBased]),
         .testTarget(name: "WhendJournalTests", dependencies: ["WhendJournal", "WhendWire", "WhendRecord"]),
         .testTarget(name: "WhendPluginSDKTests", dependencies: ["WhendPluginSDK"]),
-        .testTarget(
-            name: "WhendControlTests",
-            dependencies: ["WhendControl", .product(name: "PropertyBased", package: "swift-property-based")]),
+        .testTarget(name: "WhendControlTests", dependencies: ["WhendControl", propertyBased]),
         // End to end: real whend and whenctl processes on real sockets. Depends on the
         // executables so that `swift test` builds them beside the test bundle.
         .testTarget(
@@ -192,9 +187,9 @@ let package = Package(
                 "WhenTesting", "whend", "whenctl",
                 "whend-demo", "SeededRandom",
                 // The connection handler alone, on NIO's test channel (ConnectionHandlerTests).
-                .product(name: "NIOCore", package: "swift-nio"),
+                nioCore,
                 .product(name: "NIOEmbedded", package: "swift-nio"),
-                .product(name: "PropertyBased", package: "swift-property-based"),
+                propertyBased,
             ]),
     ],
     swiftLanguageModes: [.v6]
