@@ -21,21 +21,8 @@ package func appendCanonicalJSON(_ value: UnsafeBufferPointer<UInt8>, to out: in
             i += 1
         case UInt8(ascii: "\""):
             // To the closing quote: a backslash escapes the byte after it.
-            var j = i + 1
-            var escaped = false
-            while j < count {
-                j += firstStringSpecial(base + j, count - j)
-                guard j < count else { break }
-                if value[j] == UInt8(ascii: "\\") {
-                    escaped = true
-                    j += 2
-                } else if value[j] == UInt8(ascii: "\"") {
-                    break
-                } else {
-                    j += 1  // a control byte: not in a validated string
-                }
-            }
-            let end = min(j, count)
+            let (quote, escaped) = stringEnd(base, from: i + 1, count)
+            let end = min(quote, count)
             if escaped {
                 appendCanonicalString(UnsafeBufferPointer(rebasing: value[(i + 1)..<end]), to: &out)
             } else {

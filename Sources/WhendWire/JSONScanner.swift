@@ -328,6 +328,30 @@ package struct JSONScanner {
     }
 }
 
+/// Where the string whose contents start at `start` in `p` (of `n` bytes) closes: the index of
+/// its closing quote (`n`, or one past it, when there is none), and whether a backslash escape
+/// came before it. For strings already validated or stored: a control byte is stepped over as
+/// the byte it is.
+@inlinable @inline(__always) package func stringEnd(
+    _ p: UnsafePointer<UInt8>, from start: Int, _ n: Int
+) -> (quote: Int, escaped: Bool) {
+    var j = start
+    var escaped = false
+    while j < n {
+        j += firstStringSpecial(p + j, n - j)
+        guard j < n else { break }
+        if p[j] == UInt8(ascii: "\\") {
+            escaped = true
+            j += 2
+        } else if p[j] == UInt8(ascii: "\"") {
+            return (j, escaped)
+        } else {
+            j += 1
+        }
+    }
+    return (j, escaped)
+}
+
 /// What the `\u` escape whose four hex digits start at `i` in `raw` (validated string contents)
 /// spells, and how many bytes after the `\u` it takes: a high surrogate followed by the escape
 /// of its low partner is the pair's scalar (10 bytes); anything else is its 16-bit value (4
