@@ -1,6 +1,14 @@
 // swift-tools-version:6.1
 import PackageDescription
 
+// The dependencies' products that more than one target uses.
+let logging: Target.Dependency = .product(name: "Logging", package: "swift-log")
+let nioCore: Target.Dependency = .product(name: "NIOCore", package: "swift-nio")
+let nioConcurrencyHelpers: Target.Dependency = .product(name: "NIOConcurrencyHelpers", package: "swift-nio")
+let argumentParser: Target.Dependency = .product(name: "ArgumentParser", package: "swift-argument-parser")
+// Tests only: properties over generated, seeded inputs, with shrinking.
+let propertyBased: Target.Dependency = .product(name: "PropertyBased", package: "swift-property-based")
+
 let package = Package(
     name: "whend",
     platforms: [.macOS(.v15)],
@@ -18,6 +26,8 @@ let package = Package(
         .library(name: "WhendPluginSDK", targets: ["WhendPluginSDK"]),
         // The properties Fuzz/'s libFuzzer targets check, for that package alone.
         .library(name: "WhendFuzzing", targets: ["WhendFuzzing"]),
+        // The seeded generator the demo, the benchmarks and the tests draw from.
+        .library(name: "SeededRandom", targets: ["SeededRandom"]),
         // Plugins, as shared libraries loaded with dlopen.
         .library(name: "redact", type: .dynamic, targets: ["RedactPlugin"]),
         .library(name: "screen-tracking", type: .dynamic, targets: ["ScreenTrackingPlugin"]),
@@ -52,7 +62,10 @@ let package = Package(
         // The client library apps emit with, in the seeds' idioms. No NIO.
         .target(name: "WhenClient", dependencies: ["WhendWire"]),
         .target(name: "WhenTesting", dependencies: ["WhenClient"]),
-        .executableTarget(name: "whend-demo", dependencies: ["WhenClient", "WhendWire", "WhendSystem"]),
+        .executableTarget(
+            name: "whend-demo", dependencies: ["WhenClient", "WhendWire", "WhendSystem", "SeededRandom"]),
+        // SplitMix64: one seed, one sequence, for whatever must be generated the same way again.
+        .target(name: "SeededRandom"),
         // The plugin ABI: a C header, checked by the host before it calls anything.
         .target(name: "CWhendPlugin"),
         // Linux calls and types Swift's Glibc module does not import (they need _GNU_SOURCE).
@@ -120,9 +133,8 @@ let package = Package(
         .target(
             name: "WhendPluginHost",
             dependencies: [
-                "CWhendPlugin", "WhendWire", "WhendRecord", "WhendSystem", "WhendConfiguration",
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                "CWhendPlugin", "WhendWire", "WhendRecord", "WhendSystem", "WhendConfiguration", logging,
+                nioConcurrencyHelpers,
             ]),
         // Pipelines: the spec, the worker and the shared pipeline host, their supervisor in the
         // daemon, the frames between them, the exactly-once ledger, snapshots and the plugin check.
@@ -130,9 +142,7 @@ let package = Package(
             name: "WhendPipelines",
             dependencies: [
                 "WhendWire", "WhendSystem", "WhendJournal", "WhendConfiguration", "WhendPluginHost", "CWhendPlugin",
-                "CLinux",
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                "CLinux", logging, nioConcurrencyHelpers,
             ]),
         // The daemon: NIO event and control sockets, connections, acks, wiring to the journal,
         // reload, metrics.
@@ -142,9 +152,9 @@ let package = Package(
                 "WhendWire", "WhendRecord", "WhendSystem", "WhendJournal", "WhendConfiguration", "WhendControl",
                 "WhendPluginHost", "WhendPipelines", "CSystemd",
                 "CWhendPlugin", "CLinux",
-                .product(name: "NIOCore", package: "swift-nio"),
+                nioCore,
                 .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "Logging", package: "swift-log"),
+                logging,
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
@@ -153,30 +163,21 @@ let package = Package(
         .executableTarget(
             name: "whend",
             dependencies: [
-                "WhendDaemon", "WhendPipelines", "WhendConfiguration", "WhendSystem",
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
-                .product(name: "Logging", package: "swift-log"),
+                "WhendDaemon", "WhendPipelines", "WhendConfiguration", "WhendSystem", argumentParser, logging,
             ]
         ),
         .executableTarget(
             name: "whenctl",
             dependencies: [
                 "WhendWire", "WhendRecord", "WhendSystem", "WhendJournal", "WhendConfiguration", "WhendControl",
-                "WhendPluginHost", "BuiltinPluginSupport",
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                "WhendPluginHost", "BuiltinPluginSupport", argumentParser,
             ]
         ),
 
-        .testTarget(
-            name: "WhendWireTests",
-            dependencies: [
-                "WhendWire", "WhendRecord", .product(name: "PropertyBased", package: "swift-property-based"),
-            ]),
+        .testTarget(name: "WhendWireTests", dependencies: ["WhendWire", "WhendRecord", "SeededRandom", propertyBased]),
         .testTarget(name: "WhendJournalTests", dependencies: ["WhendJournal", "WhendWire", "WhendRecord"]),
         .testTarget(name: "WhendPluginSDKTests", dependencies: ["WhendPluginSDK"]),
-        .testTarget(
-            name: "WhendControlTests",
-            dependencies: ["WhendControl", .product(name: "PropertyBased", package: "swift-property-based")]),
+        .testTarget(name: "WhendControlTests", dependencies: ["WhendControl", propertyBased]),
         // End to end: whend on real sockets, in the test's own process (`TestDaemon`) or as a
         // real process where a promise needs one (kills, signals, systemd), with whenctl and the
         // demo as real processes. Depends on the executables so that `swift test` builds them
@@ -187,12 +188,12 @@ let package = Package(
                 "WhendWire", "WhendRecord", "WhendSystem", "WhendJournal", "WhendConfiguration", "WhendPluginHost",
                 "WhendPipelines", "WhendDaemon", "WhenClient",
                 "WhenTesting", "whend", "whenctl",
-                "whend-demo",
+                "whend-demo", "SeededRandom",
                 // The connection handler alone, on NIO's test channel (ConnectionHandlerTests).
-                .product(name: "NIOCore", package: "swift-nio"),
+                nioCore,
                 .product(name: "NIOEmbedded", package: "swift-nio"),
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "PropertyBased", package: "swift-property-based"),
+                logging,
+                propertyBased,
             ]),
     ],
     swiftLanguageModes: [.v6]

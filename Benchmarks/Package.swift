@@ -15,7 +15,10 @@ let package = Package(
         .target(name: "BenchSupport"),
         .executableTarget(
             name: "whend-bench",
-            dependencies: ["BenchSupport", .product(name: "WhendWire", package: root)],
+            dependencies: [
+                "BenchSupport", .product(name: "WhendWire", package: root),
+                .product(name: "SeededRandom", package: root),
+            ],
             swiftSettings: [.unsafeFlags(["-Ounchecked"])]
         ),
         // What WhenClient.emit costs the app's thread, with the daemon up, down and stopped.

@@ -9,6 +9,12 @@ let fuzzTarget: [SwiftSetting] = [.unsafeFlags(["-parse-as-library"])]
 // A path dependency is named after its folder, whatever the clone is called.
 let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().lastPathComponent
 
+// One target a fuzzed format (Sources/<name>), each of them over WhendFuzzing's properties.
+let formats: [Target] = ["FuzzEventLine", "FuzzSegment", "FuzzPluginOutput", "FuzzConfiguration"].map { name in
+    .executableTarget(
+        name: name, dependencies: [.product(name: "WhendFuzzing", package: root)], swiftSettings: fuzzTarget)
+}
+
 // `make fuzz-differential` puts an earlier version's WhendWire in .reference/ (not in git) and
 // sets WHEND_FUZZ_REFERENCE; then the differential target runs it side by side with today's.
 let differential: [Target] =
@@ -26,27 +32,6 @@ let differential: [Target] =
 let package = Package(
     name: "whend-fuzz",
     dependencies: [.package(path: "..")],
-    targets: [
-        .executableTarget(
-            name: "FuzzEventLine",
-            dependencies: [.product(name: "WhendFuzzing", package: root)],
-            swiftSettings: fuzzTarget
-        ),
-        .executableTarget(
-            name: "FuzzSegment",
-            dependencies: [.product(name: "WhendFuzzing", package: root)],
-            swiftSettings: fuzzTarget
-        ),
-        .executableTarget(
-            name: "FuzzPluginOutput",
-            dependencies: [.product(name: "WhendFuzzing", package: root)],
-            swiftSettings: fuzzTarget
-        ),
-        .executableTarget(
-            name: "FuzzConfiguration",
-            dependencies: [.product(name: "WhendFuzzing", package: root)],
-            swiftSettings: fuzzTarget
-        ),
-    ] + differential,
+    targets: formats + differential,
     swiftLanguageModes: [.v6]
 )

@@ -38,17 +38,16 @@ struct WrittenGroup {
 /// lost — and the writer is told (`onSyncFailure`) so that, before it writes on, it rewrites
 /// what the segment shows into a file synced whole and carries `_seq` on from there.
 final class CommitSyncer: @unchecked Sendable {
-    // Unchecked: `queue`, `stopping`, `settling` and `syncStartedNanos` are guarded by
+    // Unchecked: `queue`, `thread.isStopping`, `settling` and `syncStartedNanos` are guarded by
     // `condition`; `failed` is touched only while settling, by one thread at a time (the sync
     // thread, or the writer in place while the sync thread has nothing).
     private let condition = NSCondition()
     private var queue: [WrittenGroup] = []
-    private var stopping = false
     private var syncStartedNanos: UInt64?
     /// Whether the sync thread is settling groups now: the writer then hands its group over
     /// instead of settling it in place, so that groups are settled one at a time, in order.
     private var settling = false
-    private let finished = DispatchSemaphore(value: 0)
+    private let thread = StoppableThread()
     /// Segments whose sync failed, by identity: their later groups fail without a sync. Held
     /// strongly, so that no new segment can take the identity of a failed one; the last 16 are
     /// enough, since the writer moves to a new segment before it writes after a failure.
@@ -68,9 +67,7 @@ final class CommitSyncer: @unchecked Sendable {
     ) {
         self.onDone = onDone
         self.onSyncFailure = onSyncFailure
-        let thread = Thread { [self] in run() }
-        thread.name = "whend-journal-sync"
-        thread.start()
+        thread.start(name: "whend-journal-sync") { [self] in run() }
     }
 
     /// Queues a written group; it is acknowledged after every group queued before it.
@@ -103,21 +100,15 @@ final class CommitSyncer: @unchecked Sendable {
     }
 
     /// Acknowledges everything queued, then stops the thread.
-    func shutdown() {
-        condition.lock()
-        stopping = true
-        condition.signal()
-        condition.unlock()
-        finished.wait()
-    }
+    func shutdown() { thread.stop(condition) }
 
     private func run() {
         while true {
             condition.lock()
-            while queue.isEmpty && !stopping { condition.wait() }
+            while queue.isEmpty && !thread.isStopping { condition.wait() }
             let groups = queue
             queue.removeAll(keepingCapacity: true)
-            let stop = stopping && groups.isEmpty
+            let stop = thread.isStopping && groups.isEmpty
             settling = !groups.isEmpty
             condition.unlock()
             if stop { break }
@@ -126,7 +117,6 @@ final class CommitSyncer: @unchecked Sendable {
             settling = false
             condition.unlock()
         }
-        finished.signal()
     }
 
     /// Syncs each segment the groups were written to, once, then acknowledges them in order.

@@ -10,7 +10,7 @@ import WhendWire
 /// it; they hear back through each batch's completion, called in order on the sync thread (or
 /// on the writer's, when it synced a group itself because nothing else was waiting).
 ///
-/// Thread safety: `queue`, `pendingBytesStorage`, `stopping`, `stats` and the accepted configuration are guarded by
+/// Thread safety: `queue`, `pendingBytesStorage`, `thread.isStopping`, `stats` and the accepted configuration are guarded by
 /// `condition`; every other
 /// stored property is touched only by the writer thread once `start()` has been called.
 package final class JournalWriter: @unchecked Sendable {
@@ -30,9 +30,8 @@ package final class JournalWriter: @unchecked Sendable {
     private var queue: [(JournalBatch, Completion)] = []
     /// Bytes of record bodies submitted and not yet committed (queued or in the commit).
     private var pendingBytesStorage = 0
-    private var stopping = false
     var stats: JournalStatistics
-    private let finished = DispatchSemaphore(value: 0)
+    private let thread = StoppableThread()
 
     var nextSeq: UInt64
     let dedup: DedupWindow
@@ -190,9 +189,7 @@ package final class JournalWriter: @unchecked Sendable {
             stats.failing = message
             condition.unlock()
         }
-        let thread = Thread { [self] in run() }
-        thread.name = "whend-journal"
-        thread.start()
+        thread.start(name: "whend-journal") { [self] in run() }
     }
 
     /// Queues a batch. Its completion runs on the writer or the sync thread once the batch's
@@ -200,7 +197,7 @@ package final class JournalWriter: @unchecked Sendable {
     /// saying so.
     package func submit(_ batch: JournalBatch, completion: @escaping Completion) {
         condition.lock()
-        if stopping {
+        if thread.isStopping {
             condition.unlock()
             completion(.failed(.shuttingDown))
             return
@@ -250,25 +247,19 @@ package final class JournalWriter: @unchecked Sendable {
     }
 
     /// Commits everything queued, seals the active segment and stops the thread.
-    package func shutdown() {
-        condition.lock()
-        stopping = true
-        condition.signal()
-        condition.unlock()
-        finished.wait()
-    }
+    package func shutdown() { thread.stop(condition) }
 
     // MARK: - The writer thread
 
     private func run() {
         while true {
             condition.lock()
-            if queue.isEmpty && !stopping {
+            if queue.isEmpty && !thread.isStopping {
                 _ = condition.wait(until: Date().addingTimeInterval(heartbeatInterval))
             }
             let batches = queue
             queue.removeAll(keepingCapacity: true)
-            let stop = stopping
+            let stop = thread.isStopping
             let takeUp = reconfigured
             if takeUp {
                 configurationInUse = acceptedConfiguration
@@ -303,7 +294,6 @@ package final class JournalWriter: @unchecked Sendable {
         }
         active = nil
         syncer?.shutdown()
-        finished.signal()
     }
 
     private func queueIsEmpty() -> Bool {

@@ -18,38 +18,23 @@ enum HelperProcess {
     static func spawn(
         _ executable: String, _ argument: String, standardInput: Int32?, descriptors: [(Int32, Int32)]
     ) -> Result<pid_t, SpawnError> {
-        let argv: [UnsafeMutablePointer<CChar>?] = [strdup(executable), strdup(argument), nil]
         var environment = ProcessInfo.processInfo.environment
         for key in ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"] {
             environment[key] = nil
         }
         environment["SWIFT_BACKTRACE"] = Secrets.backtraceSetting(environment["SWIFT_BACKTRACE"])
-        let envp: [UnsafeMutablePointer<CChar>?] = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
-        defer {
-            argv.forEach { free($0) }
-            envp.forEach { free($0) }
+        return spawnProcess(executable, [argument], environment: environment) { actions in
+            if let standardInput {
+                posix_spawn_file_actions_adddup2(&actions, standardInput, 0)
+            } else {
+                posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+            }
+            posix_spawn_file_actions_adddup2(&actions, 2, 1)
+            for (source, target) in descriptors { posix_spawn_file_actions_adddup2(&actions, source, target) }
+            // Nothing else of the daemon's: an inherited client or control connection would stay
+            // open in the child after the daemon closed it, and its peer would never see the end.
+            _ = whend_spawn_file_actions_addclosefrom(&actions, (descriptors.map(\.1).max() ?? 2) + 1)
         }
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        if let standardInput {
-            posix_spawn_file_actions_adddup2(&actions, standardInput, 0)
-        } else {
-            posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        }
-        posix_spawn_file_actions_adddup2(&actions, 2, 1)
-        for (source, target) in descriptors { posix_spawn_file_actions_adddup2(&actions, source, target) }
-        // Nothing else of the daemon's: an inherited client or control connection would stay
-        // open in the child after the daemon closed it, and its peer would never see the end.
-        _ = whend_spawn_file_actions_addclosefrom(&actions, (descriptors.map(\.1).max() ?? 2) + 1)
-        var pid: pid_t = 0
-        let rc = posix_spawn(&pid, executable, &actions, nil, argv, envp)
-        return rc == 0 ? .success(pid) : .failure(SpawnError(code: rc))
-    }
-
-    struct SpawnError: Error, CustomStringConvertible {
-        var code: Int32
-        var description: String { String(cString: strerror(code)) }
     }
 }
 

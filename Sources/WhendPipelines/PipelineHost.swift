@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import NIOConcurrencyHelpers
 import Synchronization
+import WhendSystem
 import WhendWire
 
 /// The shared pipeline host: one process in which the trusted pipelines (the built-in plugins',
@@ -166,7 +167,7 @@ package final class SharedPipelineHost: @unchecked Sendable {
     /// runs; the caller closes its copies. `libraries`: the files of the pipeline's plugins, by
     /// path (`PipelineSpec.libraries`); a host that loaded another file at one of those paths
     /// is retired first. The host that runs it, or why none could.
-    func attach(report: Int32, command: Int32, libraries: [String: String]) -> Result<Life, HelperProcess.SpawnError> {
+    func attach(report: Int32, command: Int32, libraries: [String: String]) -> Result<Life, SpawnError> {
         lock.withLock {
             if let running = current, !running.isOver,
                 let path = libraries.first(where: { path, file in running.libraries[path].map { $0 != file } ?? false }
@@ -200,14 +201,14 @@ package final class SharedPipelineHost: @unchecked Sendable {
                 life.kill()
                 _ = life.waitForEnd(seconds: 5)
             }
-            return .failure(HelperProcess.SpawnError(code: EPIPE))
+            return .failure(SpawnError(code: EPIPE))
         }
     }
 
-    private func start() -> Result<Life, HelperProcess.SpawnError> {
+    private func start() -> Result<Life, SpawnError> {
         var pair: [Int32] = [0, 0]
         guard socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &pair) == 0 else {
-            return .failure(HelperProcess.SpawnError(code: errno))
+            return .failure(SpawnError(code: errno))
         }
         // Above the descriptor it goes to in the host: the spawn's dup2 onto 3 must not
         // overwrite it.

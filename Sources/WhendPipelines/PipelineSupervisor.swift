@@ -5,6 +5,7 @@ import NIOConcurrencyHelpers
 import WhendConfiguration
 import WhendJournal
 import WhendPluginHost
+import WhendSystem
 import WhendWire
 
 /// Runs one pipeline's worker process and keeps it running: restarts it with backoff when it
@@ -310,7 +311,7 @@ package final class PipelineSupervisor: @unchecked Sendable {
         // The spec goes over the worker's command pipe, never on its command line: it holds
         // plugin configuration, secrets included, and /proc/PID/cmdline is readable by all. The
         // frames have descriptors of their own (standard output is whend's log).
-        let spawned: Result<pid_t, HelperProcess.SpawnError>
+        let spawned: Result<pid_t, SpawnError>
         ended.withLockedValue { $0 = nil }
         let quarantined = state.withLockedValue { s -> Bool in
             if let seq = s.quarantine, s.cursor >= seq { s.quarantine = nil }

@@ -182,24 +182,10 @@ func forEachMember(
     /// Past a string whose opening quote is at i; returns whether it had escapes.
     func skipString() -> Bool {
         i += 1
-        var escaped = false
         guard let base = bytes.baseAddress else { return false }
-        while i < n {
-            // To the next quote, backslash or control character, sixteen bytes at a time: most
-            // of a record is strings. (A stored string holds no control character; one is
-            // stepped over as the byte it is.)
-            i += firstStringSpecial(base + i, n - i)
-            guard i < n else { break }
-            if bytes[i] == UInt8(ascii: "\\") {
-                escaped = true
-                i += 2
-            } else if bytes[i] == UInt8(ascii: "\"") {
-                i += 1
-                return escaped
-            } else {
-                i += 1
-            }
-        }
+        // Sixteen bytes at a time to the next quote or backslash: most of a record is strings.
+        let (quote, escaped) = stringEnd(base, from: i, n)
+        i = quote < n ? quote + 1 : quote
         return escaped
     }
     func skipValue() {

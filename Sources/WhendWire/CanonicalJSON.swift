@@ -21,21 +21,8 @@ package func appendCanonicalJSON(_ value: UnsafeBufferPointer<UInt8>, to out: in
             i += 1
         case UInt8(ascii: "\""):
             // To the closing quote: a backslash escapes the byte after it.
-            var j = i + 1
-            var escaped = false
-            while j < count {
-                j += firstStringSpecial(base + j, count - j)
-                guard j < count else { break }
-                if value[j] == UInt8(ascii: "\\") {
-                    escaped = true
-                    j += 2
-                } else if value[j] == UInt8(ascii: "\"") {
-                    break
-                } else {
-                    j += 1  // a control byte: not in a validated string
-                }
-            }
-            let end = min(j, count)
+            let (quote, escaped) = stringEnd(base, from: i + 1, count)
+            let end = min(quote, count)
             if escaped {
                 appendCanonicalString(UnsafeBufferPointer(rebasing: value[(i + 1)..<end]), to: &out)
             } else {
@@ -62,11 +49,6 @@ package func appendCanonicalString(_ raw: UnsafeBufferPointer<UInt8>, to out: in
     out.append(UInt8(ascii: "\""))
     var i = 0
     var run = 0
-    func hex4(_ at: Int) -> UInt32 {
-        var v: UInt32 = 0
-        for k in 0..<4 { v = v << 4 | (hexValue(raw[at + k]) ?? 0) }
-        return v
-    }
     func appendHex4(_ v: UInt32) {
         for shift in stride(from: 12, through: 0, by: -4) {
             let nibble = UInt8((v >> UInt32(shift)) & 0xF)
@@ -112,19 +94,9 @@ package func appendCanonicalString(_ raw: UnsafeBufferPointer<UInt8>, to out: in
         case UInt8(ascii: "r"): appendScalar(0x0D)
         case UInt8(ascii: "t"): appendScalar(0x09)
         case UInt8(ascii: "u") where i + 4 <= raw.count:
-            let v = hex4(i)
-            i += 4
-            if v >= 0xD800 && v <= 0xDBFF, i + 6 <= raw.count, raw[i] == UInt8(ascii: "\\"),
-                raw[i + 1] == UInt8(ascii: "u")
-            {
-                let low = hex4(i + 2)
-                if low >= 0xDC00 && low <= 0xDFFF {
-                    i += 6
-                    appendScalar(0x10000 + ((v - 0xD800) << 10) + (low - 0xDC00))
-                    run = i
-                    continue
-                }
-            }
+            let (v, length) = unicodeEscape(raw, at: i)
+            i += length
+            // A lone surrogate stays an escape: it has no UTF-8 to write raw.
             if v >= 0xD800 && v <= 0xDFFF {
                 out.append(contentsOf: [0x5C, UInt8(ascii: "u")])
                 appendHex4(v)

@@ -328,6 +328,50 @@ package struct JSONScanner {
     }
 }
 
+/// Where the string whose contents start at `start` in `p` (of `n` bytes) closes: the index of
+/// its closing quote (`n`, or one past it, when there is none), and whether a backslash escape
+/// came before it. For strings already validated or stored: a control byte is stepped over as
+/// the byte it is.
+@inlinable @inline(__always) package func stringEnd(
+    _ p: UnsafePointer<UInt8>, from start: Int, _ n: Int
+) -> (quote: Int, escaped: Bool) {
+    var j = start
+    var escaped = false
+    while j < n {
+        j += firstStringSpecial(p + j, n - j)
+        guard j < n else { break }
+        if p[j] == UInt8(ascii: "\\") {
+            escaped = true
+            j += 2
+        } else if p[j] == UInt8(ascii: "\"") {
+            return (j, escaped)
+        } else {
+            j += 1
+        }
+    }
+    return (j, escaped)
+}
+
+/// What the `\u` escape whose four hex digits start at `i` in `raw` (validated string contents)
+/// spells, and how many bytes after the `\u` it takes: a high surrogate followed by the escape
+/// of its low partner is the pair's scalar (10 bytes); anything else is its 16-bit value (4
+/// bytes), a lone surrogate included, for the caller to keep or replace.
+@inline(__always) func unicodeEscape(_ raw: UnsafeBufferPointer<UInt8>, at i: Int) -> (value: UInt32, length: Int) {
+    func hex4(_ at: Int) -> UInt32 {
+        var v: UInt32 = 0
+        for k in 0..<4 { v = v << 4 | (hexValue(raw[at + k]) ?? 0) }
+        return v
+    }
+    let v = hex4(i)
+    if v >= 0xD800 && v <= 0xDBFF, i + 10 <= raw.count, raw[i + 4] == UInt8(ascii: "\\"),
+        raw[i + 5] == UInt8(ascii: "u")
+    {
+        let low = hex4(i + 6)
+        if low >= 0xDC00 && low <= 0xDFFF { return (0x10000 + ((v - 0xD800) << 10) + (low - 0xDC00), 10) }
+    }
+    return (v, 4)
+}
+
 /// Decodes the raw contents of a JSON string (as `JSONScanner.scanString` delimits them, already
 /// validated) into UTF-8 bytes. Unpaired surrogates in `\u` escapes become U+FFFD.
 package func decodeJSONString(_ raw: UnsafeBufferPointer<UInt8>) -> [UInt8] {
@@ -337,11 +381,6 @@ package func decodeJSONString(_ raw: UnsafeBufferPointer<UInt8>) -> [UInt8] {
     func appendScalar(_ v: UInt32) {
         let scalar = Unicode.Scalar(v) ?? "\u{FFFD}"
         out.append(contentsOf: String(Character(scalar)).utf8)
-    }
-    func hex4(_ at: Int) -> UInt32 {
-        var v: UInt32 = 0
-        for k in 0..<4 { v = v << 4 | (hexValue(raw[at + k]) ?? 0) }
-        return v
     }
     while i < raw.count {
         let b = raw[i]
@@ -360,18 +399,8 @@ package func decodeJSONString(_ raw: UnsafeBufferPointer<UInt8>) -> [UInt8] {
         case UInt8(ascii: "t"): out.append(0x09)
         case UInt8(ascii: "u"):
             guard i + 4 <= raw.count else { return out }
-            let v = hex4(i)
-            i += 4
-            if v >= 0xD800 && v <= 0xDBFF, i + 6 <= raw.count, raw[i] == UInt8(ascii: "\\"),
-                raw[i + 1] == UInt8(ascii: "u")
-            {
-                let low = hex4(i + 2)
-                if low >= 0xDC00 && low <= 0xDFFF {
-                    i += 6
-                    appendScalar(0x10000 + ((v - 0xD800) << 10) + (low - 0xDC00))
-                    continue
-                }
-            }
+            let (v, length) = unicodeEscape(raw, at: i)
+            i += length
             appendScalar(v)
         default: out.append(e)
         }

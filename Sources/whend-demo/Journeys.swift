@@ -1,4 +1,5 @@
 import Foundation
+import SeededRandom
 import WhenClient
 
 /// A screen of the demo apps; its name comes the way the screen-names proposal asks.
@@ -58,10 +59,10 @@ struct DemoError: Error, CustomStringConvertible {
 final class DemoApp {
     let client: WhenClient
     let navigator: TrackingNavigator<DemoNavigator>
-    var random: SeededRandom
+    var random: SplitMix64
     let pace: () -> Void
 
-    init(client: WhenClient, random: SeededRandom, pace: @escaping () -> Void) {
+    init(client: WhenClient, random: SplitMix64, pace: @escaping () -> Void) {
         self.client = client
         navigator = TrackingNavigator(DemoNavigator(client: client), client: client)
         self.random = random
@@ -213,16 +214,4 @@ func onboardingJourney(_ app: DemoApp, fatalOneIn: UInt64) {
         return
     }
     app.go(.replace(DemoScreen(name: "Done")))
-}
-
-/// SplitMix64: the same seed gives the same sessions.
-struct SeededRandom {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
 }

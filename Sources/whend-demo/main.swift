@@ -1,4 +1,5 @@
 import Foundation
+import SeededRandom
 import WhenClient
 import WhendSystem
 import WhendWire
@@ -56,7 +57,7 @@ let journeys: [String] =
     case let one where ["marvel", "email", "onboarding"].contains(one): [one]
     case let other: fail("--journey must be all, marvel, email or onboarding, not \(other)")
     }
-var random = SeededRandom(state: UInt64(number("seed", 1)))
+var random = SplitMix64(state: UInt64(number("seed", 1)))
 
 /// One run: the clients (one per app), the pace, and the progress shown.
 final class DemoRun {
@@ -67,7 +68,7 @@ final class DemoRun {
     var lastReport = Date()
     var sessions = 0
 
-    init(journeys: [String], socket: String?, rate: Double, quiet: Bool, random: inout SeededRandom) {
+    init(journeys: [String], socket: String?, rate: Double, quiet: Bool, random: inout SplitMix64) {
         self.rate = rate
         self.quiet = quiet
         let apps = ["marvel": "com.example.marvel", "email": "com.example.mail", "onboarding": "uk.nhs.gp-onboarding"]
@@ -106,7 +107,7 @@ final class DemoRun {
         if wait > 0 { usleep(UInt32(min(wait, 10) * 1_000_000)) }
     }
 
-    func run(journeys: [String], sessionLimit: Int, duration: Double?, fatalOneIn: UInt64, random: inout SeededRandom) {
+    func run(journeys: [String], sessionLimit: Int, duration: Double?, fatalOneIn: UInt64, random: inout SplitMix64) {
         while sessions < sessionLimit {
             if let duration, Date().timeIntervalSince(start) >= duration { break }
             let journey = journeys[sessions % journeys.count]

@@ -1,3 +1,4 @@
+import SeededRandom
 import Testing
 import WhendPipelines
 
@@ -41,7 +42,7 @@ import WhendPipelines
     /// a cursor that moved; derived records wait at most 5 ms; memory is given back at most
     /// every 10 s.
     @Test(arguments: 0..<50) func theScheduleHoldsItsPromisesForAnyCalls(seed: UInt64) {
-        var random = SplitMix(state: seed)
+        var random = SplitMix64(state: seed)
         var now = Double(random.next() % 1000)
         var policy = CheckpointPolicy(snapshotInterval: 5, now: now)
         var lastSave = now

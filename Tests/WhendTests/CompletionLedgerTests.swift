@@ -1,3 +1,4 @@
+import SeededRandom
 import Testing
 import WhendDaemon
 import WhendPipelines
@@ -23,7 +24,7 @@ import WhendPipelines
     /// earlier one leaving the cursor stuck for good.
     @Test(arguments: 0..<400)
     func theWatermarkIsTheRecordBeforeTheOldestUnfinished(seed: UInt64) {
-        var random = SplitMix(seed &* 0x9E37_79B9 &+ 17)
+        var random = SplitMix64(state: seed &* 0x9E37_79B9 &+ 17)
         let ledger = CompletionTracker()
         let deferredStage = random.int(2) == 0
         let count = 1 + random.int(40)

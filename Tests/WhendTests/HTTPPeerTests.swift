@@ -2,13 +2,14 @@ import Foundation
 import PropertyBased
 import Testing
 
-/// A daemon with the built-in pipelines, analytics posting to `endpoint` (no file) with short
-/// waits: `max_backoff` bounds every wait, `Retry-After` included.
+/// A daemon with the built-in pipelines, analytics posting to `endpoint`'s /v1/batch (no file)
+/// with short waits: `max_backoff` bounds every wait, `Retry-After` included.
 private func analyticsDaemon(
-    _ name: String, endpoint: String, writeKey: String, timeout: Double = 1, extra: String = ""
+    _ name: String, endpoint server: HTTPTestServer, writeKey: String, timeout: Double = 1, extra: String = ""
 ) throws
     -> TestDaemon
 {
+    let endpoint = "http://127.0.0.1:\(server.port)/v1/batch"
     let directory = scratchDirectory(name + "-conf")
     let file = directory + "/whend.conf"
     try """
@@ -29,6 +30,11 @@ private func events(in body: Data) -> [String: [String: Any]] {
     return byID
 }
 
+/// The `event` of every event in the batches `server` received, in the order received.
+private func eventNames(_ server: HTTPTestServer) -> [String] {
+    server.exchanges.flatMap { events(in: $0.body).values.compactMap { $0["event"] as? String } }
+}
+
 private func hostHeader(_ head: String) -> String? {
     head.split(separator: "\r\n").first { $0.lowercased().hasPrefix("host:") }
         .map { $0.dropFirst(5).trimmingCharacters(in: .whitespaces) }
@@ -44,8 +50,7 @@ private func hostHeader(_ head: String) -> String? {
         let endpoint = try HTTPTestServer(answers: [
             .init(status: 307, headers: ["Location": "http://127.0.0.1:\(other.port)/v1/batch"]), .init(status: 200),
         ])
-        let daemon = try analyticsDaemon(
-            "http-redirect", endpoint: "http://127.0.0.1:\(endpoint.port)/v1/batch", writeKey: "wk-secret-307")
+        let daemon = try analyticsDaemon("http-redirect", endpoint: endpoint, writeKey: "wk-secret-307")
         defer { daemon.stop() }
         try sendSession(
             daemon, app: "com.example.redirect", session: "r",
@@ -66,8 +71,7 @@ private func hostHeader(_ head: String) -> String? {
         let endpoint = try HTTPTestServer(answers: [
             .init(status: 307, headers: ["Location": "/v2/batch"]), .init(status: 200),
         ])
-        let daemon = try analyticsDaemon(
-            "http-same", endpoint: "http://127.0.0.1:\(endpoint.port)/v1/batch", writeKey: "wk-same")
+        let daemon = try analyticsDaemon("http-same", endpoint: endpoint, writeKey: "wk-same")
         defer { daemon.stop() }
         try sendSession(daemon, app: "com.example.same", session: "s", [#"{"type":"when","name":"once","id":"s-1"}"#])
         #expect(eventually(20) { endpoint.exchanges.count >= 2 })
@@ -93,8 +97,7 @@ private func hostHeader(_ head: String) -> String? {
             .init(status: 429, headers: ["Retry-After": formatter.string(from: later)]),
             .init(status: 200),
         ])
-        let daemon = try analyticsDaemon(
-            "http-retry", endpoint: "http://127.0.0.1:\(endpoint.port)/v1/batch", writeKey: "wk-retry")
+        let daemon = try analyticsDaemon("http-retry", endpoint: endpoint, writeKey: "wk-retry")
         defer { daemon.stop() }
         try sendSession(daemon, app: "com.example.retry", session: "t", [#"{"type":"when","name":"late","id":"t-1"}"#])
         #expect(eventually(15) { endpoint.exchanges.contains { $0.status == 200 } }, "\(endpoint.exchanges.count)")
@@ -107,7 +110,7 @@ private func hostHeader(_ head: String) -> String? {
     @Test func anEndlessBodyIsCutAndTheAnswerStandsByItsStatus() throws {
         let endpoint = try HTTPTestServer(answers: [.init(status: 200, stream: .endless), .init(status: 200)])
         let daemon = try analyticsDaemon(
-            "http-endless", endpoint: "http://127.0.0.1:\(endpoint.port)/v1/batch", writeKey: "wk-endless",
+            "http-endless", endpoint: endpoint, writeKey: "wk-endless",
             // Longer than the wait below: the cut, not the deadline, must end the exchange.
             timeout: 10)
         defer { daemon.stop() }
@@ -119,12 +122,36 @@ private func hostHeader(_ head: String) -> String? {
         // queue, 100 MB to 2.6 GB were sent, and under load the batch was sent twice.
         #expect((endpoint.streamed.first ?? .max) < 64 << 20, "\(endpoint.streamed)")
         // Accepted: a later event is delivered, and the first was not sent again.
-        try sendSession(
-            daemon, app: "com.example.endless", session: "c", [#"{"type":"when","name":"next","id":"c-1"}"#])
-        #expect(eventually(20) { endpoint.exchanges.count >= 2 })
-        let names = endpoint.exchanges.flatMap { events(in: $0.body).values.compactMap { $0["event"] as? String } }
-        #expect(names.filter { $0 == "first" }.count == 1, "\(names)")
+        try expectDeliveredOnce("first", whenNextIsSent: daemon, to: endpoint)
         endpoint.stop()
+    }
+
+    /// An endpoint whose first answer is `status` with a body trickled a byte every 0.3 s (never
+    /// silent for the 1 s timeout), and `200` after; a daemon posting to it, the event "slow"
+    /// sent, and its first exchange begun.
+    private func slowAfterTrickledAnswer(
+        _ name: String, status: Int, sourceLocation: SourceLocation = #_sourceLocation
+    ) throws -> (HTTPTestServer, TestDaemon) {
+        let endpoint = try HTTPTestServer(answers: [
+            .init(status: status, stream: .trickle(interval: 0.3)), .init(status: 200),
+        ])
+        let daemon = try analyticsDaemon(name, endpoint: endpoint, writeKey: "wk-\(name)")
+        try sendSession(
+            daemon, app: "com.example.trickle", session: "t", [#"{"type":"when","name":"slow","id":"t-1"}"#])
+        #expect(eventually(20) { endpoint.exchanges.count >= 1 }, sourceLocation: sourceLocation)
+        return (endpoint, daemon)
+    }
+
+    /// Sends another event, in a session of its own, and waits for the second exchange: by then
+    /// the event `name`, sent before, must have been delivered once, not sent again.
+    private func expectDeliveredOnce(
+        _ name: String, whenNextIsSent daemon: TestDaemon, to endpoint: HTTPTestServer,
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) throws {
+        try sendSession(daemon, app: "com.example.next", session: "n", [#"{"type":"when","name":"next","id":"n-1"}"#])
+        #expect(eventually(20) { endpoint.exchanges.count >= 2 }, sourceLocation: sourceLocation)
+        let names = eventNames(endpoint)
+        #expect(names.filter { $0 == name }.count == 1, "\(names)", sourceLocation: sourceLocation)
     }
 
     /// `timeout` is a deadline for the whole exchange: an endpoint that answers `503` and then
@@ -132,15 +159,8 @@ private func hostHeader(_ head: String) -> String? {
     /// the batch is sent again. Before the fix the timeout was an idle timeout, and the trickle
     /// held the delivery for as long as it went on.
     @Test func aTricklingAnswerIsGivenUpOnAtTheTimeout() throws {
-        let endpoint = try HTTPTestServer(answers: [
-            .init(status: 503, stream: .trickle(interval: 0.3)), .init(status: 200),
-        ])
-        let daemon = try analyticsDaemon(
-            "http-trickle", endpoint: "http://127.0.0.1:\(endpoint.port)/v1/batch", writeKey: "wk-trickle")
+        let (endpoint, daemon) = try slowAfterTrickledAnswer("http-trickle", status: 503)
         defer { daemon.stop() }
-        try sendSession(
-            daemon, app: "com.example.trickle", session: "t", [#"{"type":"when","name":"slow","id":"t-1"}"#])
-        #expect(eventually(20) { endpoint.exchanges.count >= 1 })
         let start = Date()
         #expect(eventually(15) { endpoint.exchanges.contains { $0.status == 200 } }, "still held by the trickle")
         let held = Date().timeIntervalSince(start)
@@ -154,20 +174,9 @@ private func hostHeader(_ head: String) -> String? {
     /// a body that trickles past the deadline ends the exchange there, and the batch is not sent
     /// again. Before, it was sent again, as if nothing had been answered.
     @Test func aTwoHundredWhoseBodyTricklesIsNotSentAgain() throws {
-        let endpoint = try HTTPTestServer(answers: [
-            .init(status: 200, stream: .trickle(interval: 0.3)), .init(status: 200),
-        ])
-        let daemon = try analyticsDaemon(
-            "http-trickle-ok", endpoint: "http://127.0.0.1:\(endpoint.port)/v1/batch", writeKey: "wk-trickle-ok")
+        let (endpoint, daemon) = try slowAfterTrickledAnswer("http-trickle-ok", status: 200)
         defer { daemon.stop() }
-        try sendSession(
-            daemon, app: "com.example.trickle", session: "t", [#"{"type":"when","name":"slow","id":"t-1"}"#])
-        #expect(eventually(20) { endpoint.exchanges.count >= 1 })
-        try sendSession(
-            daemon, app: "com.example.trickle", session: "u", [#"{"type":"when","name":"later","id":"u-1"}"#])
-        #expect(eventually(20) { endpoint.exchanges.count >= 2 })
-        let names = endpoint.exchanges.flatMap { events(in: $0.body).values.compactMap { $0["event"] as? String } }
-        #expect(names.filter { $0 == "slow" }.count == 1, "\(names)")
+        try expectDeliveredOnce("slow", whenNextIsSent: daemon, to: endpoint)
         endpoint.stop()
     }
 
@@ -178,8 +187,7 @@ private func hostHeader(_ head: String) -> String? {
     @Test func redirectsShareTheAttemptsDeadline() throws {
         let hop = HTTPTestServer.Answer(status: 307, headers: ["Location": "/v1/hop"], delay: 0.6)
         let endpoint = try HTTPTestServer(answers: [hop, hop, hop, .init(status: 200)])
-        let daemon = try analyticsDaemon(
-            "http-hops", endpoint: "http://127.0.0.1:\(endpoint.port)/v1/batch", writeKey: "wk-hops")
+        let daemon = try analyticsDaemon("http-hops", endpoint: endpoint, writeKey: "wk-hops")
         defer { daemon.stop() }
         try sendSession(daemon, app: "com.example.hops", session: "h", [#"{"type":"when","name":"hop","id":"h-1"}"#])
         #expect(eventually(20) { endpoint.exchanges.contains { $0.status == 200 } })
@@ -193,8 +201,7 @@ private func hostHeader(_ head: String) -> String? {
     /// crosses the next request on the wire is one no HTTP/1.1 client can tell from the real one.)
     @Test func aStrayAnswerOnAKeptConnectionIsNotTakenForTheNext() throws {
         let endpoint = try HTTPTestServer(answers: [.init(status: 200, strayAnswerAfter: true), .init(status: 200)])
-        let daemon = try analyticsDaemon(
-            "http-stray", endpoint: "http://127.0.0.1:\(endpoint.port)/v1/batch", writeKey: "wk-stray")
+        let daemon = try analyticsDaemon("http-stray", endpoint: endpoint, writeKey: "wk-stray")
         defer { daemon.stop() }
         try sendSession(daemon, app: "com.example.stray", session: "s", [#"{"type":"when","name":"one","id":"s-1"}"#])
         #expect(eventually(20) { endpoint.exchanges.count >= 1 })
@@ -229,8 +236,7 @@ private func hostHeader(_ head: String) -> String? {
     /// as no deadline, and the batch waited for the endpoint for ever.
     @Test func aTinyTimeoutIsStillADeadline() throws {
         let endpoint = try HTTPTestServer(answers: [.init(status: 200, delay: 3), .init(status: 200)])
-        let daemon = try analyticsDaemon(
-            "http-tiny", endpoint: "http://127.0.0.1:\(endpoint.port)/v1/batch", writeKey: "wk-tiny", timeout: 0.0004)
+        let daemon = try analyticsDaemon("http-tiny", endpoint: endpoint, writeKey: "wk-tiny", timeout: 0.0004)
         defer { daemon.stop() }
         try sendSession(daemon, app: "com.example.tiny", session: "t", [#"{"type":"when","name":"tiny","id":"t-1"}"#])
         // Given up on before the endpoint answers, 3 s later (before, its 200 was waited for).
@@ -248,8 +254,7 @@ private func hostHeader(_ head: String) -> String? {
             .init(status: 503, headers: ["Retry-After": "Sun, 06 Nov 1994 08:49:37 GMT"]),
             .init(status: 429, headers: ["Retry-After": "0.0001"]),
         ])
-        let daemon = try analyticsDaemon(
-            "http-retry0", endpoint: "http://127.0.0.1:\(endpoint.port)/v1/batch", writeKey: "wk-retry0")
+        let daemon = try analyticsDaemon("http-retry0", endpoint: endpoint, writeKey: "wk-retry0")
         defer { daemon.stop() }
         try sendSession(daemon, app: "com.example.retry0", session: "z", [#"{"type":"when","name":"soon","id":"z-1"}"#])
         #expect(eventually(20) { endpoint.exchanges.count >= 1 })
@@ -322,8 +327,7 @@ private func hostHeader(_ head: String) -> String? {
         let endpoint = try HTTPTestServer(answers: [.init(status: 200)])
         endpoint.answer(schedule.map { answer($0, port: endpoint.port, otherPort: other.port) } + [.init(status: 200)])
         let key = "wk-\(UInt32.random(in: 0...UInt32.max))"
-        let daemon = try analyticsDaemon(
-            "http-peer", endpoint: "http://127.0.0.1:\(endpoint.port)/v1/batch", writeKey: key)
+        let daemon = try analyticsDaemon("http-peer", endpoint: endpoint, writeKey: key)
         defer {
             daemon.stop()
             endpoint.stop()

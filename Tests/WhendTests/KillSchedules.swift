@@ -1,5 +1,6 @@
 import Foundation
 import PropertyBased
+import SeededRandom
 import Testing
 import WhendDaemon
 import WhendJournal
@@ -140,7 +141,7 @@ func writeConfiguration(_ directory: String, _ settings: String) throws -> Strin
 /// acknowledged): navigation and lifecycle that keep screen-tracking's state busy (rule breaks
 /// included, which it reports), app-sent screens, other events, errors, fatal or not.
 struct Journeys {
-    var random: SplitMix
+    var random: SplitMix64
     var stacks: [[String]] = Array(repeating: [], count: 8)
     var sent = 0
     static let screens = ["Home", "CharacterList", "CharacterDetail", "Comics", "Settings", "Email", "Practice"]
@@ -153,7 +154,7 @@ struct Journeys {
     let unpaired: String
 
     init(seed: UInt64) {
-        random = SplitMix(state: seed)
+        random = SplitMix64(state: seed)
         unpaired = seed % 2 == 0 ? "" : #"\udc00"#
     }
 
@@ -245,7 +246,7 @@ struct KillSchedule: CustomStringConvertible {
 
     init(seed: UInt64) {
         self.seed = seed
-        var random = SplitMix(state: seed)
+        var random = SplitMix64(state: seed)
         snapshotInterval = [0.05, 0.2, 1, 5][Int(random.next() % 4)]
         journeySeed = random.next()
         steps = (0..<(3 + Int(random.next() % 4))).map { _ in

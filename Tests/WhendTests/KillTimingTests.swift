@@ -1,5 +1,6 @@
 import Foundation
 import PropertyBased
+import SeededRandom
 import Testing
 import WhendDaemon
 import WhendJournal
@@ -58,7 +59,7 @@ import WhendPipelines
         try daemon.start()
         let demo = try startDemo(
             daemon, ["--rate", "0", "--sessions", "3000", "--seed", "31", "--fatal-one-in", "2"])
-        var random = SplitMix(state: 31)
+        var random = SplitMix64(state: 31)
         var kills = 0
         // Each kill's worker is a new one: the pipelines share their host, so the one killed for
         // screens was crashes' too.
@@ -176,17 +177,9 @@ import WhendPipelines
     /// not only the cursor it reports: with a snapshot far behind (saved once, early), the
     /// segments after it stay, and a worker killed then finds no gap where it rebuilds its state.
     @Test func retentionKeepsTheRecordsAfterThePipelinesSnapshot() throws {
-        let config = try writeConfiguration(
-            scratchDirectory("ret-snap-conf"),
-            """
-            segment_max_bytes = 4096
-            retention_max_bytes = 12000
-            pipeline_snapshot_interval = 3600
-            pipeline.analytics =
-            pipeline.crashes =
-            pipeline.sessions =
-            """)
-        let daemon = TestDaemon.live("ret-snap", arguments: ["--builtin-pipelines", "true", "--config", config])
+        let (daemon, _) = try builtinPipelineDaemon(
+            "ret-snap", keeping: "screens",
+            settings: ["segment_max_bytes = 4096", "retention_max_bytes = 12000", "pipeline_snapshot_interval = 3600"])
         try daemon.start()
         let snapshot = daemon.stateDirectory + "/pipelines/screens/snapshot"
         try sendSession(
@@ -215,18 +208,9 @@ import WhendPipelines
     /// A pipeline that no longer keeps state (`pipeline_snapshot_interval = 0`) never resumes
     /// from the snapshot it saved before: the snapshot goes, and retention does not wait for it.
     @Test func aSnapshotNoLongerUsedHoldsNoRecords() throws {
-        let config = try writeConfiguration(
-            scratchDirectory("ret-old-conf"),
-            """
-            segment_max_bytes = 4096
-            retention_max_bytes = 12000
-            pipeline.analytics =
-            pipeline.crashes =
-            pipeline.sessions =
-            """)
-        let daemon = TestDaemon.live(
-            "ret-old",
-            arguments: ["--builtin-pipelines", "true", "--config", config, "--pipeline-snapshot-interval", "0.05"])
+        let (daemon, config) = try builtinPipelineDaemon(
+            "ret-old", keeping: "screens", settings: ["segment_max_bytes = 4096", "retention_max_bytes = 12000"],
+            arguments: ["--pipeline-snapshot-interval", "0.05"])
         try daemon.start()
         let snapshot = daemon.stateDirectory + "/pipelines/screens/snapshot"
         try sendSession(

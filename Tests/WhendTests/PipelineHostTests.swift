@@ -51,6 +51,25 @@ import Testing
 
     static let builtins: Set<String> = ["screens", "analytics", "crashes", "sessions"]
 
+    /// Waits until every built-in pipeline has read through `cursor`, and checks that none of
+    /// them restarted and that they all still run in `host` (`before` is for the message).
+    func expectBuiltinsUndisturbed(
+        _ daemon: TestDaemon, through cursor: Int, host: Int, before: [String: Int],
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) throws {
+        for name in Self.builtins {
+            #expect(
+                try daemon.waitForPipeline(name, cursor: cursor, seconds: 30), "\(name)", sourceLocation: sourceLocation
+            )
+            #expect(
+                restarts(daemon, name) == 0, "\(name): \(daemon.log.suffix(2000))", sourceLocation: sourceLocation)
+        }
+        let after = workers(daemon, Self.builtins)
+        #expect(
+            Self.builtins.allSatisfy { after[$0] == host }, "the shared host changed: \(before) → \(after)",
+            sourceLocation: sourceLocation)
+    }
+
     /// The four built-in pipelines run in one process, not whend's; a plugin whend did not
     /// build runs in a process of its own, and when it crashes (here, until its record goes to
     /// the dead letters) the shared host's pipelines neither die nor restart, and go on.
@@ -75,12 +94,7 @@ import Testing
             "\(daemon.log.suffix(2000))")
         #expect(try daemon.waitForPipeline("chat", cursor: 3, seconds: 30))
         #expect(restarts(daemon, "chat") >= 2)
-        for name in Self.builtins {
-            #expect(try daemon.waitForPipeline(name, cursor: 3, seconds: 30), "\(name)")
-            #expect(restarts(daemon, name) == 0, "\(name): \(daemon.log.suffix(2000))")
-        }
-        let after = workers(daemon, Self.builtins)
-        #expect(Self.builtins.allSatisfy { after[$0] == host }, "the shared host changed: \(before) → \(after)")
+        try expectBuiltinsUndisturbed(daemon, through: 3, host: host, before: before)
         #expect(!daemon.log.contains("shared pipeline host \(host) killed"), "\(daemon.log.suffix(2000))")
     }
 
@@ -118,12 +132,7 @@ import Testing
         let reload = try daemon.whenctl(["reload"])
         #expect(reload.status == 0 && reload.output.contains("plugin.analytics"), "\(reload)")
         #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"when","name":"tap"}"#]).acks.last == 1)
-        for name in Self.builtins {
-            #expect(try daemon.waitForPipeline(name, cursor: 1, seconds: 30), "\(name)")
-            #expect(restarts(daemon, name) == 0, "\(name): \(daemon.log.suffix(2000))")
-        }
-        let after = workers(daemon, Self.builtins)
-        #expect(Self.builtins.allSatisfy { after[$0] == host }, "\(before) → \(after)")
+        try expectBuiltinsUndisturbed(daemon, through: 1, host: host, before: before)
         #expect(!daemon.log.contains("killing the shared pipeline host"), "\(daemon.log.suffix(2000))")
         #expect(!daemon.log.contains("worker killed"), "\(daemon.log.suffix(2000))")
     }

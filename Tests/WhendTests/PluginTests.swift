@@ -105,17 +105,26 @@ func buildTestPlugin(_ source: String, into directory: String, name: String, def
     }
 }
 
+/// A daemon (not started) with one pipeline, `pipeline`, of the C fixture `plugin`
+/// (Tests/Fixtures/`plugin`.c, built for it into its plugin directory), then `settings`.
+func fixturePipelineDaemon(
+    _ name: String, plugin: String, pipeline: String, settings: String = "", _ mode: DaemonMode = .inProcess
+) throws -> TestDaemon {
+    let daemon = TestDaemon(name, mode)
+    let plugins = try pluginDirectory(in: daemon.directory)
+    _ = try buildTestPlugin(plugin, into: plugins, name: plugin)
+    let config = daemon.directory + "/whend.conf"
+    try "plugin_dirs = \(plugins)\npipeline.\(pipeline) = \(plugin)\n\(settings)".write(
+        toFile: config, atomically: true, encoding: .utf8)
+    daemon.environment = ["WHEND_CONFIG": config]
+    return daemon
+}
+
 /// A daemon with one pipeline, `rec`, of the C recorder plugin.
 func pipelineDaemon(_ name: String, settings: String = "", _ mode: DaemonMode = .inProcess) throws -> (
     TestDaemon, seen: String
 ) {
-    let daemon = TestDaemon(name, mode)
-    let plugins = try pluginDirectory(in: daemon.directory)
-    _ = try buildTestPlugin("recorder", into: plugins, name: "recorder")
-    let config = daemon.directory + "/whend.conf"
-    try "plugin_dirs = \(plugins)\npipeline.rec = recorder\n\(settings)".write(
-        toFile: config, atomically: true, encoding: .utf8)
-    daemon.environment = ["WHEND_CONFIG": config]
+    let daemon = try fixturePipelineDaemon(name, plugin: "recorder", pipeline: "rec", settings: settings, mode)
     let state = daemon.stateDirectory + "/plugins/recorder"
     try FileManager.default.createDirectory(atPath: state, withIntermediateDirectories: true)
     return (daemon, state + "/seen")

@@ -100,15 +100,13 @@ extension TestDaemon {
     ) throws -> (Outcome, TestDaemon, [ResendingClient], PowerCutFileSystem) {
         let fs = PowerCutFileSystem(name)
         try fs.mount()
-        let configuration = fs.directory + "/whend.conf"
-        try """
-        durability = \(durability)
-        segment_max_bytes = 65536
-        pipeline_snapshot_interval = 0.2
-        """.write(toFile: configuration, atomically: true, encoding: .utf8)
-        let daemon = TestDaemon.live(
-            name, arguments: ["--builtin-pipelines", pipelines ? "true" : "false", "--config", configuration],
-            stateDirectory: fs.mountPoint + "/state")
+        let daemon = try fs.daemon(
+            name,
+            settings: """
+                durability = \(durability)
+                segment_max_bytes = 65536
+                pipeline_snapshot_interval = 0.2
+                """, arguments: ["--builtin-pipelines", pipelines ? "true" : "false"])
         let clients = (0..<3).map { ResendingClient(name: "c\($0)", socketPath: daemon.socketPath) }
         try daemon.start()
         for client in clients { client.start() }
@@ -227,12 +225,7 @@ extension TestDaemon {
     @Test func aFailedSyncAcksNothingItCoveredAndLosesNothingAcked() throws {
         let fs = PowerCutFileSystem("pc-syncfail")
         try fs.mount()
-        let configuration = fs.directory + "/whend.conf"
-        try "durability = fsync\nsegment_max_bytes = 4096\n".write(
-            toFile: configuration, atomically: true, encoding: .utf8)
-        let daemon = TestDaemon.live(
-            "pc-syncfail", arguments: ["--builtin-pipelines", "false", "--config", configuration],
-            stateDirectory: fs.mountPoint + "/state")
+        let daemon = try fs.daemon("pc-syncfail", settings: "durability = fsync\nsegment_max_bytes = 4096\n")
         try daemon.start()
         func event(_ n: Int) -> String {
             #"{"type":"when","name":"step","id":"e-\#(n)","params":{"n":\#(n),"pad":"\#(String(repeating: "p", count: n % 90))"}}"#
@@ -241,30 +234,17 @@ extension TestDaemon {
         /// next (so that the groups are many and small); returns how many were stored by the
         /// final ack (an ack covers refused lines too: those are the errors) and the errors' codes.
         func send(_ range: Range<Int>) throws -> (acked: Int, errors: [String]) {
-            let connection = try BlockingSocket(path: daemon.socketPath)
-            try connection.send(helloWithAcks + "\n")
-            var lastAck = 0
-            var errors: [String] = []
-            var pending: [UInt8] = []
+            let client = try AckedConnection(daemon.socketPath)
             var sent = 0
             for start in stride(from: range.lowerBound, to: range.upperBound, by: 20) {
                 let chunk = (start..<min(start + 20, range.upperBound)).map { event($0) + "\n" }.joined()
-                try connection.send(chunk)
+                try client.connection.send(chunk)
                 sent += min(20, range.upperBound - start)
-                while lastAck < sent {
-                    let bytes = try connection.receive()
-                    if bytes.isEmpty { return (lastAck - errors.count, errors) }
-                    pending += bytes
-                    while let nl = pending.firstIndex(of: 0x0A) {
-                        let line = Array(pending[..<nl])
-                        pending.removeSubrange(...nl)
-                        let o = try? JSONSerialization.jsonObject(with: Data(line)) as? [String: Any]
-                        if let a = o?["ack"] as? Int { lastAck = max(lastAck, a) }
-                        if let e = o?["error"] as? [String: Any] { errors.append(e["code"] as? String ?? "?") }
-                    }
-                }
+                try client.read(until: sent)
+                // Closed (or silent past the deadline): what it acknowledged is all there is.
+                if client.lastAck < sent { break }
             }
-            return (lastAck - errors.count, errors)
+            return (client.stored, client.errors)
         }
 
         #expect(try send(0..<200).acked == 200)
@@ -277,22 +257,10 @@ extension TestDaemon {
         #expect(try send(200..<400).acked == 200)
         #expect(daemon.log.contains("fdatasync") && daemon.log.contains("not acknowledged"), "\(daemon.log)")
 
-        daemon.crashWithWorkers()
-        fs.cut()
-        try fs.mount()
-        var seen: [String: Int] = [:]
-        var seqs: [UInt64] = []
-        JournalReader(directory: daemon.journal).read { record, _ in
-            seqs.append(record.seq ?? 0)
-            if let o = try? JSONSerialization.jsonObject(with: Data(buffer: record.line)) as? [String: Any],
-                let id = o["id"] as? String
-            {
-                seen[id, default: 0] += 1
-            }
-            return true
-        } onProblem: {
-            Issue.record("journal problem: \($0)")
-        }
+        try fs.cutPower(under: daemon)
+        let stored = storedRecords(daemon.journal)
+        let seen = Dictionary(stored.compactMap(\.id).map { ($0, 1) }, uniquingKeysWith: +)
+        let seqs = stored.map { $0.seq ?? 0 }
         let wrong = (0..<400).map { "e-\($0)" }.filter { seen[$0] != 1 }
         #expect(wrong.isEmpty, "\(wrong.count) acked events not stored exactly once, e.g. \(wrong.prefix(5))")
         #expect(seqs == Array(1...UInt64(seqs.count)), "_seq has a gap or repeats")

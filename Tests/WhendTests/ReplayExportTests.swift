@@ -11,6 +11,21 @@ import WhendJournal
         #"{"type":"navigation","action":"pop"}"#,
     ]
 
+    /// `whenctl replay` of `source`'s journal to a new daemon called `name`, started for it, at
+    /// 50 times the original pace; the replay must succeed. Returns the daemon and what whenctl
+    /// said.
+    private func replay(
+        _ source: TestDaemon, toNewDaemon name: String, sourceLocation: SourceLocation = #_sourceLocation
+    ) throws -> (TestDaemon, (status: Int32, output: String, error: String)) {
+        let target = TestDaemon(name)
+        try target.start()
+        let r = try whenctl([
+            "replay", "--state-dir", source.stateDirectory, "--to-socket", target.socketPath, "--speed", "50",
+        ])
+        #expect(r.status == 0, "\(r.error)", sourceLocation: sourceLocation)
+        return (target, r)
+    }
+
     @Test func replayingAPipelineTwiceGivesByteIdenticalOutputAndTouchesNothingLive() throws {
         let daemon = TestDaemon("replay-det")
         try daemon.start()
@@ -70,12 +85,7 @@ import WhendJournal
         let deadline = Date().addingTimeInterval(20)
         while source.records().count < 600 && Date() < deadline { usleep(50_000) }
         source.stop()
-        let target = TestDaemon("replay-dst")
-        try target.start()
-        let r = try whenctl([
-            "replay", "--state-dir", source.stateDirectory, "--to-socket", target.socketPath, "--speed", "50",
-        ])
-        #expect(r.status == 0, "\(r.error)")
+        let (target, r) = try replay(source, toNewDaemon: "replay-dst")
         #expect(r.error.contains("600 records sent") && r.error.contains("600 acknowledged"))
         target.stop()
         let replayed = target.records()
@@ -103,12 +113,7 @@ import WhendJournal
                 #"{"type":"when","name":"plain","params":{"z":1,"a":2}}"#,
             ])
         source.stop()
-        let target = TestDaemon("replay-odd-dst")
-        try target.start()
-        let r = try whenctl([
-            "replay", "--state-dir", source.stateDirectory, "--to-socket", target.socketPath, "--speed", "50",
-        ])
-        #expect(r.status == 0, "\(r.error)")
+        let (target, r) = try replay(source, toNewDaemon: "replay-odd-dst")
         #expect(r.error.contains("2 records sent") && r.error.contains("2 acknowledged"), "\(r.error)")
         target.stop()
         // Each record's members between `_seq` and the trusted ones whend adds (`_rt` first).

@@ -13,40 +13,6 @@ import WhendWire
         range.map { #"{"type":"when","name":"step","id":"\#(prefix)-\#($0)"}"# + "\n" }.joined()
     }
 
-    /// An ack-wanting connection's answers: the last ack and the codes of the errors.
-    final class Answers {
-        let connection: BlockingSocket
-        var lastAck = 0
-        var errors: [String] = []
-        private var pending: [UInt8] = []
-
-        init(_ socketPath: String) throws {
-            connection = try BlockingSocket(path: socketPath)
-            try connection.send(helloWithAcks + "\n")
-        }
-
-        /// Reads until `lines` lines are answered (acked or refused), for at most `seconds`.
-        func read(until lines: Int, seconds: Double = 20) throws {
-            let deadline = Date().addingTimeInterval(seconds)
-            while lastAck < lines, Date() < deadline {
-                guard connection.waitReadable(timeout: 0.1) else { continue }
-                let bytes = try connection.receive()
-                if bytes.isEmpty { return }
-                pending += bytes
-                while let nl = pending.firstIndex(of: 0x0A) {
-                    let line = Array(pending[..<nl])
-                    pending.removeSubrange(...nl)
-                    let o = try? JSONSerialization.jsonObject(with: Data(line)) as? [String: Any]
-                    if let a = o?["ack"] as? Int { lastAck = max(lastAck, a) }
-                    if let e = o?["error"] as? [String: Any] { errors.append(e["code"] as? String ?? "?") }
-                }
-            }
-        }
-
-        /// Lines acknowledged as stored: an ack covers refused lines too, which are the errors.
-        var stored: Int { lastAck - errors.count }
-    }
-
     /// The threads of `pid` blocked in system call `number` (as /proc/PID/task/TID/syscall
     /// gives it). whend's threads have no names of their own on Linux: they are told apart by
     /// what they are doing.
@@ -75,11 +41,7 @@ import WhendWire
     @Test func aResendIsNotAckedBeforeTheSyncOfItsFirstCopies() throws {
         let fs = PowerCutFileSystem("pc-resend")
         try fs.mount()
-        let configuration = fs.directory + "/whend.conf"
-        try "durability = fsync\n".write(toFile: configuration, atomically: true, encoding: .utf8)
-        let daemon = TestDaemon.live(
-            "pc-resend", arguments: ["--builtin-pipelines", "false", "--config", configuration],
-            stateDirectory: fs.mountPoint + "/state")
+        let daemon = try fs.daemon("pc-resend", settings: "durability = fsync\n")
         try daemon.start()
         let pid = daemon.process!.processIdentifier
         let hold = fs.backing + "/hold"
@@ -90,21 +52,19 @@ import WhendWire
         }
         func heldKind() -> String? { try? String(contentsOfFile: held, encoding: .utf8) }
 
-        let first = try Answers(daemon.socketPath)
-        try first.connection.send(Self.events("a", 0..<20))
-        try first.read(until: 20)
+        let first = try AckedConnection.sending(Self.events("a", 0..<20), to: daemon.socketPath, answered: 20)
         #expect(first.stored == 20)
 
         // The first copies' write waits: the writer thread is in it, their keys in the window.
         try holding("write fsync")
-        let originals = try Answers(daemon.socketPath)
+        let originals = try AckedConnection(daemon.socketPath)
         try originals.connection.send(Self.events("b", 0..<10))
         #expect(eventually(10) { heldKind() == "write" }, "the journal's write was not held")
         // The writer thread: the one writing.
         let writer = try #require(Self.threads(of: pid, in: Self.write).first)
         // The resend reaches the writer's queue while it writes, so that it is a group of its
         // own, and the written group goes to the sync thread rather than being synced in place.
-        let resend = try Answers(daemon.socketPath)
+        let resend = try AckedConnection(daemon.socketPath)
         try resend.connection.send(Self.events("b", 0..<10))
         usleep(500_000)
         try holding("fsync")
@@ -126,28 +86,13 @@ import WhendWire
         // Syncs work again: sent once more, the events are acknowledged (stored once, the
         // failed sync's records rewritten and synced), and survive the cut.
         fs.failSyncs(false)
-        let again = try Answers(daemon.socketPath)
-        try again.connection.send(Self.events("b", 0..<10))
-        try again.read(until: 10)
+        let again = try AckedConnection.sending(Self.events("b", 0..<10), to: daemon.socketPath, answered: 10)
         #expect(again.stored == 10, "errors \(again.errors)")
 
-        daemon.crashWithWorkers()
-        fs.cut()
-        try fs.mount()
-        var seen: Set<String> = []
-        JournalReader(directory: daemon.journal).read { record, _ in
-            if let o = try? JSONSerialization.jsonObject(with: Data(buffer: record.line)) as? [String: Any],
-                let id = o["id"] as? String
-            {
-                seen.insert(id)
-            }
-            return true
-        } onProblem: {
-            Issue.record("journal problem: \($0)")
-        }
-        let lostFirst = (0..<first.stored).map { "a-\($0)" }.filter { !seen.contains($0) }
+        let seen = try fs.cutPower(under: daemon)
+        let lostFirst = lostEvents("a", first.stored, from: seen)
         #expect(lostFirst.isEmpty, "acked and lost: \(lostFirst)")
-        let lost = (0..<max(resend.stored, again.stored)).map { "b-\($0)" }.filter { !seen.contains($0) }
+        let lost = lostEvents("b", max(resend.stored, again.stored), from: seen)
         #expect(
             lost.isEmpty,
             "the resend was acked (\(resend.stored) stored, errors \(resend.errors)) and \(lost.count) of its events are lost: \(lost)"
@@ -161,40 +106,19 @@ import WhendWire
     @Test func aResendAckedUnderFsyncSurvivesAPowerCutWhenItsFirstCopiesWereNeverSynced() throws {
         let fs = PowerCutFileSystem("pc-resend-w")
         try fs.mount()
-        let configuration = fs.directory + "/whend.conf"
-        try "durability = write\n".write(toFile: configuration, atomically: true, encoding: .utf8)
-        let daemon = TestDaemon.live(
-            "pc-resend-w", arguments: ["--builtin-pipelines", "false", "--config", configuration],
-            stateDirectory: fs.mountPoint + "/state")
+        let daemon = try fs.daemon("pc-resend-w", settings: "durability = write\n")
         try daemon.start()
-        let originals = try Answers(daemon.socketPath)
-        try originals.connection.send(Self.events("w", 0..<10))
-        try originals.read(until: 10)
+        let originals = try AckedConnection.sending(Self.events("w", 0..<10), to: daemon.socketPath, answered: 10)
         #expect(originals.stored == 10)
 
-        try "durability = fsync\n".write(toFile: configuration, atomically: true, encoding: .utf8)
+        try "durability = fsync\n".write(toFile: fs.configurationFile, atomically: true, encoding: .utf8)
         let reload = try daemon.whenctl(["reload"])
         #expect(reload.status == 0, "\(reload.output) \(reload.error)")
-        let resend = try Answers(daemon.socketPath)
-        try resend.connection.send(Self.events("w", 0..<10))
-        try resend.read(until: 10)
+        let resend = try AckedConnection.sending(Self.events("w", 0..<10), to: daemon.socketPath, answered: 10)
         #expect(resend.stored == 10, "errors \(resend.errors)")
 
-        daemon.crashWithWorkers()
-        fs.cut()
-        try fs.mount()
-        var seen: Set<String> = []
-        JournalReader(directory: daemon.journal).read { record, _ in
-            if let o = try? JSONSerialization.jsonObject(with: Data(buffer: record.line)) as? [String: Any],
-                let id = o["id"] as? String
-            {
-                seen.insert(id)
-            }
-            return true
-        } onProblem: {
-            Issue.record("journal problem: \($0)")
-        }
-        let lost = (0..<resend.stored).map { "w-\($0)" }.filter { !seen.contains($0) }
+        let seen = try fs.cutPower(under: daemon)
+        let lost = lostEvents("w", resend.stored, from: seen)
         #expect(lost.isEmpty, "acked under fsync and lost at the cut: \(lost)")
         fs.cut()
     }

@@ -17,23 +17,6 @@ import WhendWire
         .joined()
     }
 
-    /// The ids of the records in `journal`; every problem a reader meets is an issue, unless
-    /// whend is still writing it.
-    static func storedIDs(_ journal: JournalDirectory, whileWritten: Bool = false) -> [String] {
-        var ids: [String] = []
-        JournalReader(directory: journal).read { record, _ in
-            if let o = try? JSONSerialization.jsonObject(with: Data(buffer: record.line)) as? [String: Any],
-                let id = o["id"] as? String
-            {
-                ids.append(id)
-            }
-            return true
-        } onProblem: { problem in
-            if !whileWritten { Issue.record("journal problem: \(problem)") }
-        }
-        return ids
-    }
-
     /// whend is SIGKILLed while its sync thread, behind the writer, has not synced the sealed
     /// segments that hold events it was sent (held still by Tests/Fixtures/syncgate.c: those
     /// syncs never happen, as when the kill comes first). The next whend rebuilds its resend
@@ -43,11 +26,8 @@ import WhendWire
     @Test func aResendAcknowledgedAfterARestartSurvivesAPowerCut() throws {
         let fs = PowerCutFileSystem("pc-restart")
         try fs.mount()
-        let configuration = fs.directory + "/whend.conf"
-        try "durability = fsync\nsegment_max_bytes = 4096\n".write(
-            toFile: configuration, atomically: true, encoding: .utf8)
-        let daemon = TestDaemon.live(
-            "pc-restart", arguments: ["--config", configuration], stateDirectory: fs.mountPoint + "/state")
+        let daemon = try fs.daemon(
+            "pc-restart", settings: "durability = fsync\nsegment_max_bytes = 4096\n", arguments: [])
         let gate = daemon.directory + "/sync-gate"
         let shim = try buildTestPlugin("syncgate", into: daemon.directory, name: "syncgate")
         _ = FileManager.default.createFile(atPath: gate, contents: nil)
@@ -56,17 +36,17 @@ import WhendWire
 
         // One event larger than a segment: the writer syncs it itself, then seals the segment,
         // whose sync goes to the sync thread, which is held from then on.
-        let first = try ResendDurabilityTests.Answers(daemon.socketPath)
-        try first.connection.send(#"{"type":"when","name":"big","id":"big","params":{"pad":"\#(noise(6000))"}}"# + "\n")
-        try first.read(until: 1)
+        let first = try AckedConnection.sending(
+            #"{"type":"when","name":"big","id":"big","params":{"pad":"\#(noise(6000))"}}"# + "\n",
+            to: daemon.socketPath, answered: 1)
         #expect(first.stored == 1)
         #expect(eventually(10) { FileManager.default.fileExists(atPath: gate + ".waiting") }, "no sync was held")
 
         // The events: written and sealed in segments of their own, their syncs queued behind.
-        let originals = try ResendDurabilityTests.Answers(daemon.socketPath)
+        let originals = try AckedConnection(daemon.socketPath)
         try originals.connection.send(Self.noisyEvents("o", 0..<30))
         #expect(
-            eventually(10) { Self.storedIDs(daemon.journal, whileWritten: true).contains("o-29") },
+            eventually(10) { storedIDs(daemon.journal, whileWritten: true).contains("o-29") },
             "the events were not written")
         #expect(daemon.journal.segments().count >= 2)
         try originals.read(until: 30, seconds: 0.2)
@@ -77,19 +57,14 @@ import WhendWire
         unlink(gate)
         daemon.environment = [:]
         try daemon.start()
-        let resend = try ResendDurabilityTests.Answers(daemon.socketPath)
-        try resend.connection.send(Self.noisyEvents("o", 0..<30))
-        try resend.read(until: 30)
+        let resend = try AckedConnection.sending(Self.noisyEvents("o", 0..<30), to: daemon.socketPath, answered: 30)
         #expect(resend.stored == 30, "errors \(resend.errors)")
         // They were resends: their first copies were in the window.
         let journal = try daemon.status()["journal"] as? [String: Any]
         #expect(journal?["duplicates_skipped"] as? Int == 30)
 
-        daemon.crashWithWorkers()
-        fs.cut()
-        try fs.mount()
-        let seen = Set(Self.storedIDs(daemon.journal))
-        let lost = (0..<resend.stored).map { "o-\($0)" }.filter { !seen.contains($0) }
+        let seen = try fs.cutPower(under: daemon)
+        let lost = lostEvents("o", resend.stored, from: seen)
         #expect(lost.isEmpty, "acknowledged as resends, lost at the power cut: \(lost)")
         #expect(seen.contains("big"))
         fs.cut()
@@ -141,13 +116,7 @@ import WhendWire
     /// can. Live, they are not first copies of client events; after a restart they must not be
     /// either: a client's event with the same three is stored, not acknowledged as a resend.
     @Test func aDerivedRecordIsNoFirstCopyOfAClientsEventAfterARestart() throws {
-        let daemon = TestDaemon.live("rs-derived")
-        let plugins = try pluginDirectory(in: daemon.directory)
-        _ = try buildTestPlugin("claimid", into: plugins, name: "claimid")
-        let config = daemon.directory + "/whend.conf"
-        try "plugin_dirs = \(plugins)\npipeline.claims = claimid\n".write(
-            toFile: config, atomically: true, encoding: .utf8)
-        daemon.environment = ["WHEND_CONFIG": config]
+        let daemon = try fixturePipelineDaemon("rs-derived", plugin: "claimid", pipeline: "claims", .live)
         try daemon.start()
         let hello = #"{"hello":{"protocol":1,"acks":true}}"#
         func client(_ name: String, id: String) -> String {

@@ -1,5 +1,6 @@
 import Foundation
 import PropertyBased
+import SeededRandom
 import Testing
 import WhendConfiguration
 
@@ -173,7 +174,7 @@ import WhendConfiguration
     /// URL — a message that quotes it shows `***` and none of it.
     @Test func noSpellingOfASecretSurvivesScrubbing() async {
         await propertyCheck(count: 3000, input: Gen<UInt64>.value(in: 0...UInt64.max)) { seed in
-            var random = SplitMix(seed)
+            var random = SplitMix64(state: seed)
             let alphabet = Array("aZ9-._~/+=?&%@: \"\\é😀\u{2028}")
             let secret = "S" + String((0..<(3 + random.int(10))).map { _ in alphabet[random.int(alphabet.count)] })
             func hex(_ v: UInt32, _ digits: Int) -> String {
@@ -246,21 +247,13 @@ import WhendConfiguration
 /// escapes; `secrets` collects every secret value written, and the expected value has `***` in
 /// their place.
 struct ConfigurationGenerator {
-    private var state: UInt64
+    /// The seed decides everything.
+    private var random: SplitMix64
     private(set) var secrets: [String] = []
 
-    init(seed: UInt64) { state = seed }
+    init(seed: UInt64) { random = SplitMix64(state: seed) }
 
-    private mutating func next() -> UInt64 {
-        // SplitMix64: the seed decides everything.
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-
-    private mutating func int(_ n: Int) -> Int { Int(next() % UInt64(n)) }
+    private mutating func int(_ n: Int) -> Int { random.int(n) }
     private mutating func pick<T>(_ items: [T]) -> T { items[int(items.count)] }
 
     private mutating func space() -> String { pick(["", "", " ", "\n\t", "  "]) }

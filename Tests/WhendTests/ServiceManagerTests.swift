@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import WhendSystem
 import WhendWire
 
 /// A stand-in for the service manager's notification socket: a Unix datagram socket.
@@ -162,21 +163,11 @@ func spawn(
     _ path: String, _ arguments: [String], environment: [String: String] = ProcessInfo.processInfo.environment,
     log: String, descriptor3: Int32? = nil
 ) throws -> pid_t {
-    let argv = ([path] + arguments).map { strdup($0) } + [nil]
-    let envp = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
-    defer {
-        argv.forEach { free($0) }
-        envp.forEach { free($0) }
+    let spawned = spawnProcess(path, arguments, environment: environment) { actions in
+        if let descriptor3 { posix_spawn_file_actions_adddup2(&actions, descriptor3, 3) }
+        posix_spawn_file_actions_addopen(&actions, 2, log, O_WRONLY | O_CREAT | O_APPEND, 0o644)
     }
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    defer { posix_spawn_file_actions_destroy(&actions) }
-    if let descriptor3 { posix_spawn_file_actions_adddup2(&actions, descriptor3, 3) }
-    posix_spawn_file_actions_addopen(&actions, 2, log, O_WRONLY | O_CREAT | O_APPEND, 0o644)
-    var pid: pid_t = 0
-    let rc = posix_spawn(&pid, path, &actions, nil, argv, envp)
-    guard rc == 0 else { throw TestFailure(description: "posix_spawn \(path): \(String(cString: strerror(rc)))") }
-    return pid
+    return try spawned.mapError { TestFailure(description: "posix_spawn \(path): \($0)") }.get()
 }
 
 func waitForExit(_ pid: pid_t) -> Int32 {

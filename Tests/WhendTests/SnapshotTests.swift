@@ -6,6 +6,17 @@ import WhendJournal
 import WhendPipelines
 import WhendPluginHost
 
+/// A whend (not started) with the built-in pipelines, all but `kept` turned off, on `settings`
+/// (one a line);
+/// and its configuration file (for a replay of what it stored).
+func builtinPipelineDaemon(_ name: String, keeping kept: String, settings: [String], arguments: [String] = []) throws
+    -> (TestDaemon, configuration: String)
+{
+    let off = ["analytics", "crashes", "screens", "sessions"].filter { $0 != kept }.map { "pipeline.\($0) =" }
+    let config = try writeConfiguration(scratchDirectory(name + "-conf"), (settings + off).joined(separator: "\n"))
+    return (TestDaemon.live(name, arguments: ["--builtin-pipelines", "true", "--config", config] + arguments), config)
+}
+
 /// SIGKILLs `pipeline`'s worker as it runs now (it may be starting again after the last kill);
 /// false if none runs within 5 s.
 private func killWorker(_ daemon: TestDaemon, _ pipeline: String) -> Bool {
@@ -26,16 +37,9 @@ private func killWorker(_ daemon: TestDaemon, _ pipeline: String) -> Bool {
     /// saved state, a restarted worker handles the records after its cursor against empty
     /// sessions, and derives other records.)
     @Test func derivedRecordsSurviveWorkerAndDaemonKillsUnchanged() throws {
-        let directory = scratchDirectory("snapshot-conf")
-        let file = directory + "/whend.conf"
         let interval = ProcessInfo.processInfo.environment["WHEND_TEST_SNAPSHOT_INTERVAL"] ?? "0.2"
-        try """
-        pipeline_snapshot_interval = \(interval)
-        pipeline.analytics =
-        pipeline.crashes =
-        pipeline.sessions =
-        """.write(toFile: file, atomically: true, encoding: .utf8)
-        let daemon = TestDaemon.live("snapshots", arguments: ["--builtin-pipelines", "true", "--config", file])
+        let (daemon, file) = try builtinPipelineDaemon(
+            "snapshots", keeping: "screens", settings: ["pipeline_snapshot_interval = \(interval)"])
         try daemon.start()
         let demo = try startDemo(daemon, ["--rate", "600", "--duration", "12", "--seed", "11", "--fatal-one-in", "0"])
         var generator = SystemRandomNumberGenerator()
@@ -73,15 +77,8 @@ private func killWorker(_ daemon: TestDaemon, _ pipeline: String) -> Bool {
     /// (Without the state restored, a restarted worker counts the records after its cursor into
     /// an index that lacks those before it.)
     @Test func theSessionIndexSurvivesWorkerKillsUnchanged() throws {
-        let directory = scratchDirectory("sessions-kill-conf")
-        let file = directory + "/whend.conf"
-        try """
-        pipeline_snapshot_interval = 0.2
-        pipeline.analytics =
-        pipeline.crashes =
-        pipeline.screens =
-        """.write(toFile: file, atomically: true, encoding: .utf8)
-        let daemon = TestDaemon.live("sessions-kill", arguments: ["--builtin-pipelines", "true", "--config", file])
+        let (daemon, _) = try builtinPipelineDaemon(
+            "sessions-kill", keeping: "sessions", settings: ["pipeline_snapshot_interval = 0.2"])
         try daemon.start()
         let demo = try startDemo(daemon, ["--rate", "600", "--duration", "8", "--seed", "5"])
         var kills = 0
@@ -121,16 +118,9 @@ private func killWorker(_ daemon: TestDaemon, _ pipeline: String) -> Bool {
     /// worker then falls back to the snapshot before it (and its cursor), and with neither
     /// usable, to `pipeline_snapshot_rebuild` records before its cursor, never to 0.
     @Test func aDamagedSnapshotIsDetectedAndTheOneBeforeItUsed() throws {
-        let directory = scratchDirectory("snapshot-dmg")
-        let file = directory + "/whend.conf"
-        try """
-        pipeline_snapshot_interval = 0.05
-        pipeline_snapshot_rebuild = 7
-        pipeline.analytics =
-        pipeline.crashes =
-        pipeline.sessions =
-        """.write(toFile: file, atomically: true, encoding: .utf8)
-        let daemon = TestDaemon.live("snapshot-dmg", arguments: ["--builtin-pipelines", "true", "--config", file])
+        let (daemon, file) = try builtinPipelineDaemon(
+            "snapshot-dmg", keeping: "screens",
+            settings: ["pipeline_snapshot_interval = 0.05", "pipeline_snapshot_rebuild = 7"])
         let snapshot = daemon.stateDirectory + "/pipelines/screens/snapshot"
         func snapshotCursor(_ path: String) -> UInt64? {
             (FileManager.default.contents(atPath: path)).flatMap { try? PipelineSnapshot.decode(Array($0)).cursor }

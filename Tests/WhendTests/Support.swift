@@ -278,21 +278,6 @@ func startDemo(_ daemon: TestDaemon, _ arguments: [String]) throws -> Process {
     return demo
 }
 
-/// A seeded source of numbers (SplitMix64).
-struct SplitMix {
-    var state: UInt64
-    init(state: UInt64) { self.state = state }
-    init(_ seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-    mutating func int(_ n: Int) -> Int { Int(next() % UInt64(n)) }
-}
-
 /// `parent`/plugins, made for the plugin libraries a test builds, 0755 whatever the umask: whend
 /// refuses a plugin directory others may write.
 func pluginDirectory(in parent: String) throws -> String {

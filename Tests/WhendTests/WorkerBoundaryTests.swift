@@ -10,20 +10,36 @@ import WhendWire
 /// frame holds, or writes a forged frame, in a real worker of a real whend.
 @Suite(.serialized) struct WorkerBoundaryTests {
     func chattyDaemon(_ name: String, configuration: String = "{}", settings: String = "") throws -> TestDaemon {
-        let daemon = TestDaemon.live(name)
-        let plugins = try pluginDirectory(in: daemon.directory)
-        _ = try buildTestPlugin("chatty", into: plugins, name: "chatty")
-        let config = daemon.directory + "/whend.conf"
-        try """
-        plugin_dirs = \(plugins)
-        pipeline.chat = chatty
-        plugin.chatty = \(configuration)
-        \(settings)
-        """.write(toFile: config, atomically: true, encoding: .utf8)
-        daemon.environment = ["WHEND_CONFIG": config]
+        let daemon = try fixturePipelineDaemon(
+            name, plugin: "chatty", pipeline: "chat", settings: "plugin.chatty = \(configuration)\n\(settings)",
+            .live)  // what the worker logs is on whend's standard error
         try FileManager.default.createDirectory(
             atPath: daemon.stateDirectory + "/plugins/chatty", withIntermediateDirectories: true)
         return daemon
+    }
+
+    /// Sends `events`, each acknowledged, and waits until the chat pipeline has read through
+    /// `cursor`: the events and what they derived.
+    func send(
+        _ events: [String], to daemon: TestDaemon, chatReaches cursor: Int,
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) throws {
+        let acks = try exchange(daemon.socketPath, [helloWithAcks] + events).acks
+        #expect(acks.last == events.count, sourceLocation: sourceLocation)
+        #expect(
+            try daemon.waitForPipeline("chat", cursor: cursor, seconds: 30), "\(daemon.log.suffix(3000))",
+            sourceLocation: sourceLocation)
+    }
+
+    /// `when` events named `names`, with ids `prefix`1, `prefix`2…: what the chatty plugin is
+    /// told to do, one record each.
+    func whens(_ names: [String], ids prefix: String) -> [String] {
+        names.enumerated().map { #"{"type":"when","name":"\#($0.element)","id":"\#(prefix)\#($0.offset + 1)"}"# }
+    }
+
+    /// The `_cause` of each record the chatty plugin derived, in the journal's order.
+    func chattyCauses(_ daemon: TestDaemon) -> [Int] {
+        daemon.records().filter { $0["_origin"] as? String == "chatty" }.map { $0["_cause"] as? Int ?? 0 }
     }
 
     /// A plugin that prints on every record corrupts no frame: every record is handled once,
@@ -35,15 +51,13 @@ import WhendWire
             i % 10 == 0
                 ? #"{"type":"when","name":"derive","id":"p\#(i)"}"# : #"{"type":"when","name":"tap","id":"p\#(i)"}"#
         }
-        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 200)
         // The 200 events and the 20 records derived from them.
-        #expect(try daemon.waitForPipeline("chat", cursor: 220, seconds: 20), "\(daemon.log.suffix(2000))")
+        try send(events, to: daemon, chatReaches: 220)
         let pipeline = try daemon.pipeline("chat")
         #expect(pipeline?["restarts"] as? Int == 0, "\(daemon.log.suffix(2000))")
         #expect(daemon.waitForLog("chatty: handled _seq 220"))
         #expect(daemon.stop() == 0)
-        let derived = daemon.records().filter { $0["_origin"] as? String == "chatty" }
-        #expect(derived.map { $0["_cause"] as? Int ?? 0 } == Array(stride(from: 10, through: 200, by: 10)))
+        #expect(chattyCauses(daemon) == Array(stride(from: 10, through: 200, by: 10)))
     }
 
     /// Offline too, a plugin's prints stay out of the records: `whenctl replay` prints on its
@@ -76,13 +90,9 @@ import WhendWire
     @Test func aRecordDerivingMoreThanAFrameHoldsGoesToTheDeadLetters() throws {
         let daemon = try chattyDaemon("w-huge", configuration: #"{"quiet": true}"#)
         try daemon.start()
-        let events = [
-            #"{"type":"when","name":"derive","id":"h1"}"#, #"{"type":"when","name":"huge","id":"h2"}"#,
-            #"{"type":"when","name":"derive","id":"h3"}"#,
-        ]
-        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 3)
+        let events = whens(["derive", "huge", "derive"], ids: "h")
         // The three events and what the two "derive" derived.
-        #expect(try daemon.waitForPipeline("chat", cursor: 5, seconds: 30), "\(daemon.log.suffix(3000))")
+        try send(events, to: daemon, chatReaches: 5)
         let pipeline = try daemon.pipeline("chat")
         #expect(pipeline?["restarts"] as? Int == 0, "\(daemon.log.suffix(3000))")
         #expect(pipeline?["dead_letters"] as? Int == 1)
@@ -92,8 +102,7 @@ import WhendWire
         #expect(
             dead.contains(#""_seq":2"#) && dead.contains("more than the 67108864 a frame to whend holds"), "\(dead)")
         #expect(daemon.stop() == 0)
-        let derived = daemon.records().filter { $0["_origin"] as? String == "chatty" }
-        #expect(derived.map { $0["_cause"] as? Int ?? 0 } == [1, 3])
+        #expect(chattyCauses(daemon) == [1, 3])
     }
 
     /// A derived record within a frame alone, but not with the records derived before it that
@@ -101,17 +110,12 @@ import WhendWire
     @Test func aRecordThatFitsAFrameAloneIsStored() throws {
         let daemon = try chattyDaemon("w-split", configuration: #"{"quiet": true, "huge_bytes": 67108764}"#)
         try daemon.start()
-        let events = [
-            #"{"type":"when","name":"derive","id":"s1"}"#, #"{"type":"when","name":"huge","id":"s2"}"#,
-            #"{"type":"when","name":"derive","id":"s3"}"#,
-        ]
-        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 3)
-        #expect(try daemon.waitForPipeline("chat", cursor: 6, seconds: 30), "\(daemon.log.suffix(3000))")
+        let events = whens(["derive", "huge", "derive"], ids: "s")
+        try send(events, to: daemon, chatReaches: 6)
         let pipeline = try daemon.pipeline("chat")
         #expect(pipeline?["restarts"] as? Int == 0 && pipeline?["dead_letters"] as? Int == 0)
         #expect(daemon.stop() == 0)
-        let derived = daemon.records().filter { $0["_origin"] as? String == "chatty" }
-        #expect(derived.map { $0["_cause"] as? Int ?? 0 } == [1, 2, 3])
+        #expect(chattyCauses(daemon) == [1, 2, 3])
     }
 
     /// A frame whose declared count of records its bytes cannot hold is refused before anything
@@ -141,8 +145,7 @@ import WhendWire
         let daemon = try chattyDaemon("w-progress", configuration: #"{"quiet": true, "forge_pipe": true}"#)
         try daemon.start()
         let events = [#"{"type":"when","name":"counters"}"#, #"{"type":"when","name":"tap"}"#]
-        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 2)
-        #expect(try daemon.waitForPipeline("chat", cursor: 2, seconds: 20), "\(daemon.log.suffix(2000))")
+        try send(events, to: daemon, chatReaches: 2)
         #expect(daemon.process?.isRunning == true, "\(daemon.log.suffix(2000))")
         #expect(daemon.stop() == 0)
     }
@@ -155,10 +158,7 @@ import WhendWire
     @Test func aForgedDerivedRecordIsRefusedAndLaterOnesAreStored() throws {
         let daemon = try chattyDaemon("w-forge-cause", configuration: #"{"quiet": true, "forge_pipe": true}"#)
         try daemon.start()
-        let events = [
-            #"{"type":"when","name":"derive","id":"f1"}"#, #"{"type":"when","name":"forge_cause","id":"f2"}"#,
-            #"{"type":"when","name":"derive","id":"f3"}"#, #"{"type":"when","name":"derive","id":"f4"}"#,
-        ]
+        let events = whens(["derive", "forge_cause", "derive", "derive"], ids: "f")
         #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 4)
         #expect(
             daemon.waitForLog("its worker sent a derived record it cannot have derived", seconds: 20),
@@ -211,8 +211,7 @@ import WhendWire
         #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"when","name":"derive"}"#]).acks == [1])
         #expect(try daemon.waitForPipeline("chat", cursor: 7, seconds: 30), "\(daemon.log.suffix(3000))")
         #expect(daemon.stop() == 0)
-        let derived = daemon.records().filter { $0["_origin"] as? String == "chatty" }
-        #expect(derived.map { $0["_cause"] as? Int ?? 0 } == [1, 4, 6], "\(daemon.log.suffix(3000))")
+        #expect(chattyCauses(daemon) == [1, 4, 6], "\(daemon.log.suffix(3000))")
     }
 
     /// A plugin that writes to descriptor 3 and closes 3 and 4 (where the worker's frames were)
@@ -222,16 +221,11 @@ import WhendWire
     @Test func aPluginUsingDescriptorsThreeAndFourStallsNothing() throws {
         let daemon = try chattyDaemon("w-stray", configuration: #"{"quiet": true}"#)
         try daemon.start()
-        let events = [
-            #"{"type":"when","name":"derive","id":"d1"}"#, #"{"type":"when","name":"stray","id":"d2"}"#,
-            #"{"type":"when","name":"derive","id":"d3"}"#, #"{"type":"when","name":"derive","id":"d4"}"#,
-        ]
-        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 4)
-        #expect(try daemon.waitForPipeline("chat", cursor: 7, seconds: 20), "\(daemon.log.suffix(3000))")
+        let events = whens(["derive", "stray", "derive", "derive"], ids: "d")
+        try send(events, to: daemon, chatReaches: 7)
         #expect(try daemon.pipeline("chat")?["restarts"] as? Int == 0, "\(daemon.log.suffix(3000))")
         #expect(daemon.stop() == 0)
-        let derived = daemon.records().filter { $0["_origin"] as? String == "chatty" }
-        #expect(derived.map { $0["_cause"] as? Int ?? 0 } == [1, 3, 4])
+        #expect(chattyCauses(daemon) == [1, 3, 4])
     }
 
     /// A record on which the worker dies every time (the plugin aborts) goes to the dead letters
@@ -241,12 +235,8 @@ import WhendWire
         let daemon = try chattyDaemon(
             "w-crashloop", configuration: #"{"quiet": true}"#, settings: "pipeline_retry_limit = 3")
         try daemon.start()
-        let events = [
-            #"{"type":"when","name":"derive","id":"c1"}"#, #"{"type":"when","name":"crash","id":"c2"}"#,
-            #"{"type":"when","name":"derive","id":"c3"}"#,
-        ]
-        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 3)
-        #expect(try daemon.waitForPipeline("chat", cursor: 5, seconds: 30), "\(daemon.log.suffix(3000))")
+        let events = whens(["derive", "crash", "derive"], ids: "c")
+        try send(events, to: daemon, chatReaches: 5)
         let pipeline = try daemon.pipeline("chat")
         #expect(pipeline?["restarts"] as? Int == 3, "\(daemon.log.suffix(3000))")
         #expect(pipeline?["dead_letters"] as? Int == 1, "\(daemon.log.suffix(3000))")
@@ -255,8 +245,7 @@ import WhendWire
             ?? ""
         #expect(dead.contains(#""_seq":2"#) && dead.contains("the worker died 3 times handling it"), "\(dead)")
         #expect(daemon.stop() == 0)
-        let derived = daemon.records().filter { $0["_origin"] as? String == "chatty" }
-        #expect(derived.map { $0["_cause"] as? Int ?? 0 } == [1, 3])
+        #expect(chattyCauses(daemon) == [1, 3])
     }
 
     /// What a plugin derived in an attempt that failed is not stored: a record that fails twice
@@ -266,17 +255,15 @@ import WhendWire
     @Test func recordsDerivedInAFailedAttemptAreNotStored() throws {
         let daemon = try chattyDaemon("w-emitfail", configuration: #"{"quiet": true}"#)
         try daemon.start()
-        let events = [
-            #"{"type":"when","name":"derive","id":"e1"}"#, #"{"type":"when","name":"emitfail","id":"e2"}"#,
-            #"{"type":"when","name":"derive","id":"e3"}"#,
-        ]
-        #expect(try exchange(daemon.socketPath, [helloWithAcks] + events).acks.last == 3)
-        #expect(try daemon.waitForPipeline("chat", cursor: 6, seconds: 30), "\(daemon.log.suffix(3000))")
+        let events = whens(["derive", "emitfail", "derive"], ids: "e")
+        try send(events, to: daemon, chatReaches: 6)
         #expect(try daemon.pipeline("chat")?["failures"] as? Int == 2)
         #expect(daemon.stop() == 0)
-        let derived = daemon.records().filter { $0["_origin"] as? String == "chatty" }
-        #expect(derived.map { $0["_cause"] as? Int ?? 0 } == [1, 2, 3])
-        #expect(derived.filter { $0["name"] as? String == "attempted" }.count == 1)
+        #expect(chattyCauses(daemon) == [1, 2, 3])
+        let attempted = daemon.records().filter {
+            $0["_origin"] as? String == "chatty" && $0["name"] as? String == "attempted"
+        }
+        #expect(attempted.count == 1)
         // Offline, once and without retries: the record fails, and derives nothing.
         let plugins = scratchDirectory("w-emitfail-plugins")
         let library = try buildTestPlugin("chatty", into: plugins, name: "chatty")

@@ -1,5 +1,6 @@
 import Foundation
 import PropertyBased
+import SeededRandom
 import Testing
 import WhendWire
 
@@ -7,11 +8,11 @@ import WhendWire
 /// every kind of escape and raw Unicode, nesting, numbers in every form the grammar allows. The
 /// same seed gives the same document, so a failing seed is a fixed case.
 struct GeneratedJSON {
-    var rng: SplitMix
+    var rng: SplitMix64
 
-    init(seed: UInt64) { rng = SplitMix(state: seed) }
+    init(seed: UInt64) { rng = SplitMix64(state: seed) }
 
-    mutating func pick(_ n: Int) -> Int { Int(rng.next() % UInt64(n)) }
+    mutating func pick(_ n: Int) -> Int { rng.int(n) }
 
     mutating func space() -> String {
         ["", "", "", " ", "\t", "\n", "\r\n", "\n\t  ", " \r "][pick(9)]
@@ -113,17 +114,6 @@ struct GeneratedJSON {
             members.insert(member, at: pick(members.count + 1))
         }
         return space() + "{" + members.joined(separator: ",") + "}" + space()
-    }
-}
-
-struct SplitMix {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }
 

@@ -1,5 +1,6 @@
 import Foundation
 import PropertyBased
+import SeededRandom
 import Testing
 import WhendRecord
 import WhendWire
@@ -8,11 +9,11 @@ import WhendWire
 /// included), from a small alphabet where decoding makes one of values that differ: lone
 /// surrogates, U+FFFD, a pair, and characters that must or may be escaped.
 struct GeneratedID {
-    var rng: SplitMix
+    var rng: SplitMix64
 
-    init(seed: UInt64) { rng = SplitMix(state: seed) }
+    init(seed: UInt64) { rng = SplitMix64(state: seed) }
 
-    mutating func pick(_ n: Int) -> Int { Int(rng.next() % UInt64(n)) }
+    mutating func pick(_ n: Int) -> Int { rng.int(n) }
 
     static let alphabet: [[UInt16]] = [
         [0x61], [0x78], [0xFFFD], [0xD800], [0xDBFF], [0xDC00], [0xDFFF], [0xD83D], [0xDE00], [0xD83D, 0xDE00],

@@ -1,17 +1,6 @@
 import BenchSupport
 import Foundation
-
-/// A small, fast, seeded generator, so that every run sends the same corpus.
-struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
+import SeededRandom
 
 /// Generates event lines as app sessions produce them: the seeds' three journeys (a Marvel
 /// characters browser, an email change, a GP onboarding), with navigation, lifecycle, `when`,
