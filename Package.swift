@@ -7,6 +7,7 @@ let nioCore: Target.Dependency = .product(name: "NIOCore", package: "swift-nio")
 let nioConcurrencyHelpers: Target.Dependency = .product(name: "NIOConcurrencyHelpers", package: "swift-nio")
 let argumentParser: Target.Dependency = .product(name: "ArgumentParser", package: "swift-argument-parser")
 // Tests only: properties over generated, seeded inputs, with shrinking.
+let deque: Target.Dependency = .product(name: "DequeModule", package: "swift-collections")
 let propertyBased: Target.Dependency = .product(name: "PropertyBased", package: "swift-property-based")
 
 let package = Package(
@@ -39,6 +40,7 @@ let package = Package(
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.3"),
+        .package(url: "https://github.com/apple/swift-collections.git", from: "1.6.0"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
@@ -93,6 +95,7 @@ let package = Package(
             name: "AnalyticsPlugin",
             dependencies: [
                 "WhendPluginSDK", "BuiltinPluginSupport", "WhendWire", "WhendRecord", "WhendSystem", "PluginHTTP",
+                deque,
             ],
             path: "Plugins/Analytics"
         ),
@@ -142,7 +145,7 @@ let package = Package(
             name: "WhendPipelines",
             dependencies: [
                 "WhendWire", "WhendSystem", "WhendJournal", "WhendConfiguration", "WhendPluginHost", "CWhendPlugin",
-                "CLinux", logging, nioConcurrencyHelpers,
+                "CLinux", logging, nioConcurrencyHelpers, deque,
             ]),
         // The daemon: NIO event and control sockets, connections, acks, wiring to the journal,
         // reload, metrics.

@@ -1,4 +1,5 @@
 import BuiltinPluginSupport
+import DequeModule
 import Foundation
 import PluginHTTP
 import WhendPluginSDK
@@ -12,10 +13,9 @@ import WhendWire
 final class AnalyticsSpool: @unchecked Sendable {
     // Unchecked: all state is guarded by `condition`.
     private let condition = NSCondition()
-    /// The events not yet delivered are `events[head...]`: delivered ones leave from the front
+    /// The events not yet delivered, oldest first: delivered ones leave from the front
     /// in O(1), where removing them from an array moved the whole backlog each time.
-    private var events: [[UInt8]] = []
-    private var head = 0
+    private var events: Deque<[UInt8]> = []
     private var bytes = 0
     private var file: Int32
     /// The spool file's length: this plugin is its only writer, so no `lseek` per write.
@@ -87,9 +87,9 @@ final class AnalyticsSpool: @unchecked Sendable {
         events.append(line)
         bytes += line.count
         // The sender waits for a first event, or for a batch (or half the spool's bytes).
-        if events.count - head == 1 {
+        if events.count == 1 {
             condition.broadcast()
-        } else if let need = batchWaiter, events.count - head >= need || bytes * 2 >= maxBytes {
+        } else if let need = batchWaiter, events.count >= need || bytes * 2 >= maxBytes {
             batchWaiter = nil
             condition.broadcast()
         }
@@ -136,7 +136,7 @@ final class AnalyticsSpool: @unchecked Sendable {
         condition.lock()
         defer { condition.unlock() }
         let deadline = Date().addingTimeInterval(seconds)
-        while self.events.count - head < events && bytes * 2 < maxBytes && !stopping {
+        while self.events.count < events && bytes * 2 < maxBytes && !stopping {
             batchWaiter = events
             guard condition.wait(until: deadline) else { break }
         }
@@ -148,10 +148,10 @@ final class AnalyticsSpool: @unchecked Sendable {
     func peek(maxEvents: Int, maxBytes: Int, wait: TimeInterval) -> [[UInt8]] {
         condition.lock()
         defer { condition.unlock() }
-        if head == events.count && !stopping { _ = condition.wait(until: Date().addingTimeInterval(wait)) }
+        if events.isEmpty && !stopping { _ = condition.wait(until: Date().addingTimeInterval(wait)) }
         var batch: [[UInt8]] = []
         var size = 0
-        for e in events[head...] {
+        for e in events {
             guard batch.count < maxEvents, size + e.count + 1 <= maxBytes - 64 || batch.isEmpty else { break }
             batch.append(e)
             size += e.count + 1
@@ -159,7 +159,7 @@ final class AnalyticsSpool: @unchecked Sendable {
         return batch
     }
 
-    var count: Int { condition.withLock { events.count - head } }
+    var count: Int { condition.withLock { events.count } }
 
     /// The spool file's length, what is buffered for it included.
     var fileBytes: Int { condition.withLock { Int(fileLength) + unwritten.count } }
@@ -169,19 +169,10 @@ final class AnalyticsSpool: @unchecked Sendable {
     func remove(_ n: Int) {
         condition.lock()
         defer { condition.unlock() }
-        let end = min(head + n, events.count)
-        for i in head..<end {
-            bytes -= events[i].count
-            deliveredBytes += events[i].count + 1
-            events[i] = []
-        }
-        head = end
-        if head == events.count {
-            events.removeAll(keepingCapacity: true)
-            head = 0
-        } else if head > 4096 && head * 2 > events.count {
-            events.removeFirst(head)
-            head = 0
+        for _ in 0..<min(n, events.count) {
+            let event = events.removeFirst()
+            bytes -= event.count
+            deliveredBytes += event.count + 1
         }
         condition.broadcast()  // room for an append waiting on a full spool
     }
@@ -193,7 +184,7 @@ final class AnalyticsSpool: @unchecked Sendable {
     /// `compactBytes`, and at least what the rewrite copies (the undelivered events), so that
     /// the copying costs at most once more what was delivered.
     var compactionDue: Bool {
-        condition.withLock { deliveredBytes >= max(compactBytes, bytes + events.count - head) }
+        condition.withLock { deliveredBytes >= max(compactBytes, bytes + events.count) }
     }
 
     /// Drops the delivered events from the file: `syncDestination` first makes them durable
@@ -206,8 +197,8 @@ final class AnalyticsSpool: @unchecked Sendable {
         condition.lock()
         defer { condition.unlock() }
         var kept: [UInt8] = []
-        kept.reserveCapacity(bytes + events.count - head)
-        for e in events[head...] {
+        kept.reserveCapacity(bytes + events.count)
+        for e in events {
             kept += e
             kept.append(0x0A)
         }

@@ -28,7 +28,7 @@ final class EventConnectionHandler: ChannelDuplexHandler {
         var bytes: Int
     }
 
-    private let writer: JournalWriter
+    private let writer: any EventJournal
     private let live: LiveConfiguration
     private var generation: Int
     private let counters: DaemonMetrics
@@ -46,7 +46,7 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     private var wroteSinceFlush = false
 
     init(
-        writer: JournalWriter, live: LiveConfiguration, credentials: PeerCredentials, connectionID: UInt64,
+        writer: any EventJournal, live: LiveConfiguration, credentials: PeerCredentials, connectionID: UInt64,
         counters: DaemonMetrics, limiter: SenderRateLimiter
     ) {
         self.writer = writer

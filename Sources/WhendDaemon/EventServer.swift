@@ -26,14 +26,14 @@ final class EventServer: Sendable {
     private let group: MultiThreadedEventLoopGroup
     private let listener: UnixListener
     private let live: LiveConfiguration
-    private let writer: JournalWriter
+    private let writer: any EventJournal
     private let metrics: DaemonMetrics
     private let limiter: SenderRateLimiter
     private let currentLogger: @Sendable () -> Logger
     private var logger: Logger { currentLogger() }
 
     init(
-        group: MultiThreadedEventLoopGroup, listener: UnixListener, live: LiveConfiguration, writer: JournalWriter,
+        group: MultiThreadedEventLoopGroup, listener: UnixListener, live: LiveConfiguration, writer: any EventJournal,
         metrics: DaemonMetrics, limiter: SenderRateLimiter, logger: @escaping @Sendable () -> Logger
     ) {
         self.group = group

@@ -59,9 +59,15 @@ final class SenderRateLimiter: Sendable {
     }
 
     private let state: NIOLockedValueBox<State>
+    /// Monotonic nanoseconds: the system's uptime, or a test's own clock.
+    private let now: @Sendable () -> UInt64
 
-    init(rate: Double, burst: Double, by: RateLimitKey) {
+    init(
+        rate: Double, burst: Double, by: RateLimitKey,
+        now: @escaping @Sendable () -> UInt64 = { DispatchTime.now().uptimeNanoseconds }
+    ) {
         state = NIOLockedValueBox(State(rate: rate, burst: burst, by: by))
+        self.now = now
     }
 
     func reconfigure(rate: Double, burst: Double, by: RateLimitKey) {
@@ -73,7 +79,7 @@ final class SenderRateLimiter: Sendable {
 
     /// Takes one event's token for the sender of a connection; false when it must be refused.
     func take(credentials: PeerCredentials, connection: UInt64) -> Bool {
-        let now = DispatchTime.now().uptimeNanoseconds
+        let now = self.now()
         return state.withLockedValue { s in
             guard s.rate > 0 else { return true }
             let sender: Sender
@@ -97,7 +103,7 @@ final class SenderRateLimiter: Sendable {
     /// What was suppressed since the last call, per sender; forgets senders whose bucket has
     /// refilled, so that memory follows the senders of the last interval, not all there were.
     func takeReport() -> [Suppressed] {
-        let now = DispatchTime.now().uptimeNanoseconds
+        let now = self.now()
         return state.withLockedValue { s in
             var report: [Suppressed] = []
             let (rate, burst) = (s.rate, s.burst)

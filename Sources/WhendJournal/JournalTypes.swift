@@ -101,4 +101,26 @@ package struct JournalStatistics: Sendable {
     package var commits: UInt64
     package var bytesWritten: UInt64
     package var failing: String?
+
+    /// A journal whose last record is `lastSeq`, before any commit.
+    package init(lastSeq: UInt64) {
+        self.lastSeq = lastSeq
+        writtenThrough = lastSeq
+        recordsStored = 0
+        duplicatesSkipped = 0
+        commits = 0
+        bytesWritten = 0
+    }
+}
+
+/// What the ingest and control paths ask of the journal: take a batch and say, once, whether it
+/// is stored; how many bytes wait to be (the connections' back-pressure); and the figures for
+/// status. `JournalWriter` is the journal; a test of those paths may give them one in memory.
+package protocol EventJournal: AnyObject, Sendable {
+    /// Queues `batch`; `completion` is called once, off the caller's thread, when it is stored
+    /// or cannot be.
+    func submit(_ batch: JournalBatch, completion: @escaping @Sendable (JournalCommit) -> Void)
+    /// Bytes of record bodies submitted and not yet committed.
+    var pendingBytes: Int { get }
+    var statistics: JournalStatistics { get }
 }

@@ -13,7 +13,7 @@ import WhendWire
 /// Thread safety: `queue`, `pendingBytesStorage`, `thread.isStopping`, `stats` and the accepted configuration are guarded by
 /// `condition`; every other
 /// stored property is touched only by the writer thread once `start()` has been called.
-package final class JournalWriter: @unchecked Sendable {
+package final class JournalWriter: EventJournal, @unchecked Sendable {
     package typealias Completion = @Sendable (JournalCommit) -> Void
     /// Told of every successful commit on the writer thread: records stored, bytes written
     /// (uncompressed) and how long the write and its sync took, in seconds.
@@ -129,9 +129,7 @@ package final class JournalWriter: @unchecked Sendable {
         self.dedup = dedup
         self.nextSeq = lastSeq + 1
         self.compressor = ZstdCompressor(level: configuration.compressionLevel)
-        self.stats = JournalStatistics(
-            lastSeq: lastSeq, writtenThrough: lastSeq, recordsStored: 0, duplicatesSkipped: 0, commits: 0,
-            bytesWritten: 0)
+        self.stats = JournalStatistics(lastSeq: lastSeq)
     }
 
     /// Syncs every segment that holds records from `_seq` `from` on, and the directory, before

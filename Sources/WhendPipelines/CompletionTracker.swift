@@ -1,5 +1,6 @@
 import CLinux
 import CWhendPlugin
+import DequeModule
 import Foundation
 import Logging
 import Synchronization
@@ -15,15 +16,13 @@ package final class CompletionTracker: @unchecked Sendable {
     private let lock = NSCondition()
     /// Acknowledgements of derived records each record still waits for.
     private var derived: [UInt64: Int] = [:]
-    /// The records in `derived`, in the order accepted (ascending), from `derivedHead` on; some
+    /// The records in `derived`, in the order accepted (ascending); some
     /// may be done already (removed from `derived`): the watermark skips them.
-    private var derivedOrder: [UInt64] = []
-    private var derivedHead = 0
+    private var derivedOrder: Deque<UInt64> = []
     /// Acknowledgements that came before the worker marked the record accepted.
     private var earlyDerived: [UInt64: Int] = [:]
-    /// Records the deferred stage has, in order (from `deferredHead` on), not completed yet.
-    private var deferred: [UInt64] = []
-    private var deferredHead = 0
+    /// Records the deferred stage has, in order, not completed yet.
+    private var deferred: Deque<UInt64> = []
     /// Completed one by one out of order, not yet at the head.
     private var completedOutOfOrder: Set<UInt64> = []
     /// Everything up to here is completed (the deferred stage said so with `completeThrough`).
@@ -66,12 +65,10 @@ package final class CompletionTracker: @unchecked Sendable {
     package func complete(_ seq: UInt64) {
         lock.withLock {
             guard seq > completedThrough else { return }
-            if deferredHead < deferred.count && deferred[deferredHead] == seq {
-                deferredHead += 1
-                while deferredHead < deferred.count, completedOutOfOrder.remove(deferred[deferredHead]) != nil {
-                    deferredHead += 1
-                }
-                compact()
+            if deferred.first == seq {
+                deferred.removeFirst()
+                while let next = deferred.first, completedOutOfOrder.remove(next) != nil { deferred.removeFirst() }
+                wakeDrainersIfIdle()
             } else {
                 // Bounded: completions of records never accepted must not grow this.
                 if completedOutOfOrder.count >= 1 << 20 { completedOutOfOrder.removeAll() }
@@ -87,24 +84,15 @@ package final class CompletionTracker: @unchecked Sendable {
             // Past those completed one by one too: a stage may use both calls, and a record it
             // completed alone just after `seq` left the head there for good (the cursor stuck,
             // retention held back; found by CompletionLedgerTests).
-            while deferredHead < deferred.count,
-                deferred[deferredHead] <= seq || completedOutOfOrder.remove(deferred[deferredHead]) != nil
-            {
-                deferredHead += 1
+            while let next = deferred.first, next <= seq || completedOutOfOrder.remove(next) != nil {
+                deferred.removeFirst()
             }
-            compact()
+            wakeDrainersIfIdle()
         }
     }
 
-    private func compact() {
-        if deferredHead == deferred.count {
-            deferred.removeAll(keepingCapacity: true)
-            deferredHead = 0
-            lock.broadcast()
-        } else if deferredHead > 4096 && deferredHead * 2 > deferred.count {
-            deferred.removeFirst(deferredHead)
-            deferredHead = 0
-        }
+    private func wakeDrainersIfIdle() {
+        if deferred.isEmpty { lock.broadcast() }
     }
 
     /// The highest `_seq` up to which everything handled is finished.
@@ -112,16 +100,9 @@ package final class CompletionTracker: @unchecked Sendable {
         lock.withLock {
             var mark = cursor
             // The oldest still waiting: amortised O(1), where `derived.keys.min()` was a scan.
-            while derivedHead < derivedOrder.count, derived[derivedOrder[derivedHead]] == nil { derivedHead += 1 }
-            if derivedHead == derivedOrder.count {
-                derivedOrder.removeAll(keepingCapacity: true)
-                derivedHead = 0
-            } else if derivedHead > 4096 && derivedHead * 2 > derivedOrder.count {
-                derivedOrder.removeFirst(derivedHead)
-                derivedHead = 0
-            }
-            if derivedHead < derivedOrder.count { mark = min(mark, derivedOrder[derivedHead] - 1) }
-            if deferredHead < deferred.count { mark = min(mark, deferred[deferredHead] - 1) }
+            while let oldest = derivedOrder.first, derived[oldest] == nil { derivedOrder.removeFirst() }
+            if let oldest = derivedOrder.first { mark = min(mark, oldest - 1) }
+            if let oldest = deferred.first { mark = min(mark, oldest - 1) }
             return mark
         }
     }
@@ -130,7 +111,7 @@ package final class CompletionTracker: @unchecked Sendable {
     func drain(seconds: Double) {
         let deadline = Date().addingTimeInterval(seconds)
         lock.withLock {
-            while !(derived.isEmpty && deferredHead == deferred.count) && lock.wait(until: deadline) {}
+            while !(derived.isEmpty && deferred.isEmpty) && lock.wait(until: deadline) {}
         }
     }
 }

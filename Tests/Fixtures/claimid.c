@@ -2,21 +2,12 @@
  * record that carries an app, a session and an id — {"app":"victim","session":"s","id":"dN"},
  * N the claim's _seq — as a client's event could, and passes the record on. */
 #define _GNU_SOURCE /* memmem */
-#include "whend_plugin.h"
+#include "stateless.h"
 #include <stdio.h>
 #include <string.h>
 
 const uint32_t whend_plugin_abi_version = WHEND_PLUGIN_ABI_VERSION;
 
-static void *create(const whend_host *host, const char *config, size_t length, char *error, size_t capacity) {
-    (void)config;
-    (void)length;
-    (void)error;
-    (void)capacity;
-    return (void *)host;
-}
-
-static void destroy(void *instance) { (void)instance; }
 
 static int handle(void *instance, const whend_record *record, whend_next_fn next, void *next_context, char *message,
                   size_t capacity) {

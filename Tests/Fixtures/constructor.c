@@ -2,7 +2,7 @@
  * dlopen before anything else of it, appends the loading process's pid to the file MARKER (a
  * compile-time define), then writes a forged report to descriptor 3 and closes 3 and 4. It passes
  * every record on unchanged. */
-#include "whend_plugin.h"
+#include "stateless.h"
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -25,12 +25,6 @@ __attribute__((constructor)) static void loaded(void) {
     close(4);
 }
 
-static void *create(const whend_host *host, const char *config, size_t length, char *error, size_t capacity) {
-    (void)config, (void)length, (void)error, (void)capacity;
-    return (void *)host;
-}
-
-static void destroy(void *instance) { (void)instance; }
 
 static int handle(void *instance, const whend_record *record, whend_next_fn next, void *next_context, char *message,
                   size_t capacity) {

@@ -3,7 +3,7 @@
  * middleware it passes each event on with one member more, "pretty", written over four lines.
  * Built with -DPRETTY_PIPELINE it is a pipeline plugin instead, deriving such a record from
  * every record named "derive". */
-#include "whend_plugin.h"
+#include "stateless.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,12 +12,6 @@ const uint32_t whend_plugin_abi_version = WHEND_PLUGIN_ABI_VERSION;
 
 static const char pretty_member[] = "\n\t\"pretty\" :{\n\t\"a\": [1,\n 2],\r\n \"s\": \"caf\\u00e9 \\/ \\ud83d\\ude00\"\n},";
 
-static void *create(const whend_host *host, const char *config, size_t length, char *error, size_t capacity) {
-    (void)config, (void)length, (void)error, (void)capacity;
-    return (void *)host;
-}
-
-static void destroy(void *instance) { (void)instance; }
 
 static int handle(void *instance, const whend_record *record, whend_next_fn next, void *next_context, char *message,
                   size_t capacity) {

@@ -11,9 +11,10 @@ import WhendWire
 @testable import WhendDaemon
 @testable import WhendPluginHost
 
-/// The event connection's handler on its own: NIO's test channel in front of a real journal
-/// writer. What a client sees of framing, acks, half-close, back-pressure and a graceful drain,
-/// without a socket or a process in between.
+/// The event connection's handler on its own: NIO's test channel in front of a journal in memory
+/// that commits when the test says. What a client sees of framing, acks, half-close,
+/// back-pressure, a failed commit and a graceful drain, step by step, without a socket, a disk
+/// or a process in between (the real journal under a real daemon: ProtocolTests).
 @Suite struct ConnectionHandlerTests {
     /// Counts the reads the handler lets through to the transport.
     final class ReadCounter: ChannelOutboundHandler, @unchecked Sendable {
@@ -28,9 +29,8 @@ import WhendWire
 
     struct Connection {
         let channel: NIOAsyncTestingChannel
-        let writer: JournalWriter
+        let writer: InMemoryJournal
         let reads: ReadCounter
-        let directory: String
 
         /// Sends `text` as one read.
         func send(_ text: String) async throws {
@@ -70,23 +70,15 @@ import WhendWire
             return !channel.isActive
         }
 
-        func close() {
-            writer.shutdown()
-        }
+        func close() {}
     }
 
     func connect(
         _ name: String, startWriter: Bool = true, configure: (inout DaemonConfiguration) -> Void = { _ in }
     ) async throws -> Connection {
-        let directory = scratchDirectory(name)
-        var configuration = DaemonConfiguration(environment: ["HOME": directory])
-        configuration.setStateDirectory(directory + "/state")
-        // What is tested here does not depend on fsync, whose latency a busy disk stretches.
-        configuration.journal.durability = .write
+        var configuration = DaemonConfiguration(environment: ["HOME": "/nonexistent"])
         configure(&configuration)
-        try DurableFile.createDirectory(configuration.journal.directory.path)
-        let writer = try JournalWriter(configuration: configuration.journal)
-        if startWriter { writer.start() }
+        let writer = InMemoryJournal(startWriter ? .automatic : .manual)
         let live = LiveConfiguration(configuration)
         let channel = NIOAsyncTestingChannel()
         let reads = ReadCounter()
@@ -100,8 +92,7 @@ import WhendWire
             try channel.pipeline.syncOperations.addHandler(handler)
         }
         try await channel.connect(to: SocketAddress(unixDomainSocketPath: "/whend-test")).get()
-        return Connection(
-            channel: channel, writer: writer, reads: reads, directory: configuration.journal.directory.path)
+        return Connection(channel: channel, writer: writer, reads: reads)
     }
 
     static let hello = #"{"hello":{"protocol":1,"app":"a","session":"s","acks":true}}"# + "\n"
@@ -175,6 +166,37 @@ import WhendWire
         // The read held back is let through once the batch is stored.
         #expect(try await c.channel.testingEventLoop.executeInContext { c.reads.reads } >= 1)
         #expect(try await readGoesThrough())
+    }
+
+    /// A batch the journal cannot store is answered `unavailable`, event by event, with what
+    /// the journal said; nothing of it is stored, and the connection carries on: the next batch
+    /// is stored and acknowledged once the journal can again.
+    @Test func aBatchTheJournalCannotStoreIsRefusedEventByEventAndTheConnectionCarriesOn() async throws {
+        let c = try await connect("h-fail", startWriter: false)
+        defer { c.close() }
+        try await c.send(Self.hello + Self.events(1...3))
+        c.writer.fail(with: .cannotStore("No space left on device"))
+        c.writer.commit()
+        let refused = try await c.replies(atLeast: 5)
+        let errors = refused.compactMap { line -> (code: String, line: Int, message: String)? in
+            guard let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
+                let error = o["error"] as? [String: Any], let code = error["code"] as? String,
+                let number = error["event"] as? Int
+            else { return nil }
+            return (code, number, error["message"] as? String ?? "")
+        }
+        #expect(errors.map(\.code) == ["unavailable", "unavailable", "unavailable"], "\(refused)")
+        #expect(errors.map(\.line) == [1, 2, 3], "\(refused)")
+        #expect(errors.allSatisfy { $0.message.contains("No space left on device") }, "\(refused)")
+        #expect(refused.last == #"{"ack":3}"#, "\(refused)")
+        #expect(c.writer.bodies.isEmpty)
+
+        c.writer.fail(with: nil)
+        c.writer.start()
+        try await c.send(Self.events(4...5))
+        let stored = try await c.replies(atLeast: 1)
+        #expect(stored.last == #"{"ack":5}"#, "\(stored)")
+        #expect(c.writer.bodies.count == 2)
     }
 
     /// At a graceful stop the connection is drained: what it sent is stored, the last ack goes

@@ -44,18 +44,14 @@ extension LocalBoundaryTests {
         try daemon.start()
         defer { daemon.stop() }
         func noisy(_ i: Int) -> String {
-            let noise = (0..<300).map { _ in String(UInt8.random(in: 0...255), radix: 16) }.joined()
+            let noise = incompressible(300)
             return #"{"type":"when","name":"n","id":"n\#(i)","params":{"noise":"\#(noise)"}}"#
         }
         let hello = #"{"hello":{"protocol":1,"app":"com.example.full","session":"f-1","acks":true}}"#
         #expect(
             try exchange(daemon.socketPath, [hello, #"{"type":"navigation","action":"root","screen":"A"}"#]).acks.last
                 == 1)
-        let filler = stateDirectory + "/filler"
-        let fd = open(filler, O_WRONLY | O_CREAT, 0o600)
-        let block = [UInt8](repeating: 1, count: 4096)
-        while write(fd, block, block.count) > 0 {}
-        close(fd)
+        let filler = fillFileSystem(under: stateDirectory)
         let answers = try exchange(daemon.socketPath, [hello] + (1...40).map(noisy))
         let refused = Set(answers.errors.filter { $0.code == "unavailable" }.compactMap(\.event))
         #expect(!refused.isEmpty, "the filesystem never filled")

@@ -290,14 +290,10 @@ import WhendWire
             try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"screen","name":"Before","id":"b"}"#]).acks.last
                 == 1)
         // Fill the filesystem completely.
-        let filler = stateDirectory + "/filler"
-        let fd = open(filler, O_WRONLY | O_CREAT, 0o600)
-        let block = [UInt8](repeating: 1, count: 4096)
-        while write(fd, block, block.count) > 0 {}
-        close(fd)
+        let filler = fillFileSystem(under: stateDirectory)
         // Incompressible events, so that the journal must grow.
         func noisy(_ i: Int) -> String {
-            let noise = (0..<600).map { _ in String(UInt8.random(in: 0...255), radix: 16) }.joined()
+            let noise = incompressible(600)
             return #"{"type":"when","name":"n","id":"n\#(i)","params":{"noise":"\#(noise)"}}"#
         }
         let answers = try exchange(daemon.socketPath, [helloWithAcks] + (1...50).map(noisy))

@@ -286,3 +286,20 @@ func pluginDirectory(in parent: String) throws -> String {
     chmod(plugins, 0o755)
     return plugins
 }
+
+/// Fills the file system `directory` is on until a write fails for want of space. Returns the
+/// file that fills it (unlink it to make room again).
+@discardableResult
+func fillFileSystem(under directory: String) -> String {
+    let filler = directory + "/filler"
+    let fd = open(filler, O_WRONLY | O_CREAT, 0o600)
+    let block = [UInt8](repeating: 1, count: 4096)
+    while write(fd, block, block.count) > 0 {}
+    close(fd)
+    return filler
+}
+
+/// Random hex of `count` bytes' worth: what no compressor makes smaller, so the journal grows.
+func incompressible(_ count: Int) -> String {
+    (0..<count).map { _ in String(UInt8.random(in: 0...255), radix: 16) }.joined()
+}

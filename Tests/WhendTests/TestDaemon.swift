@@ -69,6 +69,7 @@ final class TestDaemon: @unchecked Sendable {
 
     /// Starts whend and waits until its sockets accept connections.
     func start() throws {
+        Self.tally(mode)
         _ = FileManager.default.createFile(atPath: logPath, contents: nil)
         let exited: () -> Bool
         switch mode {
@@ -113,6 +114,18 @@ final class TestDaemon: @unchecked Sendable {
 
     /// Started, and not stopped or dead.
     var isRunning: Bool { process?.isRunning ?? embedded.map { !$0.hasEnded } ?? false }
+
+    /// With WHEND_TEST_DAEMON_TALLY=FILE, a line there for each start: the mode and the test,
+    /// for counting the tests that need a process of whend's own.
+    private static func tally(_ mode: DaemonMode) {
+        guard let file = ProcessInfo.processInfo.environment["WHEND_TEST_DAEMON_TALLY"] else { return }
+        let test = Test.current.map { "\($0.id)" } ?? "?"
+        let fd = open(file, O_WRONLY | O_CREAT | O_APPEND, 0o644)
+        guard fd >= 0 else { return }
+        defer { close(fd) }
+        let line = Array("\(mode) \(test)\n".utf8)
+        _ = line.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+    }
 
     var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
 

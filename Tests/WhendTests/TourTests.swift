@@ -144,8 +144,11 @@ import WhendWire
         }
         let script = Self.script(steps, root: root, whend: executable("whend"))
         let p = Process()
-        p.executableURL = URL(fileURLWithPath: "/bin/bash")
-        p.arguments = ["-c", script]
+        // As in a reader's terminal: a pipeline's writer ends when its reader does. This process
+        // ignores SIGPIPE (NIO does, for the sockets of the daemons tests run in it), children
+        // would inherit that, and `jq | head` would then print "Broken pipe".
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        p.arguments = ["--default-signal=PIPE", "/bin/bash", "-c", script]
         p.environment = environment
         let out = Pipe()
         p.standardOutput = out
