@@ -69,7 +69,7 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
             }
         }
         #expect(eventually { journeys.keys.allSatisfy { views($0).count >= 3 } })
-        usleep(300_000)  // anything more would be a fourth view: give it the time to show
+        #expect(try daemon.waitForPipelinesToCatchUp())  // a fourth view would be stored by now
         daemon.stop()
         for session in journeys.keys {
             let v = views(session)
@@ -95,7 +95,7 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
                 + [lifecycle("CharacterDetail", "willAppear"), lifecycle("CharacterDetail", "didAppear")])
         func records(_ type: String) -> [[String: Any]] { daemon.records().filter { $0["type"] as? String == type } }
         #expect(eventually { records("diagnostic").count >= 3 })
-        usleep(300_000)
+        #expect(try daemon.waitForPipelinesToCatchUp())
         daemon.stop()
         #expect(
             records("diagnostic").map { $0["problem"] as? String } == [
@@ -123,7 +123,7 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
         ]
         try sendSession(daemon, app: "com.example.mail", session: "e-1", events)
         #expect(eventually(30) { server.requests.count >= 3 })
-        usleep(500_000)
+        #expect(try daemon.waitForPipelinesToCatchUp())  // analytics' cursor passes what it delivered
         daemon.stop()
         server.stop()
 
@@ -303,7 +303,7 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
             ])
         try sendSession(daemon, app: "com.example.other", session: "o", [#"{"type":"when","name":"elsewhere"}"#])
         #expect(eventually { server.requests.count >= 1 })
-        usleep(500_000)
+        #expect(try daemon.waitForPipelinesToCatchUp())
         try sendSession(daemon, app: "com.example.mail", session: "m", [#"{"type":"when","name":"second"}"#])
         #expect(eventually { server.requests.count >= 2 })
         let file = daemon.stateDirectory + "/plugins/analytics/events.ndjson"
@@ -317,7 +317,7 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
             return all.compactMapValues { ($0 as? NSNumber)?.intValue }
         }
         #expect(eventually { counters()["events_dropped"] == 1 && counters()["events_sent", default: 0] >= 1 })
-        usleep(500_000)
+        #expect(try daemon.waitForPipelinesToCatchUp())
         #expect(counters()["events_sent"] == 1, "\(counters())")
         daemon.stop()
         server.stop()
