@@ -21,7 +21,7 @@ func builtinPipelineDaemon(_ name: String, keeping kept: String, settings: [Stri
 /// false if none runs within 5 s.
 private func killWorker(_ daemon: TestDaemon, _ pipeline: String) -> Bool {
     var pid = 0
-    _ = eventually(5) {
+    _ = eventually(30) {  // a restart waits out its backoff, longer on a busy machine
         let entry = try? daemon.pipeline(pipeline)
         pid = entry?["state"] as? String == "running" ? entry?["pid"] as? Int ?? 0 : 0
         return pid > 0
