@@ -1,13 +1,14 @@
-import Foundation
+import WhendWire
 
 /// Walks a JSON text and rewrites string values in place: everything it does not rewrite stays
-/// byte for byte as written (order, spacing, escapes).
+/// byte for byte as written (order, spacing, escapes). The text is tokenized by `JSONScanner`,
+/// the one JSON scanner of whend (strings, numbers, literals, whitespace, the depth limit); the
+/// walker follows its objects and arrays, decides which values lie within a secret member, and
+/// splices the rewrites into the text.
 struct JSONSpanWalker {
     private let bytes: [UInt8]
-    private var i = 0
-    private var copied = 0
-    private var depth = 0
-    private var output: [UInt8] = []
+    /// The rewrites, in the order of the text: each range of `bytes` and what replaces it.
+    private var edits: [(range: Range<Int>, replacement: [UInt8])] = []
     /// Called for each string value with whether it lies within a secret member; returns its
     /// replacement (a string), or nil to keep it.
     private var visit: (String, Bool) -> String? = { _, _ in nil }
@@ -18,139 +19,128 @@ struct JSONSpanWalker {
 
     init(_ bytes: [UInt8]) { self.bytes = bytes }
 
-    var result: String { String(decoding: output + bytes[copied...], as: UTF8.self) }
+    var result: String {
+        var output: [UInt8] = []
+        output.reserveCapacity(bytes.count)
+        var copied = 0
+        for edit in edits {
+            output += bytes[copied..<edit.range.lowerBound]
+            output += edit.replacement
+            copied = edit.range.upperBound
+        }
+        return String(decoding: output + bytes[copied...], as: UTF8.self)
+    }
 
-    /// Whether the text was one JSON value (with only whitespace around it).
+    /// Whether the text was one JSON value (with only whitespace around it). Values nested
+    /// deeper than `JSONScanner.maxDepth` (`Secrets.maximumDepth`) are refused, not recursed
+    /// into. Strings are visited in the order of the text as the scan reaches them: on text
+    /// that is not JSON, those before the fault are.
     mutating func walk(_ visit: @escaping (String, Bool) -> String?) -> Bool {
         self.visit = visit
-        i = 0
-        copied = 0
-        output = []
-        skipSpace()
-        guard value(secret: false, headers: false) else { return false }
-        skipSpace()
-        return i == bytes.count
-    }
-
-    private mutating func skipSpace() {
-        while i < bytes.count, bytes[i] == 0x20 || bytes[i] == 0x0A || bytes[i] == 0x0D || bytes[i] == 0x09 { i += 1 }
-    }
-
-    private mutating func replace(_ range: Range<Int>, with replacement: [UInt8]) {
-        output += bytes[copied..<range.lowerBound]
-        output += replacement
-        copied = range.upperBound
-    }
-
-    /// A value within a secret member (`secret`), or the value of a `headers` member.
-    private mutating func value(secret: Bool, headers: Bool) -> Bool {
-        guard i < bytes.count else { return false }
-        // Deeper than a configuration may be (`Secrets.maximumDepth`): refused, not recursed into.
-        depth += 1
-        defer { depth -= 1 }
-        guard depth <= Secrets.maximumDepth + 1 else { return false }
-        switch bytes[i] {
-        case UInt8(ascii: "{"):
-            if headers { return object(memberSecret: { _ in true }, secret: secret) }
-            return object(memberSecret: { secret || Secrets.isSecretMember($0) }, secret: secret)
-        case UInt8(ascii: "["):
-            i += 1
-            skipSpace()
-            if i < bytes.count, bytes[i] == UInt8(ascii: "]") {
-                i += 1
-                return true
+        edits = []
+        let bytes = self.bytes
+        return bytes.withUnsafeBufferPointer { buffer in
+            var scanner = JSONScanner(buffer)
+            do throws(WireError) {
+                try value(&scanner, depth: 0, secret: false, headers: false)
+            } catch {
+                return false
             }
-            while true {
-                skipSpace()
-                guard value(secret: secret || headers, headers: false) else { return false }
-                skipSpace()
-                guard i < bytes.count else { return false }
-                if bytes[i] == UInt8(ascii: ",") {
-                    i += 1
-                    continue
-                }
-                guard bytes[i] == UInt8(ascii: "]") else { return false }
-                i += 1
-                return true
-            }
-        case UInt8(ascii: "\""):
-            let start = i
-            guard let decoded = string() else { return false }
-            if let replacement = visit(decoded, secret || headers) {
-                replace(start..<i, with: Secrets.jsonString(replacement))
-            }
-            return true
-        default:
-            // A number or a literal: as a secret, it prints as one.
-            let start = i
-            while i < bytes.count, !",]} \n\r\t".utf8.contains(bytes[i]) { i += 1 }
-            let token = bytes[start..<i]
-            guard !token.isEmpty,
-                (try? JSONSerialization.jsonObject(with: Data(token), options: [.fragmentsAllowed])) != nil
-            else { return false }
-            if secret || headers {
-                // Seen by `values(in:)` too: a plugin may print a numeric secret in a message.
-                _ = visit(String(decoding: token, as: UTF8.self), true)
-                replace(start..<i, with: Secrets.jsonString(Secrets.mask))
-            }
-            return true
+            scanner.skipWhitespace()
+            return scanner.atEnd
         }
     }
 
-    private mutating func object(memberSecret: (String) -> Bool, secret: Bool) -> Bool {
-        i += 1
-        skipSpace()
-        if i < bytes.count, bytes[i] == UInt8(ascii: "}") {
-            i += 1
-            return true
+    /// Walks the value at the scanner's position (after whitespace), `depth` levels in as
+    /// `JSONScanner.scanValue` counts them, within a secret member (`secret`) or as the value
+    /// of a `headers` member, and leaves the position after it.
+    private mutating func value(_ scanner: inout JSONScanner, depth: Int, secret: Bool, headers: Bool)
+        throws(WireError)
+    {
+        scanner.skipWhitespace()
+        let open = scanner.peek()
+        guard open == UInt8(ascii: "{") || open == UInt8(ascii: "[") else {
+            return try scalar(&scanner, depth: depth, secret: secret || headers)
+        }
+        // As `JSONScanner` refuses it, before recursing.
+        guard depth < JSONScanner.maxDepth else {
+            throw WireError(.invalidJSON, "values nest deeper than \(JSONScanner.maxDepth) levels")
+        }
+        let close = open == UInt8(ascii: "{") ? UInt8(ascii: "}") : UInt8(ascii: "]")
+        scanner.position += 1
+        scanner.skipWhitespace()
+        if scanner.peek() == close {
+            scanner.position += 1
+            return
         }
         while true {
-            skipSpace()
-            let nameStart = i
-            guard i < bytes.count, bytes[i] == UInt8(ascii: "\""), let name = string() else { return false }
-            if visitsNames, let replacement = visit(name, false) {
-                replace(nameStart..<i, with: Secrets.jsonString(replacement))
+            if open == UInt8(ascii: "{") {
+                try member(&scanner, depth: depth + 1, secret: secret, headers: headers)
+            } else {
+                try value(&scanner, depth: depth + 1, secret: secret || headers, headers: false)
             }
-            skipSpace()
-            guard i < bytes.count, bytes[i] == UInt8(ascii: ":") else { return false }
-            i += 1
-            skipSpace()
-            let isHeaders = !secret && Secrets.isHeadersMember(name)
-            let valueSecret = memberSecret(name)
-            guard value(secret: valueSecret, headers: isHeaders && !valueSecret) else { return false }
-            skipSpace()
-            guard i < bytes.count else { return false }
-            if bytes[i] == UInt8(ascii: ",") {
-                i += 1
-                continue
+            scanner.skipWhitespace()
+            guard scanner.peek() == UInt8(ascii: ",") else { break }
+            scanner.position += 1
+        }
+        try scanner.expect(close, "',' or '\(Character(Unicode.Scalar(close)))'")
+    }
+
+    /// One member of an object within a secret member (`secret`) or the value of a `headers`
+    /// member (each of whose values is a secret), `depth` levels in.
+    private mutating func member(_ scanner: inout JSONScanner, depth: Int, secret: Bool, headers: Bool)
+        throws(WireError)
+    {
+        scanner.skipWhitespace()
+        let start = scanner.position
+        let (key, escaped) = try scanner.scanString()
+        let name = try string(in: scanner.bytes, key, escaped: escaped)
+        if visitsNames, let replacement = visit(name, false) {
+            edits.append((start..<scanner.position, Secrets.jsonString(replacement)))
+        }
+        try scanner.expect(UInt8(ascii: ":"), "':' after a key")
+        let valueSecret = headers || secret || Secrets.isSecretMember(name)
+        let isHeaders = !secret && Secrets.isHeadersMember(name)
+        try value(&scanner, depth: depth, secret: valueSecret, headers: isHeaders && !valueSecret)
+    }
+
+    /// A string, a number or a literal, within a secret member or not.
+    private mutating func scalar(_ scanner: inout JSONScanner, depth: Int, secret: Bool) throws(WireError) {
+        let (kind, range) = try scanner.scanValue(depth: depth)
+        let buffer = scanner.bytes
+        if kind == .string {
+            let raw = range.lowerBound + 1..<range.upperBound - 1
+            let decoded = try string(in: buffer, raw, escaped: scanner.lastValueHadEscapes)
+            if let replacement = visit(decoded, secret) {
+                edits.append((range, Secrets.jsonString(replacement)))
             }
-            guard bytes[i] == UInt8(ascii: "}") else { return false }
-            i += 1
-            return true
+            return
+        }
+        // Beyond a Double, a number is refused, as `Settings` (Foundation's JSON reader) refuses
+        // it; and one that runs on (`7825n59`) is refused before any of it is visited.
+        let token = String(decoding: buffer[range], as: UTF8.self)
+        guard kind != .number || Double(token)?.isFinite == true else {
+            throw WireError(.invalidJSON, "a number beyond a Double")
+        }
+        if let next = scanner.peek(), !" \t\n\r,]}".utf8.contains(next) {
+            throw scanner.syntaxError("expected ',' or the end of a container")
+        }
+        if secret {
+            // As a secret, it prints as one. Seen by `values(in:)` too: a plugin may print a
+            // numeric secret in a message.
+            _ = visit(token, true)
+            edits.append((range, Secrets.jsonString(Secrets.mask)))
         }
     }
 
-    /// The string at `i` (its opening quote), decoded; `i` moves past its closing quote.
-    private mutating func string() -> String? {
-        let start = i
-        i += 1
-        var escaped = false
-        while i < bytes.count {
-            let b = bytes[i]
-            i += 1
-            if escaped {
-                escaped = false
-            } else if b == UInt8(ascii: "\\") {
-                escaped = true
-            } else if b == UInt8(ascii: "\"") {
-                let token = bytes[start..<i]
-                if !token.contains(UInt8(ascii: "\\")) {
-                    guard token.allSatisfy({ $0 >= 0x20 }) else { return nil }
-                    return String(validating: token.dropFirst().dropLast(), as: UTF8.self)
-                }
-                return (try? JSONSerialization.jsonObject(with: Data(token), options: [.fragmentsAllowed])) as? String
-            }
+    /// The string whose raw contents (as `JSONScanner.scanString` delimits them) are `raw`,
+    /// decoded (`decodedJSONString`).
+    private func string(in buffer: UnsafeBufferPointer<UInt8>, _ raw: Range<Int>, escaped: Bool) throws(WireError)
+        -> String
+    {
+        guard let decoded = decodedJSONString(UnsafeBufferPointer(rebasing: buffer[raw]), hasEscapes: escaped) else {
+            throw WireError(.invalidJSON, "a string that is not UTF-8 or holds a lone surrogate")
         }
-        return nil
+        return decoded
     }
 }

@@ -408,6 +408,28 @@ package func decodeJSONString(_ raw: UnsafeBufferPointer<UInt8>) -> [UInt8] {
     return out
 }
 
+/// The string whose raw contents (as `JSONScanner.scanString` delimits them, already
+/// validated) are `raw`, decoded; nil where Foundation's JSON reader refuses one: bytes that are
+/// not UTF-8, or a `\u` escape of a surrogate without its partner (not made U+FFFD).
+package func decodedJSONString(_ raw: UnsafeBufferPointer<UInt8>, hasEscapes: Bool) -> String? {
+    guard hasEscapes else { return String(validating: raw, as: UTF8.self) }
+    var i = 0
+    while i + 1 < raw.count {
+        guard raw[i] == UInt8(ascii: "\\") else {
+            i += 1
+            continue
+        }
+        guard raw[i + 1] == UInt8(ascii: "u"), i + 6 <= raw.count else {
+            i += 2
+            continue
+        }
+        let (value, length) = unicodeEscape(raw, at: i + 2)
+        if value >= 0xD800 && value <= 0xDFFF { return nil }
+        i += 2 + length
+    }
+    return String(validating: decodeJSONString(raw), as: UTF8.self)
+}
+
 /// Appends `bytes` to `out` as a JSON string literal, quotes included.
 package func appendJSONString(_ bytes: some Sequence<UInt8>, to out: inout [UInt8]) {
     if let done: Void = bytes.withContiguousStorageIfAvailable({ appendJSONString($0, to: &out) }) { return done }

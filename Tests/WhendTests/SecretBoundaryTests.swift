@@ -150,4 +150,29 @@ import WhendConfiguration
         #expect(eventually { daemon.log.contains("crashed") }, "\(daemon.log)")
         #expect(!daemon.log.contains("Registers:") && !daemon.log.contains(token), "\(daemon.log)")
     }
+
+    /// The walker of configurations takes as JSON what `Settings` takes (Foundation's reader),
+    /// no more: a lone surrogate, a number beyond a Double and a nesting deeper than the limit
+    /// are not shown; and nothing of a configuration it cannot read is.
+    @Test func theRedactorReadsWhatSettingsReads() {
+        let limit = Secrets.maximumDepth
+        let texts = [
+            #"{"a": "\ud800"}"#, #"{"a": "\udc00\ud800"}"#, #"{"a": "\ud83d\ude00"}"#, #"{"a": 1e400}"#,
+            #"{"a": -1.8e308}"#, #"{"a": 1.7976931348623157e308}"#, #"{"a": 01}"#, #"{"a": 1.}"#, "{\"a\": \"x\ty\"}",
+            #"{"a": "\x"}"#, #"{"a": 1} x"#, #"{"a": 123456789012345678901234567890}"#,
+            #"{"a": "\u0000\/"}"#, #" {"a": [true, false, null]} "#,
+        ]
+        for text in texts {
+            let read = (try? JSONSerialization.jsonObject(with: Data(text.utf8))) != nil
+            #expect((Secrets.redact(text) != nil) == read, "\(text)")
+        }
+        func nested(_ depth: Int) -> String {
+            #"{"token": 7, "a": "# + String(repeating: "[", count: depth - 1) + String(repeating: "]", count: depth - 1)
+                + "}"
+        }
+        #expect(Secrets.redact(nested(limit)) == #"{"token": "***""# + nested(limit).dropFirst(#"{"token": 7"#.count))
+        #expect(Secrets.redact(nested(limit + 1)) == nil)
+        #expect(
+            Secrets.shown(key: "plugin.x", value: #"{"a": "\ud800", "token": "LEAKME1"}"#) == "(not shown: not JSON)")
+    }
 }

@@ -1,3 +1,4 @@
+import Foundation
 import Testing
 
 @testable import WhendWire
@@ -45,6 +46,29 @@ import Testing
                 Issue.record("\(bytes): \(answer), expected \(reference(bytes))")
                 return
             }
+        }
+    }
+
+    /// `decodedJSONString` reads strings as Foundation's JSON reader does: escapes and
+    /// surrogate pairs decoded, a lone surrogate or bytes that are not UTF-8 refused.
+    @Test func decodedStringsAreFoundationsOrNone() throws {
+        let texts = [
+            #""plain é""#, #""a\n\t\"\\\/\b\f\r""#, #""\u00e9\u0000\uD83D\ude00""#, #""\ud800""#,
+            #""\udc00x""#, #""\ud800\ud800""#, #""x\uDBFF""#, #""\ud83d\u0041""#,
+        ]
+        for text in texts {
+            let foundation = try? JSONSerialization.jsonObject(with: Data(text.utf8), options: [.fragmentsAllowed])
+            #expect(decoded(Array(text.utf8)) == foundation as? String, "\(text)")
+        }
+        #expect(decoded([0x22, 0x61, 0xFF, 0x22]) == nil)
+        #expect(decoded([0x22, 0x5C, 0x6E, 0xC3, 0x22]) == nil)
+    }
+
+    func decoded(_ text: [UInt8]) -> String? {
+        text.withUnsafeBufferPointer { buffer in
+            var scanner = JSONScanner(buffer)
+            guard let (range, escaped) = try? scanner.scanString() else { return "(not scanned)" }
+            return decodedJSONString(UnsafeBufferPointer(rebasing: buffer[range]), hasEscapes: escaped)
         }
     }
 }
