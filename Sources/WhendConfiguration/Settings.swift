@@ -298,7 +298,11 @@ package enum Settings {
                 return true
             }
             // Before anything walks it: every walker of a configuration recurses once a level.
-            guard Secrets.nestingDepth(of: v) <= Secrets.maximumDepth,
+            // Then as the secrets' walker reads it (whend's one JSON scanner), and as Foundation:
+            // Foundation alone lets a trailing comma through, and secrets written after one were
+            // neither resolved nor hidden.
+            var walker = JSONSpanWalker(Array(v.utf8))
+            guard Secrets.nestingDepth(of: v) <= Secrets.maximumDepth, walker.walk({ _, _ in nil }),
                 (try? JSONSerialization.jsonObject(with: Data(v.utf8))) is [String: Any]
             else { return false }
             c.pluginConfigurations[name] = v

@@ -52,6 +52,13 @@ package struct DaemonServices: Sendable {
         }
         services.append(
             .init(service: daemon.configurations, successTerminationBehavior: .ignore, serviceName: "reload"))
+        // The group traps the stop signals before it runs a service: one that came earlier is
+        // acted on now (`EarlySignals`).
+        let started = NIOLockedValueBox<ServiceGroup?>(nil)
+        services.append(
+            .init(
+                service: EarlyStop { await started.withLockedValue { $0 }?.triggerGracefulShutdown() },
+                successTerminationBehavior: .ignore, serviceName: "early-stop"))
         services.append(
             .init(
                 service: Readiness(startup: startup, daemon: daemon), successTerminationBehavior: .ignore,
@@ -61,6 +68,7 @@ package struct DaemonServices: Sendable {
         // Each step bounds its own stop (connections drain within shutdown_timeout).
         configuration.maximumGracefulShutdownDuration = nil
         group = ServiceGroup(configuration: configuration)
+        started.withLockedValue { $0 = group }
     }
 
     /// Runs until a stop signal (or `stop()`) has stopped every service; throws what kept one
@@ -141,7 +149,21 @@ private struct Readiness: Service {
     func run() async throws {
         guard await startup.outcome(of: startup.count - 1) == .started else { return }
         daemon.announceReady()
+        // A SIGHUP while whend started: the configuration it started with may already be old.
+        if EarlySignals.takeReload() {
+            let configurations = daemon.configurations
+            await onAThreadOfItsOwn { _ = configurations.reload(trigger: "SIGHUP") }
+        }
         await untilGracefulShutdown()
+    }
+}
+
+/// Stops whend if SIGTERM or SIGINT came before the group trapped them.
+private struct EarlyStop: Service {
+    let stop: @Sendable () async -> Void
+
+    func run() async throws {
+        if EarlySignals.takeStop() { await stop() }
     }
 }
 

@@ -101,6 +101,15 @@ struct Whend: AsyncParsableCommand {
         try DaemonConfiguration.resolve(file: config, flags: (try? flagValues) ?? [])
     }
 
+    /// The daemon catches a stop or a reload asked for while it starts (acted on once it runs)
+    /// before anything else, arguments included; its helpers and `--check-config` keep the
+    /// signals' default actions.
+    static func main() async {
+        let once = ["--pipeline-worker", "--pipeline-host", "--plugin-check", "--check-config", "--help", "-h"]
+        if !CommandLine.arguments.dropFirst().contains(where: once.contains) { EarlySignals.catch() }
+        await main(nil)
+    }
+
     func run() async throws {
         // Never die of a write to a peer that went away (a worker's pipe, a log reader): NIO
         // ignores SIGPIPE only once it opens its first socket, after the pipelines start.

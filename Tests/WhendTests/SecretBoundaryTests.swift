@@ -154,7 +154,7 @@ import WhendConfiguration
     /// The walker of configurations takes as JSON what `Settings` takes (Foundation's reader),
     /// no more: a lone surrogate, a number beyond a Double and a nesting deeper than the limit
     /// are not shown; and nothing of a configuration it cannot read is.
-    @Test func theRedactorReadsWhatSettingsReads() {
+    @Test func theRedactorReadsWhatSettingsReads() throws {
         let limit = Secrets.maximumDepth
         let texts = [
             #"{"a": "\ud800"}"#, #"{"a": "\udc00\ud800"}"#, #"{"a": "\ud83d\ude00"}"#, #"{"a": 1e400}"#,
@@ -174,5 +174,17 @@ import WhendConfiguration
         #expect(Secrets.redact(nested(limit + 1)) == nil)
         #expect(
             Secrets.shown(key: "plugin.x", value: #"{"a": "\ud800", "token": "LEAKME1"}"#) == "(not shown: not JSON)")
+        // What Foundation alone would take is refused where the file is read, naming the key
+        // and not the value: a secret after a trailing comma was neither resolved nor hidden.
+        let file = scratchDirectory("cfg-comma") + "/whend.conf"
+        try #"plugin.x = {"a": [1,], "token": "LEAKME2"}"#.appending("\n").write(
+            toFile: file, atomically: true, encoding: .utf8)
+        #expect((try? JSONSerialization.jsonObject(with: Data(#"{"a": [1,], "token": "LEAKME2"}"#.utf8))) != nil)
+        do {
+            _ = try DaemonConfiguration.resolve(file: file, environment: [:])
+            Issue.record("a trailing comma was taken")
+        } catch {
+            #expect(error.description.contains("plugin.x") && !error.description.contains("LEAKME2"), "\(error)")
+        }
     }
 }

@@ -281,6 +281,62 @@ func waitForExit(_ pid: pid_t) -> Int32 {
         }
     }
 
+    /// A stop or a reload asked for while whend starts — its handlers in place (it has begun
+    /// running), the journal not yet open or the sockets not yet listening — is acted on once
+    /// it runs: SIGTERM and SIGINT stop it gracefully (exit 0, the segment sealed), SIGHUP
+    /// reloads. They used to end it by their default action, or be lost when SIGINT was ignored
+    /// at start (a background job of a script). Each signal goes as soon as `/proc` shows whend
+    /// catching it; at least one round of each must land before whend listens.
+    @Test(arguments: [SIGTERM, SIGINT, SIGHUP])
+    func aSignalWhileWhendStartsIsActedOnOnceItRuns(signal: Int32) throws {
+        var early = 0
+        for round in 0..<5 {
+            let directory = scratchDirectory("early-\(signal)-\(round)")
+            let socket = directory + "/events.sock"
+            let p = Process()
+            p.executableURL = URL(fileURLWithPath: "/bin/sh")
+            // As a script starts a background job: SIGINT ignored.
+            p.arguments = [
+                "-c", #"trap '' INT; exec "$0" "$@""#, executable("whend"), "--socket", socket, "--state-dir",
+                directory + "/state", "--builtin-pipelines", "false",
+            ]
+            var environment = ProcessInfo.processInfo.environment
+            environment["WHEND_CONFIG"] = "/dev/null"
+            p.environment = environment
+            let log = FileHandle(forWritingAtPath: "/dev/null")
+            p.standardError = log
+            try p.run()
+            let pid = p.processIdentifier
+            // The bit of `signal` in SigCgt: whend (not sh) catches it.
+            func catching() -> Bool {
+                let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
+                guard status.contains("Name:\twhend"),
+                    let line = status.split(separator: "\n").first(where: { $0.hasPrefix("SigCgt:") }),
+                    let mask = UInt64(line.dropFirst("SigCgt:".count).trimmingCharacters(in: .whitespaces), radix: 16)
+                else { return false }
+                return mask & (1 << UInt64(signal - 1)) != 0
+            }
+            let deadline = Date().addingTimeInterval(20)
+            while !catching() && p.isRunning && Date() < deadline { usleep(200) }
+            if !FileManager.default.fileExists(atPath: socket) { early += 1 }
+            kill(pid, signal)
+            if signal == SIGHUP {
+                #expect(
+                    eventually { (try? BlockingSocket(path: socket)) != nil }, "whend died of a SIGHUP while starting")
+                kill(pid, SIGTERM)
+            }
+            if !eventually(20, { !p.isRunning }) {
+                Issue.record("round \(round): whend ran on after the signal")
+                kill(pid, SIGKILL)
+            }
+            p.waitUntilExit()
+            #expect(p.terminationReason == .exit && p.terminationStatus == 0, "round \(round): \(p.terminationStatus)")
+            let verify = try runCommand(executable("whenctl"), ["verify", "--state-dir", directory + "/state"])
+            #expect(verify.status == 0, "\(verify.output)")
+        }
+        #expect(early > 0, "no round reached whend before it listened")
+    }
+
     @Test func sigtermStopsTheStepsInReverseOrder() throws {
         let daemon = TestDaemon.live("group-stop", arguments: ["--builtin-pipelines", "true", "--log-level", "info"])
         try daemon.start()
