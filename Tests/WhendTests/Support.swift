@@ -303,3 +303,12 @@ func fillFileSystem(under directory: String) -> String {
 func incompressible(_ count: Int) -> String {
     (0..<count).map { _ in String(UInt8.random(in: 0...255), radix: 16) }.joined()
 }
+
+/// A flag set once, read from any thread.
+final class Flag: @unchecked Sendable {
+    // Unchecked: `value` is guarded by `lock`.
+    private let lock = NSLock()
+    private var value = false
+    func set() { lock.withLock { value = true } }
+    var isSet: Bool { lock.withLock { value } }
+}

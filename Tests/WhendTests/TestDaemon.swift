@@ -189,7 +189,7 @@ private final class EmbeddedDaemon: @unchecked Sendable {
     private let services: DaemonServices
     private let executor: ThreadTaskExecutor
     private let ended = DispatchSemaphore(value: 0)
-    private let endedFlag = ManagedAtomicFlag()
+    private let endedFlag = Flag()
     private var status: Int32 = 0
 
     init(arguments: [String], environment: [String: String], logPath: String) throws {
@@ -249,14 +249,6 @@ private final class EmbeddedDaemon: @unchecked Sendable {
         executor.finish()
         return status
     }
-}
-
-/// A flag set once, read from any thread.
-private final class ManagedAtomicFlag: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value = false
-    func set() { lock.withLock { value = true } }
-    var isSet: Bool { lock.withLock { value } }
 }
 
 /// A `TaskExecutor` that runs its jobs on one thread of its own until finished.

@@ -22,13 +22,6 @@ private final class RecordingNavigator: Navigator, @unchecked Sendable {
     func handle(navigation: Navigation<Any>, animated: Bool) { moves.append("\(navigation)") }
 }
 
-private final class Flag: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value = false
-    func set() { lock.withLock { value = true } }
-    var isSet: Bool { lock.withLock { value } }
-}
-
 /// Records of one app, in `_seq` order.
 private func records(of app: String, in daemon: TestDaemon) -> [[String: Any]] {
     daemon.records().filter { $0["app"] as? String == app }
