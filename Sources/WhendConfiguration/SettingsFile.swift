@@ -1,5 +1,6 @@
 import Foundation
 import WhendJournal
+import WhendWire
 
 extension Settings {
     /// Reads a configuration file: one `key = value` a line; `#` starts a comment; a value may
@@ -75,35 +76,15 @@ extension Settings {
     }
 
     /// Where the JSON object or array at the start of `text` ends (just past its closing
-    /// bracket), minding strings and their escapes; nil if it does not close.
+    /// bracket), read by the scanner that reads the wire's lines; nil if it is not one whole,
+    /// valid JSON value.
     package static func jsonValueEnd(_ text: String) -> String.Index? {
-        var depth = 0
-        var inString = false
-        var escaped = false
-        var i = text.startIndex
-        while i < text.endIndex {
-            let ch = text[i]
-            i = text.index(after: i)
-            if inString {
-                if escaped {
-                    escaped = false
-                } else if ch == "\\" {
-                    escaped = true
-                } else if ch == "\"" {
-                    inString = false
-                }
-                continue
-            }
-            switch ch {
-            case "\"": inString = true
-            case "{", "[": depth += 1
-            case "}", "]":
-                depth -= 1
-                if depth == 0 { return i }
-            default: break
-            }
+        let bytes = Array(text.utf8)
+        let end: Int? = bytes.withUnsafeBufferPointer { buffer in
+            var scanner = JSONScanner(buffer)
+            return (try? scanner.scanValue())?.range.upperBound
         }
-        return nil
+        return end.map { text.utf8.index(text.utf8.startIndex, offsetBy: $0) }
     }
 
     /// `WHEND_<KEY>` variables for every key (`WHEND_SOCKET` is also the protocol's own).
