@@ -17,8 +17,15 @@ final class ControlServer: Sendable {
         var channel: Channel?
         var respond: (@Sendable (ControlRequest) -> ControlAnswer)?
         /// Control connections open now.
-        var open = 0
+        var connections: [ObjectIdentifier: Channel] = [:]
+        /// Once a stop has begun, a request not yet read is refused, not carried out.
+        var stopping = false
     }
+
+    /// What a connection is told when whend stops before it has read the request.
+    static let stoppingRefusal = "whend is stopping; nothing was done (a reload was not applied)"
+    /// How long a stop waits for the answers under way (a reload reads files, restarts pipelines).
+    static let answersDrainTimeout: Duration = .seconds(10)
 
     /// The most control connections open at once: each holds a descriptor and up to
     /// `ControlProtocol.maxRequestBytes`, and descriptors are what the event socket's clients need.
@@ -64,22 +71,27 @@ final class ControlServer: Sendable {
     private func initialize(_ channel: Channel) -> EventLoopFuture<Void> {
         guard let provider = channel as? SocketOptionProvider else { return channel.close() }
         let state = self.state
+        let id = ObjectIdentifier(channel)
         let admitted = state.withLockedValue { state in
-            guard state.open < Self.maxConnections else { return false }
-            state.open += 1
+            guard state.connections.count < Self.maxConnections, !state.stopping else { return false }
+            state.connections[id] = channel
             return true
         }
-        // One too many: closed before anything is read (whenctl says whend closed it unanswered).
+        // One too many, or whend is stopping: closed before anything is read (whenctl says whend
+        // closed it unanswered).
         guard admitted else { return channel.close() }
-        channel.closeFuture.whenComplete { _ in state.withLockedValue { $0.open -= 1 } }
+        channel.closeFuture.whenComplete { _ in _ = state.withLockedValue { $0.connections.removeValue(forKey: id) } }
         let credentials: EventLoopFuture<whend_ucred> = provider.unsafeGetSocketOption(
             level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED))
         return credentials.flatMapThrowing { [self] cred in
             let allowed = cred.uid == 0 || cred.uid == geteuid()
             let handler: ControlConnectionHandler
             if allowed {
-                let respond = state.withLockedValue { $0.respond }
-                handler = ControlConnectionHandler { request in respond?(request) ?? .refused("whend is stopping") }
+                handler = ControlConnectionHandler { request in
+                    // Read when the request is, not when the connection was accepted.
+                    let respond = state.withLockedValue { $0.stopping ? nil : $0.respond }
+                    return respond?(request) ?? .refused(Self.stoppingRefusal)
+                }
             } else {
                 logger.warning(
                     "refused a control connection from uid \(cred.uid) (pid \(cred.pid)): only root and uid \(geteuid()) may control whend"
@@ -89,14 +101,38 @@ final class ControlServer: Sendable {
                         "uid \(cred.uid) may not control whend; only root and uid \(geteuid()) (the daemon's user) may")
             }
             try channel.pipeline.syncOperations.addHandler(handler)
+            // A stop that began while the credentials were read told a pipeline with no handler.
+            if state.withLockedValue({ $0.stopping }) {
+                channel.pipeline.syncOperations.fireUserInboundEventTriggered(ControlConnectionHandler.Stopping())
+            }
         }
     }
 
-    /// Stops listening (the connections being answered finish).
+    /// Stops listening, refuses the requests not yet read, and waits (up to
+    /// `answersDrainTimeout`) for the answers under way to be sent: whoever asked learns what
+    /// became of it, instead of a connection broken off unanswered.
     func stop() async {
-        if let control = state.withLockedValue({ $0.channel }) {
-            try? await control.close().get()
+        let (listening, open) = state.withLockedValue { state in
+            state.stopping = true
+            return (state.channel, Array(state.connections.values))
+        }
+        if let listening {
+            try? await listening.close().get()
             if listener.activation.descriptors["control"] == nil { unlink(live.current.controlSocketPath) }
+        }
+        for connection in open {
+            connection.pipeline.fireUserInboundEventTriggered(ControlConnectionHandler.Stopping())
+        }
+        let clock = ContinuousClock()
+        let deadline = clock.now + Self.answersDrainTimeout
+        while state.withLockedValue({ !$0.connections.isEmpty }) {
+            guard clock.now < deadline else {
+                logger.warning(
+                    "stopping with control requests still unanswered after \(Self.answersDrainTimeout); their connections are closed"
+                )
+                return
+            }
+            try? await Task.sleep(for: .milliseconds(5))
         }
     }
 }
@@ -171,8 +207,14 @@ final class ControlConnectionHandler: ChannelInboundHandler {
         }
     }
 
+    /// whend is stopping: a request not yet read is refused at once (one being answered is
+    /// answered).
+    struct Stopping {}
+
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        if let event = event as? ChannelEvent, event == .inputClosed, !answered {
+        if event is Stopping, !answered {
+            reply(.refused(ControlServer.stoppingRefusal), context: context)
+        } else if let event = event as? ChannelEvent, event == .inputClosed, !answered {
             answer(request, context: context)
         }
         context.fireUserInboundEventTriggered(event)

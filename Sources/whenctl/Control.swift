@@ -27,8 +27,9 @@ struct ControlOptions: ParsableArguments {
         let path = self.path
         try refuseUnsafeSocketDirectory(path)
         let answer: ControlAnswer
+        let connection: BlockingSocket
+        do { connection = try BlockingSocket(path: path) } catch { throw unreachable(.control, at: path, error) }
         do {
-            let connection = try BlockingSocket(path: path)
             try connection.send(request.encoded() + [0x0A])
             connection.finishSending()
             var first: [UInt8]?
@@ -41,9 +42,7 @@ struct ControlOptions: ParsableArguments {
             try connection.receiveLines { line in
                 if first == nil { first = Array(line.utf8) }
             }
-            guard let first else {
-                throw Failure("whend closed \(path) without an answer; its log says why")
-            }
+            guard let first else { throw unanswered(at: path, because: nil) }
             guard let decoded = ControlAnswer.decode(first) else {
                 throw Failure(
                     "whend's answer on \(path) is not one this whenctl reads: \(printable(String(decoding: first.prefix(200), as: UTF8.self), limit: 200))"
@@ -53,7 +52,7 @@ struct ControlOptions: ParsableArguments {
         } catch let failure as Failure {
             throw failure
         } catch {
-            throw unreachable(.control, at: path, error)
+            throw unanswered(at: path, because: error)
         }
         if !answer.ok {
             let why = answer.error.flatMap { $0.isEmpty ? nil : $0 } ?? "whend refused without saying why; its log may"

@@ -33,6 +33,14 @@ func unreachable(_ socket: DaemonSocket, at path: String, _ error: Error) -> Fai
                 : "; name another socket with \(socket.howToNameAnother)"))
 }
 
+/// The message for a whend that took the connection and ended it without an answer: it was
+/// reached, so naming another socket would not help; most often it is stopping.
+func unanswered(at path: String, because error: Error?) -> Failure {
+    Failure(
+        "whend closed \(path) without answering\(error.map { " (\($0))" } ?? ""); if it was stopping, what was asked was not done: `whenctl status` says whether it runs, and its log (journalctl -u whend, or make run's terminal) says why"
+    )
+}
+
 /// Refuses a socket in `/tmp/whend-$UID` that another user could have put there
 /// (`SocketLocation.refusalToConnect`).
 func refuseUnsafeSocketDirectory(_ path: String) throws {

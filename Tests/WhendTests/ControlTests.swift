@@ -167,6 +167,45 @@ import WhendWire
         #expect(try daemon.whenctl(["status"]).status == 0)
     }
 
+    /// A control client connected when whend stops is told whend is stopping and that nothing
+    /// was done, rather than finding its connection broken off.
+    @Test func aControlClientMetByAStopIsToldNothingWasDone() throws {
+        let daemon = TestDaemon("ctl-stopping")
+        try daemon.start()
+        let waiting = try BlockingSocket(path: daemon.controlPath)
+        // Answered after the waiting client was accepted (connections are accepted in order).
+        #expect(try daemon.whenctl(["status"]).status == 0)
+        let stopped = DispatchSemaphore(value: 0)
+        Thread {
+            daemon.stop()
+            stopped.signal()
+        }.start()
+        #expect(waiting.waitReadable(timeout: 20))
+        var answer = ""
+        try waiting.receiveLines { answer = $0 }
+        #expect(answer.contains(#""ok":false"#) && answer.contains("whend is stopping; nothing was done"), "\(answer)")
+        stopped.wait()
+    }
+
+    /// whenctl whose request whend took and then ended without an answer (as a stopping whend
+    /// may) says so and that the request may not have been carried out; it does not say whend
+    /// cannot be reached, nor send the user to another socket.
+    @Test func whenctlSaysWhendEndedTheConnectionUnanswered() throws {
+        let path = scratchDirectory("ctl-unanswered") + "/control.sock"
+        let listener = try UnixTestListener(path: path)
+        let served = DispatchSemaphore(value: 0)
+        Thread {
+            listener.resetOneConnectionOnceItAsks()
+            served.signal()
+        }.start()
+        let r = try whenctl(["reload", "--control", path])
+        served.wait()
+        #expect(r.status == 1)
+        #expect(
+            r.error.contains("whend closed \(path) without answering (recv: Connection reset by peer)"), "\(r.error)")
+        #expect(r.error.contains("what was asked was not done") && !r.error.contains("cannot reach"), "\(r.error)")
+    }
+
     /// What whend answers may quote a client's input: whenctl prints it as one line, control
     /// characters escaped, so no answer writes a second line or a terminal escape.
     @Test func whenctlPrintsWhendsAnswersAsOneLine() throws {

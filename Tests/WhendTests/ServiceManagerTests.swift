@@ -3,6 +3,39 @@ import Testing
 import WhendSystem
 import WhendWire
 
+/// A listening Unix stream socket, as a service manager's `.socket` unit holds one, or a peer
+/// standing in for whend.
+final class UnixTestListener: Sendable {
+    let fd: Int32
+
+    init(path: String) throws {
+        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
+        let rc = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
+        guard rc == 0, listen(fd, 128) == 0 else {
+            throw TestFailure(description: "listen on \(path): \(String(cString: strerror(errno)))")
+        }
+    }
+
+    deinit { close(fd) }
+
+    /// Accepts a connection and, once its request has come, closes it unread: the peer's
+    /// connection is reset, as when a process ends with a request in its socket.
+    func resetOneConnectionOnceItAsks() {
+        let connection = accept(fd, nil, nil)
+        guard connection >= 0 else { return }
+        var pfd = pollfd(fd: connection, events: Int16(POLLIN), revents: 0)
+        _ = poll(&pfd, 1, 10_000)
+        close(connection)
+    }
+}
+
 /// A stand-in for the service manager's notification socket: a Unix datagram socket.
 final class NotifySocket {
     let path: String
@@ -182,17 +215,8 @@ func waitForExit(_ pid: pid_t) -> Int32 {
         let path = directory + "/events.sock"
         let state = directory + "/state"
         // What the .socket unit does: bind and listen, and keep the socket for the whole time.
-        let listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
-        _ = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
-            }
-        }
-        #expect(listen(listener, 128) == 0)
-        defer { close(listener) }
+        let socketUnit = try UnixTestListener(path: path)
+        let listener = socketUnit.fd
 
         var pid = try spawnActivated(
             listeningFD: listener, socketPath: path, stateDirectory: state, log: directory + "/log")
