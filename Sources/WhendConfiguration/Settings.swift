@@ -12,7 +12,7 @@ package enum SettingError: Error, CustomStringConvertible, Equatable {
     case notKeyValue(source: String, line: String)
     case unclosedQuote(source: String, key: String)
     case textAfterValue(source: String, key: String, text: String, valueKind: String)
-    case notJSON(source: String, key: String)
+    case notJSON(source: String, key: String, reason: String)
     case setTwice(source: String, key: String, firstLine: Int)
     case unreadableSecret(key: String, reason: String)
 
@@ -51,8 +51,8 @@ package enum SettingError: Error, CustomStringConvertible, Equatable {
             // After a plugin's JSON, likely more of it: it may hold a secret.
             let shown = key.hasPrefix("plugin.") ? "text (not shown: it may hold a secret)" : "\"\(text)\""
             return "\(source): \(shown) after the \(valueKind) value of \(key); put a # before a comment"
-        case .notJSON(let source, let key):
-            return "\(source): the value of \(key) is not a JSON object closed on its line"
+        case .notJSON(let source, let key, let reason):
+            return "\(source): the value of \(key) is not a JSON object closed on its line: \(reason)"
         case .setTwice(let source, let key, let firstLine):
             return "\(source): \(key) is set again (first on line \(firstLine)); set it once"
         case .unreadableSecret(let key, let reason):

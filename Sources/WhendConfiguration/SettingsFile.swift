@@ -55,8 +55,18 @@ extension Settings {
             } else if key.hasPrefix("plugin.") {
                 // A plugin's configuration is JSON, and runs to its closing bracket: a `#` inside
                 // its strings is part of it; after it, only a comment.
-                guard value.hasPrefix("{") || value.hasPrefix("["), let end = jsonValueEnd(value) else {
-                    throw .notJSON(source: source, key: key)
+                guard value.hasPrefix("{") || value.hasPrefix("[") else {
+                    throw .notJSON(source: source, key: key, reason: "it does not start with { or [")
+                }
+                let end: String.Index
+                switch jsonValueEnd(value) {
+                case .success(let index): end = index
+                case .failure(let error):
+                    // Where and what, never the text: it may hold a secret.
+                    let reason = error.message.replacingOccurrences(of: "the line is not valid JSON: ", with: "")
+                        .replacingOccurrences(of: "the line ends", with: "the value ends")
+                        .replacingOccurrences(of: " at byte ", with: " at its byte ")
+                    throw .notJSON(source: source, key: key, reason: reason)
                 }
                 let rest = value[end...].trimmingCharacters(in: .whitespaces)
                 guard rest.isEmpty || rest.hasPrefix("#") else {
@@ -75,16 +85,15 @@ extension Settings {
         return values
     }
 
-    /// Where the JSON object or array at the start of `text` ends (just past its closing
-    /// bracket), read by the scanner that reads the wire's lines; nil if it is not one whole,
-    /// valid JSON value.
-    package static func jsonValueEnd(_ text: String) -> String.Index? {
+    /// Where the JSON value at the start of `text` ends (just past its closing bracket), read
+    /// by the scanner that reads the wire's lines; or why it is not one whole, valid JSON value.
+    package static func jsonValueEnd(_ text: String) -> Result<String.Index, WireError> {
         let bytes = Array(text.utf8)
-        let end: Int? = bytes.withUnsafeBufferPointer { buffer in
+        let scanned: Result<Int, WireError> = bytes.withUnsafeBufferPointer { buffer in
             var scanner = JSONScanner(buffer)
-            return (try? scanner.scanValue())?.range.upperBound
+            return Result { () throws(WireError) in try scanner.scanValue().range.upperBound }
         }
-        return end.map { text.utf8.index(text.utf8.startIndex, offsetBy: $0) }
+        return scanned.map { text.utf8.index(text.utf8.startIndex, offsetBy: $0) }
     }
 
     /// `WHEND_<KEY>` variables for every key (`WHEND_SOCKET` is also the protocol's own).

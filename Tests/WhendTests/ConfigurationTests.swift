@@ -234,8 +234,18 @@ import WhendWire
         ) {
             try parse(#"plugin.x = {"a": "b"} trailing"#)
         }
-        #expect(throws: SettingError.notJSON(source: "t.conf:1", key: "plugin.x")) {
+        #expect(
+            throws: SettingError.notJSON(
+                source: "t.conf:1", key: "plugin.x", reason: "the value ends inside a container at its byte 10")
+        ) {
             try parse(#"plugin.x = {"a": "b""#)
+        }
+        // Read as the wire's lines are: a trailing comma is refused where the file is read.
+        #expect(
+            throws: SettingError.notJSON(
+                source: "t.conf:1", key: "plugin.x", reason: "expected a string at its byte 11")
+        ) {
+            try parse(#"plugin.x = {"a": "b",} # a comment"#)
         }
         // Only a plugin's value is read as JSON: another that merely starts like it stays as it was.
         let odd = try parse("socket = /tmp/[odd.sock\nplugin_dirs = /opt/{x}")
