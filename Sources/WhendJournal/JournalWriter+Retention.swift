@@ -15,7 +15,8 @@ extension JournalWriter {
     /// segments go even so, and each reader that loses records is told which. The active
     /// segment is never deleted.
     func applyRetention() {
-        lastRetention = Date()
+        let now = now()
+        lastRetention = now
         let configuration = configurationInUse
         let policy = RetentionPolicy(
             maxBytes: configuration.retentionMaxBytes, maxAge: configuration.retentionMaxAge,
@@ -28,12 +29,11 @@ extension JournalWriter {
         let sizes = segments.map { FileIO.size($0.path) ?? 0 }
         var total = sizes.reduce(0, +) + (active?.size ?? 0)
         let readers = (retentionReaders?() ?? []).map { RetentionPolicy.Reader(name: $0.name, cursor: $0.cursor) }
-        let now = Date().timeIntervalSince1970
         for (index, file) in segments.enumerated() {
             // A sealed segment's records end where the next segment's begin.
             let lastSeq = (all.first { $0.firstSeq > file.firstSeq }?.firstSeq).map { $0 - 1 } ?? nextSeq - 1
             var st = stat()
-            let age = stat(file.path, &st) == 0 ? now - TimeInterval(st.st_mtim.tv_sec) : 0
+            let age = stat(file.path, &st) == 0 ? now.timeIntervalSince1970 - TimeInterval(st.st_mtim.tv_sec) : 0
             let oldest = RetentionPolicy.Segment(
                 firstSeq: file.firstSeq, lastSeq: lastSeq, bytes: sizes[index], age: age)
             let decision = policy.decide(
@@ -43,8 +43,8 @@ extension JournalWriter {
             switch decision {
             case .keep: return
             case .keepForReaders(let behind):
-                if Date().timeIntervalSince(lastKeptNotice) >= 3600 {
-                    lastKeptNotice = Date()
+                if now.timeIntervalSince(lastKeptNotice) >= 3600 {
+                    lastKeptNotice = now
                     let who = behind.map { "\($0.name) at _seq \($0.cursor)" }.joined(separator: ", ")
                     log(
                         "retention: keeping \(file.path) and what follows (\(total) bytes in all) past the limit: \(who) has not read it yet; past retention_hard_max_bytes or under retention_min_free_bytes it goes even so"

@@ -6,7 +6,7 @@ extension JournalWriter {
         if let active { return active }
         let segment = try SegmentWriter(
             directory: configurationInUse.directory, firstSeq: nextSeq, compressor: compressor,
-            frameBytes: configurationInUse.frameBytes)
+            frameBytes: configurationInUse.frameBytes, openedAt: now())
         active = segment
         return segment
     }
@@ -87,12 +87,13 @@ extension JournalWriter {
     }
 
     func maintain() {
-        lastMaintenance = Date()
+        let now = now()
+        lastMaintenance = now
         if let segment = active, segment.recordCount > 0,
-            Date().timeIntervalSince(segment.openedAt) >= configurationInUse.segmentMaxAge
+            now.timeIntervalSince(segment.openedAt) >= configurationInUse.segmentMaxAge
         {
             rotate()
         }
-        if Date().timeIntervalSince(lastRetention) >= 60 { applyRetention() }
+        if now.timeIntervalSince(lastRetention) >= 60 { applyRetention() }
     }
 }

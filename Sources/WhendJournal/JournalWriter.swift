@@ -49,6 +49,8 @@ package final class JournalWriter: EventJournal, @unchecked Sendable {
     var lastRetention = Date.distantPast
     var lastMaintenance = Date.distantPast
     let log: @Sendable (String) -> Void
+    /// The time rotation by age and retention go by: the system's, or a test's own.
+    let now: @Sendable () -> Date
     /// The readers retention waits for: each one's name and durable cursor (the last `_seq` it
     /// has finished), asked for when retention runs.
     package typealias RetentionReaders = @Sendable () -> [(name: String, cursor: UInt64)]
@@ -79,9 +81,15 @@ package final class JournalWriter: EventJournal, @unchecked Sendable {
     /// de-duplication window covers durable, and rebuilds the window from the latest records.
     /// Its cost is bounded by one segment and the window, not by the journal's size.
     ///
-    /// - Parameter log: where to report what recovery and retention did.
+    /// - Parameters:
+    ///   - log: where to report what recovery and retention did.
+    ///   - now: the wall clock that segments' ages are measured on (the system's by default).
     /// - Throws: `JournalIOError` when the directory cannot be created or the tail recovered.
-    package init(configuration: JournalConfiguration, log: @escaping @Sendable (String) -> Void = { _ in }) throws {
+    package init(
+        configuration: JournalConfiguration, log: @escaping @Sendable (String) -> Void = { _ in },
+        now: @escaping @Sendable () -> Date = { Date() }
+    ) throws {
+        self.now = now
         self.configurationInUse = configuration
         self.acceptedConfiguration = configuration
         self.log = log
@@ -280,7 +288,7 @@ package final class JournalWriter: EventJournal, @unchecked Sendable {
                 scratch = []
             }
             // Rotation by age and retention run whatever the load, at most once a second.
-            if Date().timeIntervalSince(lastMaintenance) >= 1 { maintain() }
+            if now().timeIntervalSince(lastMaintenance) >= 1 { maintain() }
         }
         if let active {
             do {

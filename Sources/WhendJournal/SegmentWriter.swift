@@ -23,7 +23,10 @@ final class SegmentWriter {
     var recordCount: UInt64 { lastSeq + 1 - file.firstSeq }
 
     /// Creates the segment file (it must not exist) and makes its name durable.
-    init(directory: JournalDirectory, firstSeq: UInt64, compressor: ZstdCompressor, frameBytes: Int) throws {
+    init(
+        directory: JournalDirectory, firstSeq: UInt64, compressor: ZstdCompressor, frameBytes: Int,
+        openedAt: Date = Date()
+    ) throws {
         let path = directory.segmentPath(firstSeq: firstSeq)
         file = SegmentFile(firstSeq: firstSeq, path: path)
         fd = try FileIO.open(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND)
@@ -38,7 +41,7 @@ final class SegmentWriter {
         self.compressor = compressor
         self.frameBytes = frameBytes
         self.lastSeq = firstSeq - 1
-        self.openedAt = Date()
+        self.openedAt = openedAt
         output.reserveCapacity(1 << 16)
     }
 
