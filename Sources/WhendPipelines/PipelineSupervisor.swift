@@ -205,7 +205,7 @@ package final class PipelineSupervisor: @unchecked Sendable {
     }
 
     private func supervise() {
-        var backoff: TimeInterval = 0.1
+        var backoff = RestartBackoff()
         while !state.withLockedValue({ $0.stopping }) {
             let started = Date()
             let cursorBefore = state.withLockedValue { $0.cursor }
@@ -219,25 +219,21 @@ package final class PipelineSupervisor: @unchecked Sendable {
             if stopping { break }
             let asked = state.withLockedValue { s in
                 // A good while in the host: its deaths before are no longer "in a row".
-                if inHost, Date().timeIntervalSince(started) > 60 { s.hostDeaths = 0 }
+                if inHost, Date().timeIntervalSince(started) > RestartBackoff.goodRun { s.hostDeaths = 0 }
                 return s.excused
             }
             countDeath(exit, inHost: inHost)
-            // A worker that ran a good while, or moved its cursor on, or whose end was asked
-            // for, is no crash loop: it earns a fresh backoff. One that dies on the same record
-            // again waits longer each time.
-            // The host's death is not this pipeline's doing, as far as it knows.
-            if Date().timeIntervalSince(started) > 60 || cursorAfter > cursorBefore || asked || inHost {
-                backoff = 0.1
-            }
+            let wait = backoff.wait(
+                after: .init(
+                    ranFor: Date().timeIntervalSince(started), movedOn: cursorAfter > cursorBefore, asked: asked,
+                    withTheHost: inHost))
             // A worker that stopped cleanly was asked to (a restart, a record passed in a process
             // of its own, a host retired for an upgraded library): news, not an error.
-            let said = "pipeline \(spec.name): worker \(exit); restarting in \(String(format: "%.1f", backoff)) s"
+            let said = "pipeline \(spec.name): worker \(exit); restarting in \(String(format: "%.1f", wait)) s"
             if exit == "exited with status 0" { logger.notice("\(said)") } else { logger.error("\(said)") }
             state.withLockedValue { $0.restarts += 1 }
             // Not a plain sleep: a stop must not wait out a backoff of up to 10 s.
-            if stopSignal.wait(timeout: .now() + backoff) == .success { break }
-            backoff = min(10, backoff * 2)
+            if stopSignal.wait(timeout: .now() + wait) == .success { break }
         }
         finished.signal()
     }
