@@ -11,14 +11,7 @@ final class NotifySocket {
     init(directory: String) throws {
         path = directory + "/notify.sock"
         fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
-        let rc = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
-            }
-        }
+        let rc = withUnixSocketAddress(path) { bind(fd, $0, $1) }
         guard rc == 0 else { throw TestFailure(description: "bind \(path): \(String(cString: strerror(errno)))") }
     }
 
@@ -183,14 +176,7 @@ func waitForExit(_ pid: pid_t) -> Int32 {
         let state = directory + "/state"
         // What the .socket unit does: bind and listen, and keep the socket for the whole time.
         let listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
-        _ = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
-            }
-        }
+        _ = withUnixSocketAddress(path) { bind(listener, $0, $1) }
         #expect(listen(listener, 128) == 0)
         defer { close(listener) }
 
