@@ -29,6 +29,8 @@ let package = Package(
         .library(name: "WhendFuzzing", targets: ["WhendFuzzing"]),
         // The seeded generator the demo, the benchmarks and the tests draw from.
         .library(name: "SeededRandom", targets: ["SeededRandom"]),
+        // posix_spawn with its C strings and file actions (`spawnProcess`), for the benchmarks' daemons.
+        .library(name: "WhendSystem", targets: ["WhendSystem"]),
         // Plugins, as shared libraries loaded with dlopen.
         .library(name: "redact", type: .dynamic, targets: ["RedactPlugin"]),
         .library(name: "screen-tracking", type: .dynamic, targets: ["ScreenTrackingPlugin"]),

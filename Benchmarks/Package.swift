@@ -12,7 +12,7 @@ let package = Package(
     name: "whend-benchmarks",
     dependencies: [.package(path: "..")],
     targets: [
-        .target(name: "BenchSupport"),
+        .target(name: "BenchSupport", dependencies: [.product(name: "WhendSystem", package: root)]),
         .executableTarget(
             name: "whend-bench",
             dependencies: [

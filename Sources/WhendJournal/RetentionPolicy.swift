@@ -15,13 +15,6 @@ package struct RetentionPolicy: Sendable, Equatable {
     package var hardMaxBytes: Int64
     package var minFreeBytes: Int64
 
-    package init(maxBytes: Int64, maxAge: TimeInterval, hardMaxBytes: Int64, minFreeBytes: Int64) {
-        self.maxBytes = maxBytes
-        self.maxAge = maxAge
-        self.hardMaxBytes = hardMaxBytes
-        self.minFreeBytes = minFreeBytes
-    }
-
     /// Nothing to do, whatever the journal holds.
     package var isOff: Bool { maxBytes <= 0 && maxAge <= 0 && hardMaxBytes <= 0 && minFreeBytes <= 0 }
 
@@ -33,24 +26,12 @@ package struct RetentionPolicy: Sendable, Equatable {
         package var bytes: Int64
         /// Seconds since it was last written.
         package var age: TimeInterval
-
-        package init(firstSeq: UInt64, lastSeq: UInt64, bytes: Int64, age: TimeInterval) {
-            self.firstSeq = firstSeq
-            self.lastSeq = lastSeq
-            self.bytes = bytes
-            self.age = age
-        }
     }
 
     /// A reader retention waits for, at its durable cursor (the last `_seq` it has finished).
     package struct Reader: Sendable, Equatable {
         package var name: String
         package var cursor: UInt64
-
-        package init(name: String, cursor: UInt64) {
-            self.name = name
-            self.cursor = cursor
-        }
     }
 
     /// Why a segment goes.

@@ -1,12 +1,12 @@
 import Foundation
 
 /// A `posix_spawn` that failed: its error number.
-package struct SpawnError: Error, CustomStringConvertible {
-    package var code: Int32
+public struct SpawnError: Error, CustomStringConvertible {
+    public var code: Int32
 
-    package init(code: Int32) { self.code = code }
+    public init(code: Int32) { self.code = code }
 
-    package var description: String { String(cString: strerror(code)) }
+    public var description: String { String(cString: strerror(code)) }
 }
 
 /// Starts `path` with `posix_spawn` (no fork of a large, threaded process): `path` and then
@@ -14,7 +14,9 @@ package struct SpawnError: Error, CustomStringConvertible {
 /// `arrange` sets them in the file actions (what they leave open is inherited). The C strings
 /// and the file actions live only for the call.
 /// - Returns: the child's pid, or the `posix_spawn` error.
-package func spawnProcess(
+///
+/// Public for the benchmarks' package, which starts the daemons it measures with it.
+public func spawnProcess(
     _ path: String, _ arguments: [String], environment: [String: String],
     arrange: (inout posix_spawn_file_actions_t) -> Void
 ) -> Result<pid_t, SpawnError> {

@@ -29,18 +29,9 @@ package final class BlockingSocket: @unchecked Sendable {
             var on: Int32 = 1
             setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &on, socklen_t(MemoryLayout<Int32>.size))
         #endif
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+        guard let result = withUnixSocketAddress(path, { connect(fd, $0, $1) }) else {
             close(fd)
-            throw Failure(description: "socket path too long (\(bytes.count) bytes): \(path)")
-        }
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: bytes) }
-        let result = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
-            }
+            throw Failure(description: "socket path too long (\(path.utf8.count) bytes): \(path)")
         }
         guard result == 0 else {
             let e = errno

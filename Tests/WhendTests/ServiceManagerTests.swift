@@ -10,15 +10,7 @@ final class UnixTestListener: Sendable {
 
     init(path: String) throws {
         fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
-        let rc = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
-            }
-        }
-        guard rc == 0, listen(fd, 128) == 0 else {
+        guard withUnixSocketAddress(path, { bind(fd, $0, $1) }) == 0, listen(fd, 128) == 0 else {
             throw TestFailure(description: "listen on \(path): \(String(cString: strerror(errno)))")
         }
     }
@@ -44,14 +36,7 @@ final class NotifySocket {
     init(directory: String) throws {
         path = directory + "/notify.sock"
         fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
-        let rc = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
-            }
-        }
+        let rc = withUnixSocketAddress(path) { bind(fd, $0, $1) }
         guard rc == 0 else { throw TestFailure(description: "bind \(path): \(String(cString: strerror(errno)))") }
     }
 

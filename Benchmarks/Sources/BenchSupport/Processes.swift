@@ -1,4 +1,5 @@
 import Foundation
+import WhendSystem
 
 /// A daemon under test, spawned directly so that `wait4` reports its CPU time and peak RSS.
 public final class SpawnedProcess {
@@ -13,21 +14,11 @@ public final class SpawnedProcess {
     public init(_ path: String, _ arguments: [String], log: String, environment: [String: String] = [:]) throws {
         var env = ProcessInfo.processInfo.environment
         for (k, v) in environment { env[k] = v }
-        let argv = ([path] + arguments).map { strdup($0) } + [nil]
-        let envp = env.map { strdup("\($0.key)=\($0.value)") } + [nil]
-        defer {
-            argv.forEach { free($0) }
-            envp.forEach { free($0) }
+        let spawned = spawnProcess(path, arguments, environment: env) { actions in
+            posix_spawn_file_actions_addopen(&actions, 1, log, O_WRONLY | O_CREAT | O_APPEND, 0o644)
+            posix_spawn_file_actions_adddup2(&actions, 1, 2)
         }
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 1, log, O_WRONLY | O_CREAT | O_APPEND, 0o644)
-        posix_spawn_file_actions_adddup2(&actions, 1, 2)
-        var pid: pid_t = 0
-        let rc = posix_spawn(&pid, path, &actions, nil, argv, envp)
-        guard rc == 0 else { throw BenchError("cannot start \(path): \(String(cString: strerror(rc)))") }
-        self.pid = pid
+        self.pid = try spawned.mapError { BenchError("cannot start \(path): \($0)") }.get()
         self.name = (path as NSString).lastPathComponent
     }
 
