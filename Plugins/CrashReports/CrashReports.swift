@@ -84,7 +84,16 @@ final class CrashReports: PersistentStatePlugin {
         /// kept for 10,000 sessions of 100 breadcrumbs). A crumb saved whole by an earlier
         /// version reads the same.
         static func keep(_ record: PluginRecord, in out: inout [UInt8]) {
+            // The size first (the fields are found once, then read from the index): a crumb
+            // grown a member at a time reallocated its buffer three times or four.
+            let timeField: RecordField = record[.ts] != nil ? .ts : .receivedAt
+            var size = 2
+            for field in keptFields {
+                if let value = record[field] { size += value.raw.count + field.key.utf8CodeUnitCount + 4 }
+            }
+            if let value = record[timeField] { size += value.raw.count + timeField.key.utf8CodeUnitCount + 4 }
             out.removeAll(keepingCapacity: true)
+            out.reserveCapacity(size)
             out.append(UInt8(ascii: "{"))
             func member(_ field: RecordField) {
                 guard let value = record[field] else { return }
@@ -92,12 +101,13 @@ final class CrashReports: PersistentStatePlugin {
                 out.append(UInt8(ascii: "\""))
                 let key = field.key
                 out.append(contentsOf: UnsafeBufferPointer(start: key.utf8Start, count: key.utf8CodeUnitCount))
-                out.append(contentsOf: [UInt8(ascii: "\""), UInt8(ascii: ":")])
+                out.append(UInt8(ascii: "\""))
+                out.append(UInt8(ascii: ":"))
                 out.append(contentsOf: value.raw)
             }
             for field in keptFields { member(field) }
             // `time` is `ts`, else when whend received it.
-            member(record[.ts] != nil ? .ts : .receivedAt)
+            member(timeField)
             out.append(UInt8(ascii: "}"))
         }
 

@@ -122,6 +122,7 @@ package struct SessionIndex {
         time: () -> String
     ) -> Bool {
         guard seq > indexedThrough else { return false }
+        settle()
         indexedThrough = seq
         let now = time()
         if let index = entries.index(forKey: key) {
@@ -133,6 +134,58 @@ package struct SessionIndex {
                 app: sharedApp(app()), session: sessionID(), firstSeq: seq, lastSeq: seq, firstTime: now,
                 lastTime: now, counts: [type: 1])
         }
+        return true
+    }
+
+    /// The last session indexed through `apply(seq:session:app:sessionID:type:time:)` with a
+    /// JSON time, where it is in `entries`, and its newest time not yet made a `String` (the
+    /// JSON value as stored; empty for none): a session's records come in runs, and each one
+    /// cost a lookup by hash and a `String` of its time, allocated, that the next replaced.
+    private var pendingKey: SessionDigest?
+    private var pendingIndex: [SessionDigest: Entry].Index?
+    private var pendingTime: [UInt8] = []
+
+    /// Gives the last session indexed its newest time: before `entries` is read for its times,
+    /// or changed other than by `apply`.
+    package mutating func settle() {
+        guard let index = pendingIndex else { return }
+        if !pendingTime.isEmpty {
+            let now = pendingTime.withUnsafeBufferPointer { JSONValue(raw: $0).string ?? "" }
+            if !now.isEmpty { entries.values[index].lastTime = now }
+            pendingTime.removeAll(keepingCapacity: true)
+        }
+        pendingKey = nil
+        pendingIndex = nil
+    }
+
+    /// `apply(seq:session:app:sessionID:type:time:)` with the time as a JSON value as stored (a
+    /// string counts, anything else is no time): the same index, its newest time kept as bytes
+    /// until `settle()`.
+    @discardableResult
+    package mutating func apply(
+        seq: UInt64, session key: SessionDigest, app: () -> String, sessionID: () -> String, type: String,
+        time: JSONValue?
+    ) -> Bool {
+        guard seq > indexedThrough else { return false }
+        if key != pendingKey {
+            settle()
+            guard let index = entries.index(forKey: key) else {
+                return apply(
+                    seq: seq, session: key, app: app, sessionID: sessionID, type: type,
+                    time: { time?.kind == .string ? time?.string ?? "" : "" })
+            }
+            pendingKey = key
+            pendingIndex = index
+        }
+        indexedThrough = seq
+        let index = pendingIndex!
+        entries.values[index].lastSeq = seq
+        // Only a string that is not empty replaces the last time (an empty one is no time).
+        if let time, time.kind == .string, time.raw.count > 2 {
+            pendingTime.removeAll(keepingCapacity: true)
+            pendingTime.append(contentsOf: time.raw)
+        }
+        entries.values[index].counts.add(type)
         return true
     }
 
@@ -231,6 +284,7 @@ package struct SessionIndex {
 
     /// Keeps the `limit` most recently active sessions.
     mutating func trim(to limit: Int) {
+        settle()
         guard entries.count > limit else { return }
         let cut = entries[mostRecentFirst()[limit - 1]].value.lastSeq
         entries = entries.filter { $0.value.lastSeq >= cut }
@@ -311,14 +365,22 @@ package struct TypeCounts: Codable, Equatable, Sendable, Sequence, ExpressibleBy
 package final class SessionIndexExport {
     /// Unchecked exclusivity: its plugin instance calls it on one thread at a time, for every
     /// record.
-    @exclusivity(unchecked) package var index: SessionIndex
+    @exclusivity(unchecked) private var kept: SessionIndex
+    /// The index, its last session's newest time given to it.
+    package var index: SessionIndex {
+        get {
+            kept.settle()
+            return kept
+        }
+        set { kept = newValue }
+    }
     @exclusivity(unchecked) private var sinceExport = 0
     private let exportEvery: Int
     private let maxSessions: Int
 
     package init(directory: String, exportEvery: Int = 1_000_000, maxSessions: Int = 100_000) throws {
         try DurableFile.createDirectory(directory)
-        index = SessionIndex(directory: directory)
+        kept = SessionIndex(directory: directory)
         self.exportEvery = exportEvery
         self.maxSessions = maxSessions
     }
@@ -329,22 +391,22 @@ package final class SessionIndexExport {
         seq: UInt64, session key: SessionDigest, app: JSONValue, session: JSONValue, type: String, time: JSONValue?
     ) -> Bool {
         guard
-            index.apply(
+            kept.apply(
                 seq: seq, session: key, app: { app.string ?? "" }, sessionID: { session.string ?? "" }, type: type,
-                time: { time?.kind == .string ? time?.string ?? "" : "" })
+                time: time)
         else { return false }
         sinceExport += 1
-        if index.entries.count > maxSessions + maxSessions / 10 + 1 { index.trim(to: maxSessions) }
-        return sinceExport >= max(exportEvery, 8 * index.entries.count)
+        if kept.entries.count > maxSessions + maxSessions / 10 + 1 { kept.trim(to: maxSessions) }
+        return sinceExport >= max(exportEvery, 8 * kept.entries.count)
     }
 
     /// Writes `sessions.json` (synced, renamed into place), then drops a log an earlier
     /// version left, which the export now holds.
     package func export() throws {
-        index.trim(to: maxSessions)
-        try writeFileAtomically(index.snapshotJSON(), to: index.directory + "/sessions.json")
+        kept.trim(to: maxSessions)
+        try writeFileAtomically(kept.snapshotJSON(), to: kept.directory + "/sessions.json")
         sinceExport = 0
-        let log = index.directory + "/sessions.log"
+        let log = kept.directory + "/sessions.log"
         if FileManager.default.fileExists(atPath: log) { try? FileManager.default.removeItem(atPath: log) }
     }
 }

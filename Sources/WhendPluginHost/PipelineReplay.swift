@@ -112,8 +112,6 @@ private final class DerivedSink: @unchecked Sendable {
     @exclusivity(unchecked) private var builder = DerivedRecordBuilder(pipeline: nil)
     /// The `_rt` of the record in hand, once a plugin derived something from it.
     @exclusivity(unchecked) private var receivedAt: [UInt8]?
-    /// The record being built, kept between records: one allocation for the whole replay.
-    @exclusivity(unchecked) private var building: [UInt8] = []
     /// What the record in hand derived, each record's end in `ends`: it goes out only once the
     /// record is through the chain, and not if it failed.
     @exclusivity(unchecked) private var held: [UInt8] = []
@@ -135,14 +133,15 @@ private final class DerivedSink: @unchecked Sendable {
 
     package func emit(_ json: UnsafeBufferPointer<UInt8>, origin: String) -> Bool {
         if receivedAt == nil { receivedAt = PipelineReplay.receivedAt(self.record) }
-        building.removeAll(keepingCapacity: true)
-        building.append(UInt8(ascii: "{"))
+        // Built where it is held: on error `appendBody` leaves `held` as it was, but for the brace.
+        let start = held.count
+        held.append(UInt8(ascii: "{"))
         do {
-            try builder.appendBody(json, origin: origin, cause: cause, receivedAt: receivedAt ?? [], to: &building)
+            try builder.appendBody(json, origin: origin, cause: cause, receivedAt: receivedAt ?? [], to: &held)
         } catch {
+            held.removeSubrange(start...)
             return false
         }
-        held += building
         ends.append(held.count)
         return true
     }

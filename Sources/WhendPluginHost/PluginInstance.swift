@@ -191,11 +191,13 @@ package final class PluginServices: Sendable {
             counters[shown] = overflow ? (delta > 0 ? .max : .min) : sum
             return false
         }
+        // Only a refusal looks at whether one was said: a name counted takes no third lock.
+        guard refused else { return }
         let saidBefore = countersRefused.withLockedValue { said in
-            defer { said = said || refused }
+            defer { said = true }
             return said
         }
-        if refused && !saidBefore {
+        if !saidBefore {
             // Scrubbed whole before it is cut, so that a secret the cut falls in is hidden too.
             let longest = secrets.map(\.utf8.count).max() ?? 0
             let whole = Array(

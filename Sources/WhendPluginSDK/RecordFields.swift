@@ -8,6 +8,14 @@ public enum RecordField: Int, CaseIterable, Sendable {
     case screen, name, status, action, previous, params, message, stack, fatal
     case isBeingPresentedInitially, isBeingRemovedIndefinitely
 
+    /// Whether whend sets it (its key begins with `_`).
+    var isTrusted: Bool {
+        switch self {
+        case .seq, .receivedAt, .origin, .cause, .pipeline: return true
+        default: return false
+        }
+    }
+
     /// The key as stored.
     public var key: StaticString {
         switch self {
@@ -122,9 +130,19 @@ struct RecordFieldIndex {
     /// Where `field`'s value is, scanning on from where the last lookup stopped; with `nil`,
     /// scans to the end. The first occurrence of a key wins, as whend's own scanner reads a
     /// record; a key spelled with `\u` escapes is the same field as its plain spelling.
-    mutating func find(_ wanted: RecordField?, in bytes: UnsafeBufferPointer<UInt8>) -> Range<Int>? {
+    ///
+    /// With `storedLayout` (a record as whend stores it, whose trusted members come after all of
+    /// the app's), an app's field not found before the first trusted key is not there: the scan
+    /// stops at that key rather than crossing whend's members to the end.
+    mutating func find(_ wanted: RecordField?, in bytes: UnsafeBufferPointer<UInt8>, storedLayout: Bool = false)
+        -> Range<Int>?
+    {
         if let wanted, let known = stored(wanted) { return known }
-        return scan(wanted, in: bytes, stopAtTrusted: false)
+        guard storedLayout, let wanted, !wanted.isTrusted else {
+            return scan(wanted, in: bytes, stopAtTrusted: false)
+        }
+        if passedTrusted { return nil }
+        return scan(wanted, in: bytes, stopAtTrusted: true)
     }
 
     private mutating func scan(_ wanted: RecordField?, in bytes: UnsafeBufferPointer<UInt8>, stopAtTrusted: Bool)

@@ -55,6 +55,10 @@ public struct SessionIDCache {
     /// seen without copying (and retaining) any state, which a dictionary of entries did.
     @usableFromInline var entries: [Entry] = []
     public let limit: Int
+    /// The last session asked for and its slot (-1 for none): a session's records come in runs,
+    /// and each lookup in `slots` costs a hash of the digest.
+    @usableFromInline var lastID = SessionID(low: 0, high: 0)
+    @usableFromInline var lastSlot = -1
 
     @usableFromInline struct Entry {
         @usableFromInline var id: SessionID
@@ -75,7 +79,13 @@ public struct SessionIDCache {
     @inlinable public mutating func with<R>(
         _ key: SessionID, seq: UInt64, make: () -> State, _ body: (inout State) -> R
     ) -> R {
+        if lastSlot >= 0, lastID == key {
+            entries[lastSlot].seen = seq
+            return body(&entries[lastSlot].state)
+        }
         if let slot = slots[key] {
+            lastID = key
+            lastSlot = slot
             // In place: no copy of the state on the way in or out.
             entries[slot].seen = seq
             return body(&entries[slot].state)
@@ -88,6 +98,7 @@ public struct SessionIDCache {
     }
 
     @inlinable mutating func insert(_ entry: Entry) {
+        lastSlot = -1
         if let slot = slots[entry.id] {
             entries[slot] = entry
         } else {
@@ -111,6 +122,7 @@ public struct SessionIDCache {
     /// retain and a release of each state's storage, cold in memory by then), which made this
     /// 6 % of a crash-reports replay; a buffer's subscript reads in place, its `swapAt` moves.
     @inlinable mutating func forgetOldest() {
+        lastSlot = -1
         var seen: [UInt64] = []
         seen.reserveCapacity(entries.count)
         entries.withUnsafeBufferPointer { buffer in

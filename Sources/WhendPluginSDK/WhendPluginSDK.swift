@@ -52,7 +52,8 @@ public struct PluginRecord {
 
     /// A well-known field's value, if the record has it.
     public subscript(_ field: RecordField) -> JSONValue? {
-        let span = lazy.map { $0.pointee.find(field, in: bytes) } ?? index?.stored(field)
+        // A record from the journal (`_seq` above 0) is in whend's layout, its trusted members last.
+        let span = lazy.map { $0.pointee.find(field, in: bytes, storedLayout: seq > 0) } ?? index?.stored(field)
         return span.map { JSONValue(raw: UnsafeBufferPointer(rebasing: bytes[$0])) }
     }
 
