@@ -289,7 +289,9 @@ package enum Settings {
     /// `plugin.<name> = {json}`: a plugin's configuration, one key per plugin.
     package static func pluginSetting(_ name: String) -> Setting {
         Setting(
-            key: "plugin.\(name)", allowed: "a JSON object nested at most \(Secrets.maximumDepth) deep",
+            key: "plugin.\(name)",
+            allowed:
+                "a JSON object nested at most \(Secrets.maximumDepth) deep, as plugins read it: its numbers within a double's range (not 1e999), its strings without a lone surrogate (\\ud800)",
             help: "the configuration of plugin \(name)",
             reload: .live, value: { $0.pluginConfigurations[name] ?? "" }
         ) { c, v in

@@ -9,9 +9,15 @@ extension Settings {
     package static func parse(_ text: String, path: String) throws(SettingError) -> [SettingValue] {
         var values: [SettingValue] = []
         var seen: [String: Int] = [:]
-        // Any newline ends a line: "\r\n" is one Character in Swift, so splitting on "\n" alone
-        // would join a CRLF file into one line.
-        for (number, raw) in text.split(omittingEmptySubsequences: false, whereSeparator: \.isNewline).enumerated() {
+        // A line ends at LF (a CR before it is part of the line end), as for every other tool
+        // that reads the file: Swift's other line breaks (a lone CR, VT, FF, NEL, U+2028,
+        // U+2029) inside a comment would otherwise begin a setting that grep shows nowhere.
+        let lines = text.unicodeScalars.split(separator: "\n", omittingEmptySubsequences: false).map { scalars in
+            var line = String.UnicodeScalarView(scalars)
+            if line.last == "\r" { line.removeLast() }
+            return String(line)
+        }
+        for (number, raw) in lines.enumerated() {
             let source = "\(path):\(number + 1)"
             let trimmed = raw.trimmingCharacters(in: .whitespaces)
             if trimmed.isEmpty || trimmed.hasPrefix("#") { continue }

@@ -73,12 +73,12 @@ final class ControlServer: Sendable {
         let state = self.state
         let id = ObjectIdentifier(channel)
         let admitted = state.withLockedValue { state in
-            guard state.connections.count < Self.maxConnections, !state.stopping else { return false }
+            guard state.connections.count < Self.maxConnections else { return false }
             state.connections[id] = channel
             return true
         }
-        // One too many, or whend is stopping: closed before anything is read (whenctl says whend
-        // closed it unanswered).
+        // One too many: closed before anything is read (whenctl says whend closed it unanswered).
+        // One accepted while whend stops is admitted, and told so (below) like those before it.
         guard admitted else { return channel.close() }
         channel.closeFuture.whenComplete { _ in _ = state.withLockedValue { $0.connections.removeValue(forKey: id) } }
         let credentials: EventLoopFuture<whend_ucred> = provider.unsafeGetSocketOption(

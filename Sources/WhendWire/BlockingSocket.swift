@@ -109,6 +109,37 @@ package final class BlockingSocket: @unchecked Sendable {
         framer.finish(line)
     }
 
+    /// What `receiveFirstLine` found.
+    package enum FirstLine: Equatable {
+        /// The first line, without its newline (or all that came before the peer closed).
+        case line([UInt8])
+        /// The peer closed without sending anything.
+        case closed
+        /// More than `maxAnswerBytes` came without a newline.
+        case tooLong
+        /// The line was not complete within the time given.
+        case timedOut
+    }
+
+    /// Reads the first line the peer sends, within `timeout` seconds in all: a peer that sends
+    /// for ever, or answers and never closes, holds no reader longer than that.
+    package func receiveFirstLine(timeout: TimeInterval) throws -> FirstLine {
+        let deadline = Date().addingTimeInterval(timeout)
+        var pending: [UInt8] = []
+        while true {
+            let left = deadline.timeIntervalSinceNow
+            guard left > 0, waitReadable(timeout: left) else { return .timedOut }
+            let chunk = try receive()
+            if chunk.isEmpty { return pending.isEmpty ? .closed : .line(pending) }
+            if let newline = chunk.firstIndex(of: 0x0A) {
+                guard pending.count + newline <= Self.maxAnswerBytes else { return .tooLong }
+                return .line(pending + chunk[..<newline])
+            }
+            pending += chunk
+            guard pending.count <= Self.maxAnswerBytes else { return .tooLong }
+        }
+    }
+
     /// The longest line a daemon's answer may be; longer ones are skipped, never buffered.
     package static let maxAnswerBytes = 1 << 24
 }

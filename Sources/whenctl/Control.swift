@@ -18,7 +18,7 @@ struct ControlOptions: ParsableArguments {
         return SocketLocation.controlSocket(besideEventSocket: socket ?? SocketLocation.eventSocket())
     }
 
-    /// How long whenctl waits for whend to begin its answer (a reload checks plugins first).
+    /// How long whenctl waits for whend's whole answer (a reload checks plugins first).
     static let answerTimeout: TimeInterval = 120
 
     /// Sends one request and returns whend's answer; fails, saying why, when whend cannot be
@@ -26,36 +26,47 @@ struct ControlOptions: ParsableArguments {
     func request(_ request: ControlRequest, as name: String) throws -> ControlAnswer {
         let path = self.path
         try refuseUnsafeSocketDirectory(path)
-        let answer: ControlAnswer
         let connection: BlockingSocket
         do { connection = try BlockingSocket(path: path) } catch { throw unreachable(.control, at: path, error) }
+        // A whend that answered at once (it is stopping) and closed may have done so before
+        // the request was sent: its answer is read all the same.
+        var sendError: Error?
         do {
             try connection.send(request.encoded() + [0x0A])
             connection.finishSending()
-            var first: [UInt8]?
+        } catch {
+            sendError = error
+        }
+        let first: BlockingSocket.FirstLine
+        do {
+            first = try connection.receiveFirstLine(timeout: Self.answerTimeout)
+        } catch {
+            throw unanswered(at: path, because: sendError ?? error)
+        }
+        let answer: ControlAnswer
+        switch first {
+        case .timedOut:
             // A whend that accepts and never answers (stopped, or out of descriptors) is said so.
-            guard connection.waitReadable(timeout: Self.answerTimeout) else {
+            throw Failure(
+                "whend accepted on \(path) but did not answer within \(Int(Self.answerTimeout)) s; its log (journalctl -u whend, or make run's terminal) says why"
+            )
+        case .closed:
+            throw unanswered(at: path, because: sendError)
+        case .tooLong:
+            throw Failure(
+                "whend's answer on \(path) is longer than \(BlockingSocket.maxAnswerBytes >> 20) MiB, more than whenctl reads; what was asked may have been done: `whenctl status` and whend's log say"
+            )
+        case .line(let bytes):
+            guard let decoded = ControlAnswer.decode(bytes) else {
                 throw Failure(
-                    "whend accepted on \(path) but did not answer within \(Int(Self.answerTimeout)) s; its log (journalctl -u whend, or make run's terminal) says why"
-                )
-            }
-            try connection.receiveLines { line in
-                if first == nil { first = Array(line.utf8) }
-            }
-            guard let first else { throw unanswered(at: path, because: nil) }
-            guard let decoded = ControlAnswer.decode(first) else {
-                throw Failure(
-                    "whend's answer on \(path) is not one this whenctl reads: \(printable(String(decoding: first.prefix(200), as: UTF8.self), limit: 200))"
+                    "whend's answer on \(path) is not one this whenctl reads: \(printable(String(decoding: bytes.prefix(200), as: UTF8.self), limit: 200))"
                 )
             }
             answer = decoded
-        } catch let failure as Failure {
-            throw failure
-        } catch {
-            throw unanswered(at: path, because: error)
         }
         if !answer.ok {
-            let why = answer.error.flatMap { $0.isEmpty ? nil : $0 } ?? "whend refused without saying why; its log may"
+            let why =
+                answer.error.flatMap { $0.isEmpty ? nil : $0 } ?? "whend refused without saying why; its log may say"
             printError("whenctl \(name): \(printable(why))")
             throw ExitCode(1)
         }
@@ -125,9 +136,10 @@ struct Reload: ParsableCommand {
         let answer = try options.request(.reload, as: "reload")
         let changed = answer.changed ?? []
         print(changed.isEmpty ? "reloaded: nothing changed" : "reloaded:")
-        for line in changed { print("  \(line)") }
+        // Each as one line a terminal shows as it is: the values are the configuration's.
+        for line in changed { print("  \(printable(line))") }
         for key in answer.needRestart ?? [] {
-            print("  \(key) changed; it takes effect when whend restarts")
+            print("  \(printable(key)) changed; it takes effect when whend restarts")
         }
     }
 }

@@ -193,6 +193,23 @@ import WhendWire
         }
     }
 
+    /// Only LF (or CRLF) ends a line, as for grep, an editor or a reviewer: a comment that holds
+    /// another line break (U+2028, U+2029, NEL, a lone CR, VT, FF) followed by a setting is
+    /// still all comment, and such a character inside a plugin's JSON string is part of it.
+    @Test func onlyALineFeedEndsALine() throws {
+        for breaker in ["\u{2028}", "\u{2029}", "\u{85}", "\r", "\u{0B}", "\u{0C}"] {
+            let c = try parse("# durability stays fsync\(breaker)durability = none\ndurability = write\n")
+            #expect(c.journal.durability == .write, "\(breaker.unicodeScalars.first!.value)")
+            // In a JSON string, what JSON allows there unescaped (not the control characters).
+            guard breaker.unicodeScalars.first!.value > 0x1F else { continue }
+            let text = #"plugin.x = {"note": "a"# + breaker + #"b"}"# + "\n"
+            #expect(try parse(text).pluginConfigurations["x"] == #"{"note": "a"# + breaker + #"b"}"#)
+        }
+        #expect(throws: SettingError.setTwice(source: "t.conf:3", key: "durability", firstLine: 1)) {
+            try parse("durability = write\r\n# \u{2028}\ndurability = none\r\n")
+        }
+    }
+
     @Test func quotedValuesMayCarryHashesQuotesAndAComment() throws {
         let c = try parse(#"socket = "/tmp/a b/#c\"d\\.sock"   # the socket"# + "\r\ndurability = write\r\n")
         #expect(c.socketPath == #"/tmp/a b/#c"d\.sock"#)

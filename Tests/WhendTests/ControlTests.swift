@@ -206,6 +206,63 @@ import WhendWire
         #expect(r.error.contains("what was asked was not done") && !r.error.contains("cannot reach"), "\(r.error)")
     }
 
+    /// whenctl against a control socket that misbehaves, as a whend stopping, overloaded or
+    /// not whend at all may: it answers and never closes, sends without end, answers and closes
+    /// before the request is sent. whenctl reads one answer line, within its time, at most
+    /// 16 MiB, and says what happened in one line.
+    @Test func whenctlReadsOneAnswerLineWhateverThePeerDoes() throws {
+        func against(_ serve: @escaping @Sendable (Int32) -> Void, _ arguments: [String]) throws -> (
+            status: Int32, output: String, error: String
+        ) {
+            let path = scratchDirectory("ctl-peer") + "/control.sock"
+            let listener = try UnixTestListener(path: path)
+            let served = listener.serveOne(serve)
+            let r = try whenctl(arguments + ["--control", path])
+            served.wait()
+            return r
+        }
+        @Sendable func write(_ fd: Int32, _ text: String) {
+            _ = Array(text.utf8).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) }
+        }
+        // An answer, then the connection held open (for up to 30 s) until whenctl has gone.
+        let clientLeftFirst = Flag()
+        let held = try against(
+            { fd in
+                write(fd, #"{"ok":true,"changed":[]}"# + "\n")
+                var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+                var byte: UInt8 = 0
+                let deadline = Date().addingTimeInterval(30)
+                while Date() < deadline, poll(&pfd, 1, 1000) >= 0 {
+                    if pfd.revents & Int16(POLLHUP) != 0 {
+                        clientLeftFirst.set()
+                        break
+                    }
+                    _ = recv(fd, &byte, 1, Int32(MSG_DONTWAIT))
+                }
+                close(fd)
+            }, ["reload"])
+        #expect(held.status == 0 && held.output == "reloaded: nothing changed\n", "\(held)")
+        #expect(clientLeftFirst.isSet)
+        // More than 16 MiB without a line end.
+        let endless = try against(
+            { fd in
+                let chunk = [UInt8](repeating: 0x61, count: 1 << 20)
+                for _ in 0..<20
+                where chunk.withUnsafeBytes({ send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }) > 0 {}
+                close(fd)
+            }, ["status"])
+        #expect(endless.status == 1 && endless.error.contains("longer than 16 MiB"), "\(endless.error.prefix(300))")
+        // Told at once that whend is stopping, and closed, whether or not the request was sent.
+        let stopping = try against(
+            { fd in
+                write(
+                    fd, #"{"ok":false,"error":"whend is stopping; nothing was done (a reload was not applied)"}"# + "\n"
+                )
+                close(fd)
+            }, ["reload"])
+        #expect(stopping.status == 1 && stopping.error.contains("whend is stopping; nothing was done"), "\(stopping)")
+    }
+
     /// What whend answers may quote a client's input: whenctl prints it as one line, control
     /// characters escaped, so no answer writes a second line or a terminal escape.
     @Test func whenctlPrintsWhendsAnswersAsOneLine() throws {

@@ -17,6 +17,17 @@ final class UnixTestListener: Sendable {
 
     deinit { close(fd) }
 
+    /// Accepts one connection on a thread of its own and hands it to `body`, which owns it.
+    func serveOne(_ body: @escaping @Sendable (Int32) -> Void) -> DispatchSemaphore {
+        let done = DispatchSemaphore(value: 0)
+        Thread { [self] in
+            let connection = accept(fd, nil, nil)
+            if connection >= 0 { body(connection) }
+            done.signal()
+        }.start()
+        return done
+    }
+
     /// Accepts a connection and, once its request has come, closes it unread: the peer's
     /// connection is reset, as when a process ends with a request in its socket.
     func resetOneConnectionOnceItAsks() {
