@@ -180,7 +180,10 @@ let package = Package(
         ),
 
         .testTarget(name: "WhendWireTests", dependencies: ["WhendWire", "WhendRecord", "SeededRandom", propertyBased]),
-        .testTarget(name: "WhendJournalTests", dependencies: ["WhendJournal", "WhendWire", "WhendRecord"]),
+        // Where the tests keep their files (one directory a run; earlier runs' are removed).
+        .target(name: "TestScratch", path: "Tests/Scratch"),
+        .testTarget(
+            name: "WhendJournalTests", dependencies: ["WhendJournal", "WhendWire", "WhendRecord", "TestScratch"]),
         .testTarget(name: "WhendPluginSDKTests", dependencies: ["WhendPluginSDK"]),
         .testTarget(name: "WhendControlTests", dependencies: ["WhendControl", propertyBased]),
         // End to end: whend on real sockets, in the test's own process (`TestDaemon`) or as a
@@ -193,7 +196,7 @@ let package = Package(
                 "WhendWire", "WhendRecord", "WhendSystem", "WhendJournal", "WhendConfiguration", "WhendPluginHost",
                 "WhendPipelines", "WhendDaemon", "WhenClient",
                 "WhenTesting", "whend", "whenctl",
-                "whend-demo", "SeededRandom",
+                "whend-demo", "SeededRandom", "TestScratch",
                 // The connection handler alone, on NIO's test channel (ConnectionHandlerTests).
                 nioCore,
                 .product(name: "NIOEmbedded", package: "swift-nio"),

@@ -1,16 +1,13 @@
 import CZstd
 import Foundation
+import TestScratch
 import Testing
 import WhendRecord
 import WhendWire
 
 @testable import WhendJournal
 
-func temporaryDirectory(_ name: String) -> String {
-    let path = NSTemporaryDirectory() + "whend-\(name)-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
-    try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
-    return path
-}
+func temporaryDirectory(_ name: String) -> String { ScratchDirectory.make(name) }
 
 func record(_ seq: UInt64, _ note: String = "") -> [UInt8] {
     Array(

@@ -1,4 +1,5 @@
 import Foundation
+import TestScratch
 import Testing
 import WhendJournal
 import WhendWire
@@ -17,13 +18,7 @@ let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
 /// The Python of the tests' own environment, with the readers from PyPI (`make test-deps`).
 let testPython = repositoryRoot + "/.build/test-venv/bin/python"
 
-func scratchDirectory(_ name: String) -> String {
-    // Short: socket paths must fit in 108 bytes.
-    let path = "/tmp/wt-\(name.prefix(12))-\(getpid())-\(UInt16.random(in: 0...UInt16.max))"
-    try? FileManager.default.removeItem(atPath: path)
-    try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
-    return path
-}
+func scratchDirectory(_ name: String) -> String { ScratchDirectory.make(name) }
 
 struct TestFailure: Error, CustomStringConvertible {
     var description: String
