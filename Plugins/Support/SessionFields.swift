@@ -3,12 +3,12 @@
 /// A time as `YYYY-MM-DDTHH:MM:SS[.f…]Z` (up to six digits of fraction, fields in their
 /// ranges) packed in 63 bits below a flag bit: the same text is made from it, byte for byte.
 /// 0 is no time (empty); 1, a time kept as text elsewhere.
-struct PackedTime: Equatable {
-    var bits: UInt64
+package struct PackedTime: Equatable {
+    package var bits: UInt64
 
     static let spilled = PackedTime(bits: 1)
 
-    init(bits: UInt64) { self.bits = bits }
+    package init(bits: UInt64) { self.bits = bits }
 
     init?(_ text: String) {
         if text.isEmpty {
@@ -20,7 +20,7 @@ struct PackedTime: Equatable {
         self = packed
     }
 
-    init?(_ b: UnsafeBufferPointer<UInt8>) {
+    package init?(_ b: UnsafeBufferPointer<UInt8>) {
         let n = b.count
         guard n >= 20, n <= 27, b[n - 1] == UInt8(ascii: "Z"), b[4] == UInt8(ascii: "-"),
             b[7] == UInt8(ascii: "-"), b[10] == UInt8(ascii: "T"), b[13] == UInt8(ascii: ":"),
@@ -52,7 +52,7 @@ struct PackedTime: Equatable {
     }
 
     /// The text, or nil for one kept elsewhere.
-    var string: String? {
+    package var string: String? {
         if bits == 0 { return "" }
         if bits == 1 { return nil }
         let fractionDigits = Int((bits >> 20) & 7)
