@@ -67,8 +67,7 @@ final class CrashReports: PersistentStatePlugin {
             }
         }
 
-        /// The crumbs, each: its seq (8 bytes, little-endian), the length of what follows (4
-        /// bytes), then either 0 and a JSON object as it was given (a crumb restored that is not
+        /// The crumbs, each: its seq (a varint), the length of what follows (`append`), then either 0 and a JSON object as it was given (a crumb restored that is not
         /// in the compact form), or 1, a byte of which members it has, one of the time's key, and
         /// each member's value as stored, its length first (a varint).
         private var log: [UInt8] = []
@@ -108,37 +107,62 @@ final class CrashReports: PersistentStatePlugin {
             unused = 0
         }
 
-        /// Appends a crumb to `log`: its seq, then its length and the bytes `body` appends.
-        /// The buffer grows by a quarter, not double: it is most of a session's memory.
+        /// Appends a crumb to `log`: its seq (a varint), its length (two bytes, or four with the
+        /// top bit of the first two set) and the bytes `body` appends. The buffer grows by a
+        /// quarter, not double: it is most of a session's memory.
         private static func append(seq: UInt64, log: inout [UInt8], _ body: (inout [UInt8]) -> Void) {
             if log.capacity - log.count < 256 { log.reserveCapacity(log.count + max(256, log.count / 4)) }
-            withUnsafeBytes(of: seq.littleEndian) { log.append(contentsOf: $0) }
+            var v = seq
+            while v >= 0x80 {
+                log.append(UInt8(truncatingIfNeeded: v) | 0x80)
+                v >>= 7
+            }
+            log.append(UInt8(v))
             let lengthAt = log.count
-            log.append(contentsOf: [0, 0, 0, 0] as [UInt8])
+            log.append(0)
+            log.append(0)
             body(&log)
-            let length = UInt32(truncatingIfNeeded: log.count - lengthAt - 4)
-            withUnsafeBytes(of: length.littleEndian) { raw in
-                for i in 0..<4 { log[lengthAt + i] = raw[i] }
+            let length = log.count - lengthAt - 2
+            if length < 0x8000 {
+                log[lengthAt] = UInt8(truncatingIfNeeded: length)
+                log[lengthAt + 1] = UInt8(truncatingIfNeeded: length >> 8)
+            } else {
+                log[lengthAt] = UInt8(truncatingIfNeeded: length)
+                log[lengthAt + 1] = UInt8(truncatingIfNeeded: length >> 8) | 0x80
+                log.insert(
+                    contentsOf: [UInt8(truncatingIfNeeded: length >> 15), UInt8(truncatingIfNeeded: length >> 23)],
+                    at: lengthAt + 2)
             }
         }
 
-        private static func size(_ log: [UInt8], at start: Int) -> Int { 12 + length(log, at: start) }
-
-        private static func length(_ log: [UInt8], at start: Int) -> Int {
-            var length = 0
-            for i in 0..<4 { length |= Int(log[start + 8 + i]) << (8 * i) }
-            return length
-        }
-
-        private static func seq(_ log: [UInt8], at start: Int) -> UInt64 {
+        /// The crumb at `start`: its seq, and where its body is.
+        private static func crumb(_ log: [UInt8], at start: Int) -> (seq: UInt64, body: Range<Int>) {
             var seq: UInt64 = 0
-            for i in 0..<8 { seq |= UInt64(log[start + i]) << (8 * UInt64(i)) }
-            return seq
+            var shift: UInt64 = 0
+            var at = start
+            while true {
+                let byte = log[at]
+                at += 1
+                seq |= UInt64(byte & 0x7F) << shift
+                if byte & 0x80 == 0 { break }
+                shift += 7
+            }
+            var length = Int(log[at]) | Int(log[at + 1] & 0x7F) << 8
+            if log[at + 1] & 0x80 != 0 {
+                length |= Int(log[at + 2]) << 15 | Int(log[at + 3]) << 23
+                at += 2
+            }
+            at += 2
+            return (seq, at..<at + length)
         }
+
+        private static func size(_ log: [UInt8], at start: Int) -> Int { crumb(log, at: start).body.upperBound - start }
+
+        private static func seq(_ log: [UInt8], at start: Int) -> UInt64 { crumb(log, at: start).seq }
 
         /// The crumb at `start` in `log` as its JSON object.
         private static func record(_ log: [UInt8], at start: Int) -> [UInt8] {
-            let body = log[start + 12..<start + 12 + length(log, at: start)]
+            let body = log[crumb(log, at: start).body]
             guard body.first == 1 else { return Array(body.dropFirst()) }
             return expand(body.dropFirst())
         }
@@ -176,8 +200,8 @@ final class CrashReports: PersistentStatePlugin {
         /// a breadcrumb read from them is the one read from the whole record, at less than half
         /// its bytes. 1, a byte of which of `keptFields` (and the time, its top bit) the record
         /// has, a byte for the time's key (bit 0: `ts`, else when whend received it; bit 1: the
-        /// time packed), then each value as stored, its length first (the time packed: its
-        /// eight bytes).
+        /// time packed; bit 2: the type as its number in `types`), then each value as stored,
+        /// its length first (the time packed: its eight bytes; the type numbered: its number).
         static func compact(_ record: PluginRecord, into out: inout [UInt8]) {
             let timeField: RecordField = record[.ts] != nil ? .ts : .receivedAt
             out.append(1)
@@ -196,7 +220,17 @@ final class CrashReports: PersistentStatePlugin {
                 out.append(UInt8(n))
                 out.append(contentsOf: value.raw)
             }
-            for (i, field) in keptFields.enumerated() { member(field, 1 << UInt8(i)) }
+            // The type as its number in `types` where it is one of them.
+            if let value = record[.type],
+                let code = types.firstIndex(where: { JSONBytes.equal(value.raw, Self.bytes($0)) })
+            {
+                mask |= 1
+                out[maskAt + 1] |= 4
+                out.append(UInt8(code))
+            } else {
+                member(.type, 1)
+            }
+            for (i, field) in keptFields.enumerated() where i > 0 { member(field, 1 << UInt8(i)) }
             // The time in eight bytes where it packs (`PackedTime`): most are written so.
             if let value = record[timeField], let time = packedTime(value.raw) {
                 mask |= 0x80
@@ -206,6 +240,15 @@ final class CrashReports: PersistentStatePlugin {
                 member(timeField, 0x80)
             }
             out[maskAt] = mask
+        }
+
+        /// The types most records have, as stored: a crumb keeps one as its number.
+        private static let types: [StaticString] = [
+            #""lifecycle""#, #""navigation""#, #""when""#, #""screen""#, #""error""#,
+        ]
+
+        private static func bytes(_ s: StaticString) -> UnsafeBufferPointer<UInt8> {
+            UnsafeBufferPointer(start: s.utf8Start, count: s.utf8CodeUnitCount)
         }
 
         /// A JSON string's time as `PackedTime` packs it (no escapes inside), if it does.
@@ -226,6 +269,7 @@ final class CrashReports: PersistentStatePlugin {
             let mask = crumb[crumb.startIndex]
             let timeField: RecordField = crumb[crumb.startIndex + 1] & 1 == 0 ? .ts : .receivedAt
             let timePacked = crumb[crumb.startIndex + 1] & 2 != 0
+            let typeCoded = crumb[crumb.startIndex + 1] & 4 != 0
             var at = crumb.startIndex + 2
             func member(_ field: RecordField) {
                 var n = 0
@@ -247,7 +291,16 @@ final class CrashReports: PersistentStatePlugin {
                 out += crumb[at..<end]
                 at = end
             }
-            for (i, field) in keptFields.enumerated() where mask & (1 << UInt8(i)) != 0 { member(field) }
+            for (i, field) in keptFields.enumerated() where mask & (1 << UInt8(i)) != 0 {
+                if i == 0, typeCoded, at < crumb.endIndex {
+                    let code = Int(crumb[at])
+                    at += 1
+                    out += #""type":"#.utf8
+                    if code < types.count { out.append(contentsOf: bytes(types[code])) }
+                } else {
+                    member(field)
+                }
+            }
             if mask & 0x80 != 0, timePacked {
                 var bits: UInt64 = 0
                 for i in 0..<8 where at + i < crumb.endIndex { bits |= UInt64(crumb[at + i]) << (8 * UInt64(i)) }
