@@ -194,7 +194,7 @@ let package = Package(
             name: "WhendTests",
             dependencies: [
                 "WhendWire", "WhendRecord", "WhendSystem", "WhendJournal", "WhendConfiguration", "WhendPluginHost",
-                "WhendPipelines", "WhendDaemon", "WhenClient",
+                "WhendPipelines", "WhendDaemon", "WhenClient", "BuiltinPluginSupport",
                 "WhenTesting", "whend", "whenctl",
                 "whend-demo", "SeededRandom", "TestScratch",
                 // The connection handler alone, on NIO's test channel (ConnectionHandlerTests).

@@ -105,6 +105,11 @@ enum DerivedScreenRecord {
 
 /// One session's screens: the navigation stack, each screen's lifecycle phase, and the view
 /// that is open (the screen on show since its appearance was counted).
+///
+/// The screens with a phase and the stack are one array (those first, in the order each was
+/// first given a phase, then the stack, bottom first), the phases two bits each beside it:
+/// one allocation per session where the stack and the phases were two, the phases' of 24
+/// bytes a screen, and grown by a quarter rather than double.
 struct SessionScreens: Codable {
     enum Phase: String, Codable { case willAppear, didAppear, willDisappear, didDisappear }
 
@@ -112,16 +117,106 @@ struct SessionScreens: Codable {
         case stack, phase, removed, broken, current, currentOpen, currentSince
     }
 
-    var stack: [String] = []
-    var phase = SmallMap<Phase>()
+    /// The screens with a phase (the first `phased`), then the navigation stack.
+    private var screens: [String] = []
+    /// The phases of the first 32 screens with one, two bits each (`Phase.all`'s order);
+    /// those of the rest.
+    private var phaseBits: UInt64 = 0
+    private var laterPhases: [Phase] = []
     /// Screens removed indefinitely and not presented again since.
     var removed = SmallSet()
     /// Screens in a broken lifecycle sequence: their appearances are not views until they
     /// disappear or are presented again.
     var broken = SmallSet()
     var current: String?
-    var currentOpen = false
     var currentSince: Double?
+    var currentOpen = false
+    /// How many of `screens` have a phase (last: it fills what the fields before leave of a
+    /// session's 72 bytes).
+    private var phasedCount: Int32 = 0
+    private var phased: Int {
+        get { Int(phasedCount) }
+        set { phasedCount = Int32(newValue) }
+    }
+
+    init() {}
+
+    /// The navigation stack, bottom first.
+    var stack: ArraySlice<String> { screens[phased...] }
+
+    /// Room for one more screen: a quarter more, at least one.
+    private mutating func reserveOneMore() {
+        if screens.count == screens.capacity { screens.reserveCapacity(screens.count + max(1, screens.count / 4)) }
+    }
+
+    private mutating func push(_ screen: String) {
+        reserveOneMore()
+        screens.append(screen)
+    }
+
+    private mutating func pop() { if screens.count > phased { screens.removeLast() } }
+
+    /// The phase of `screen` (the first with that name), if it has one.
+    func phase(of screen: String) -> Phase? {
+        for i in 0..<phased where screens[i] == screen { return phase(at: i) }
+        return nil
+    }
+
+    private func phase(at i: Int) -> Phase {
+        i < 32 ? Phase.all[Int((phaseBits >> UInt64(2 * i)) & 3)] : laterPhases[i - 32]
+    }
+
+    mutating func setPhase(_ phase: Phase, of screen: String) {
+        var i = 0
+        while i < phased && screens[i] != screen { i += 1 }
+        if i == phased { addPhased(screen, phase) } else { setPhase(phase, at: i) }
+    }
+
+    /// A screen given its first phase.
+    private mutating func addPhased(_ screen: String, _ phase: Phase) {
+        reserveOneMore()
+        screens.insert(screen, at: phased)
+        if phased >= 32 { laterPhases.append(phase) }
+        phased += 1
+        setPhase(phase, at: phased - 1)
+    }
+
+    private mutating func setPhase(_ phase: Phase, at i: Int) {
+        if i < 32 {
+            let shift = UInt64(2 * i)
+            phaseBits = phaseBits & ~(3 << shift) | UInt64(phase.code) << shift
+        } else {
+            laterPhases[i - 32] = phase
+        }
+    }
+
+    /// The phases as a `SmallMap`, in order.
+    private var phaseMap: SmallMap<Phase> {
+        SmallMap(pairs: (0..<phased).map { .init(key: screens[$0], value: phase(at: $0)) })
+    }
+
+    init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        let stack = try c.decode([String].self, forKey: .stack)
+        for pair in try c.decode(SmallMap<Phase>.self, forKey: .phase).pairs { addPhased(pair.key, pair.value) }
+        for screen in stack { push(screen) }
+        removed = try c.decode(SmallSet.self, forKey: .removed)
+        broken = try c.decode(SmallSet.self, forKey: .broken)
+        current = try c.decodeIfPresent(String.self, forKey: .current)
+        currentOpen = try c.decode(Bool.self, forKey: .currentOpen)
+        currentSince = try c.decodeIfPresent(Double.self, forKey: .currentSince)
+    }
+
+    func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(Array(stack), forKey: .stack)
+        try c.encode(phaseMap, forKey: .phase)
+        try c.encode(removed, forKey: .removed)
+        try c.encode(broken, forKey: .broken)
+        try c.encodeIfPresent(current, forKey: .current)
+        try c.encode(currentOpen, forKey: .currentOpen)
+        try c.encodeIfPresent(currentSince, forKey: .currentSince)
+    }
 
     enum Kind { case navigation, lifecycle, screen }
 
@@ -143,19 +238,20 @@ struct SessionScreens: Codable {
         guard let action = r[.action] else { return }
         if action.isString("root") {
             guard let screen else { return }
-            stack = [screen]
+            screens.removeSubrange(phased...)
+            push(screen)
             appear(screen, via: "navigation", at: r, &out)
         } else if action.isString("push") || action.isString("present") {
             guard let screen else { return }
-            stack.append(screen)
+            push(screen)
             appear(screen, via: "navigation", at: r, &out)
         } else if action.isString("replace") {
             guard let screen else { return }
-            if !stack.isEmpty { stack.removeLast() }
-            stack.append(screen)
+            pop()
+            push(screen)
             appear(screen, via: "navigation", at: r, &out)
         } else if action.isString("dismiss") || action.isString("pop") {
-            if !stack.isEmpty { stack.removeLast() }
+            pop()
             // The screen revealed is a screen view too (the flow-decoration proposal's case).
             if let revealed = stack.last {
                 appear(revealed, via: "navigation", at: r, &out)
@@ -167,7 +263,7 @@ struct SessionScreens: Codable {
 
     private mutating func lifecycle(_ r: PluginRecord, _ out: inout [DerivedScreenRecord]) {
         guard let screen = r.string(.screen), let status = r[.status] else { return }
-        let before = phase[screen]
+        let before = phase(of: screen)
         if status.isString("willAppear") {
             if r.flag(.isBeingPresentedInitially) {
                 removed.remove(screen)
@@ -176,9 +272,9 @@ struct SessionScreens: Codable {
                 problem("reappears after being removed indefinitely, without being presented again", screen, r, &out)
                 broken.insert(screen)
             }
-            phase[screen] = .willAppear
+            setPhase(.willAppear, of: screen)
         } else if status.isString("didAppear") {
-            phase[screen] = .didAppear
+            setPhase(.didAppear, of: screen)
             if broken.contains(screen) {
                 problem("appears after being removed indefinitely, without being presented again", screen, r, &out)
             } else if before != .willAppear {
@@ -190,10 +286,10 @@ struct SessionScreens: Codable {
             if before != .didAppear && before != .willAppear {
                 problem("willDisappear of a screen that is not on show", screen, r, &out)
             }
-            phase[screen] = .willDisappear
+            setPhase(.willDisappear, of: screen)
         } else if status.isString("didDisappear") {
             if before != .willDisappear { problem("didDisappear without willDisappear", screen, r, &out) }
-            phase[screen] = .didDisappear
+            setPhase(.didDisappear, of: screen)
             broken.remove(screen)
             if r.flag(.isBeingRemovedIndefinitely) { removed.insert(screen) }
             disappear(screen, at: r, &out)
@@ -234,7 +330,11 @@ struct SessionScreens: Codable {
 /// A session's few screens and their phases in a plain array: less memory than a dictionary
 /// per session (a session sees a handful of screens), and no hashing.
 struct SmallMap<Value: Codable>: Codable {
-    private var pairs: [Pair] = []
+    private(set) var pairs: [Pair] = []
+
+    init() {}
+
+    init(pairs: [Pair]) { self.pairs = pairs }
 
     struct Pair: Codable {
         var key: String
@@ -267,8 +367,14 @@ struct SmallSet: Codable {
 /// As saved in a snapshot: the same fields as the `Codable` form, in a fixed order.
 extension SessionScreens: CompactCodable {
     func encode(to writer: inout CompactWriter) {
-        writer.write(stack)
-        phase.encode(to: &writer)
+        // As a `[String]` and a `SmallMap<Phase>` wrote them.
+        writer.write(UInt64(screens.count - phased))
+        for screen in stack { writer.write(screen) }
+        writer.write(UInt64(phased))
+        for i in 0..<phased {
+            writer.write(screens[i])
+            phase(at: i).encode(to: &writer)
+        }
         removed.encode(to: &writer)
         broken.encode(to: &writer)
         writer.write(current)
@@ -277,8 +383,9 @@ extension SessionScreens: CompactCodable {
     }
 
     init(from reader: inout CompactReader) throws(StateDamaged) {
-        stack = try reader.read([String].self)
-        phase = try SmallMap(from: &reader)
+        let stack = try reader.read([String].self)
+        for pair in try SmallMap<Phase>(from: &reader).pairs { addPhased(pair.key, pair.value) }
+        for screen in stack { push(screen) }
         removed = try SmallSet(from: &reader)
         broken = try SmallSet(from: &reader)
         current = try reader.read(String?.self)
@@ -288,9 +395,19 @@ extension SessionScreens: CompactCodable {
 }
 
 extension SessionScreens.Phase: CompactCodable {
-    private static let all: [Self] = [.willAppear, .didAppear, .willDisappear, .didDisappear]
+    static let all: [Self] = [.willAppear, .didAppear, .willDisappear, .didDisappear]
 
-    func encode(to writer: inout CompactWriter) { writer.write(UInt64(Self.all.firstIndex(of: self)!)) }
+    /// Where it is in `all`.
+    var code: Int {
+        switch self {
+        case .willAppear: return 0
+        case .didAppear: return 1
+        case .willDisappear: return 2
+        case .didDisappear: return 3
+        }
+    }
+
+    func encode(to writer: inout CompactWriter) { writer.write(UInt64(code)) }
 
     init(from reader: inout CompactReader) throws(StateDamaged) {
         let index = try reader.read(UInt64.self)

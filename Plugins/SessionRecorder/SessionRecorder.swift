@@ -23,9 +23,7 @@ final class SessionRecorder: PersistentStatePlugin {
     var state: SavedSessionIndex {
         get { SavedSessionIndex(index: index.index) }
         set {
-            index.index = SessionIndex(
-                directory: index.index.directory, indexedThrough: newValue.index.indexedThrough,
-                entries: newValue.index.entries)
+            index.index = newValue.index.moved(to: index.index.directory)
         }
     }
 
@@ -33,7 +31,7 @@ final class SessionRecorder: PersistentStatePlugin {
         self.host = host
         index = try SessionIndexExport(
             directory: host.stateDirectory, maxSessions: configuration["max_sessions"] as? Int ?? 100_000)
-        host.log(.info, "\(index.index.entries.count) sessions indexed through _seq \(index.index.indexedThrough)")
+        host.log(.info, "\(index.index.count) sessions indexed through _seq \(index.index.indexedThrough)")
         // At once if there is none yet: readers find the index, and complete it from the journal.
         if !FileManager.default.fileExists(atPath: host.stateDirectory + "/sessions.json") { export() }
     }
@@ -70,10 +68,10 @@ struct SavedSessionIndex: Codable, CompactCodable {
 
     func encode(to writer: inout CompactWriter) {
         writer.write(index.indexedThrough)
-        writer.write(UInt64(index.entries.count))
+        writer.write(UInt64(index.count))
         // Most recent first: the same index saves the same bytes.
         for position in index.mostRecentFirst() {
-            let (key, e) = index.entries[position]
+            let (key, e) = index.entry(at: position)
             key.encode(to: &writer)
             writer.write(e.app)
             writer.write(e.session)

@@ -33,11 +33,22 @@ package enum DurableFile {
     package static func replace(_ path: String, with bytes: [UInt8], mode: mode_t = fileMode)
         throws(DurableFileError)
     {
+        try replace(path, mode: mode) { (write: ([UInt8]) throws(DurableFileError) -> Void) throws(DurableFileError) in
+            try write(bytes)
+        }
+    }
+
+    /// `replace(_:with:mode:)` with the bytes handed over a piece at a time by `body`, each
+    /// written as it comes: a large file is never whole in memory.
+    package static func replace(
+        _ path: String, mode: mode_t = fileMode,
+        writing body: (_ write: ([UInt8]) throws(DurableFileError) -> Void) throws(DurableFileError) -> Void
+    ) throws(DurableFileError) {
         let temporary = path + ".tmp"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode)
         guard fd >= 0 else { throw DurableFileError(operation: "create", path: temporary, code: errno) }
         do throws(DurableFileError) {
-            try writeAll(fd, bytes, path: temporary)
+            try body { (bytes: [UInt8]) throws(DurableFileError) in try writeAll(fd, bytes, path: temporary) }
             guard fsync(fd) == 0 else { throw DurableFileError(operation: "sync", path: temporary, code: errno) }
         } catch {
             close(fd)

@@ -59,7 +59,7 @@ struct Sessions: ParsableCommand {
             encoder.outputFormatting = [.sortedKeys]
             for s in sessions.prefix(limit) { out.write(String(decoding: try encoder.encode(s), as: UTF8.self)) }
         } else {
-            out.write("\(index.entries.count) session(s), indexed through _seq \(index.indexedThrough)")
+            out.write("\(index.count) session(s), indexed through _seq \(index.indexedThrough)")
             for s in sessions.prefix(limit) {
                 let counts = s.counts.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
                 out.write(
