@@ -65,7 +65,11 @@ final class ConfigurationService: Service, Sendable {
         let signals = await UnixSignalsSequence(trapping: .sighup)
         await withTaskGroup(of: Void.self) { group in
             group.addTask {
-                for await _ in signals { _ = self.reload(trigger: "SIGHUP") }
+                // On a thread of its own: a reload reads files, checks plugins in processes of
+                // their own and waits its turn behind whenctl's; on one of Swift's shared
+                // threads (two on a two-core machine) it held up whatever else ran there, the
+                // stop signal's handling included.
+                for await _ in signals { await onAThreadOfItsOwn { _ = self.reload(trigger: "SIGHUP") } }
             }
             await untilGracefulShutdown()
             group.cancelAll()
