@@ -161,238 +161,25 @@ package enum PipelineWorker {
                 cursor = from
             }
         }
-        var savedCursor = cursor
-        var snapshotCursor = cursor
-        var policy = CheckpointPolicy(snapshotInterval: spec.snapshotInterval, now: monotonicSeconds())
         // A pipeline that has never saved a cursor starts at the journal's oldest record, and
         // what retention deleted before it existed is no gap of its.
-        var expected: UInt64? = FileManager.default.fileExists(atPath: spec.cursorPath) ? cursor + 1 : nil
-        var skipped: UInt64 = 0
+        let expected: UInt64? = FileManager.default.fileExists(atPath: spec.cursorPath) ? cursor + 1 : nil
         // The pipeline exists from now on: a later worker tells a gap from a first start.
         if expected == nil {
             do { try save(cursor, to: spec.cursorPath) } catch { logger.error("pipeline \(spec.name): \(error)") }
         }
-        var failures = 0
-        var deadLetters = 0
-        /// The records through which the plugins' held effects are durable (`chain.flush()`).
-        var flushedThrough = cursor
-        var flushFailure: String?
-        var lastProgressCursor = cursor
-        /// The cursor at which the worker last gave freed memory back.
-        var trimmedAt = cursor
-        /// What the daemon was last told of each stage's counters.
-        var countersSent: [String: [String: Int64]] = [:]
-
-        // Called after every record; the work is done as `CheckpointPolicy` says. The cursor saved is below the oldest record not
-        // finished (a deferred stage's, or one whose derived records whend has not stored yet).
-        /// `idle`: nothing more to read for now, so what is held is flushed and the progress told
-        /// at once rather than at the next tick (an idle worker's cursor must not lag).
-        func report(force: Bool = false, idle: Bool = false) {
-            let now = monotonicSeconds()
-            if policy.outputDue(now: now, pendingBytes: output.pendingBytes, force: force) { output.flush() }
-            let saveDue = policy.saveDue(now: now, force: force)
-            let snapshotDue =
-                keepsState && !chain.plugins.isEmpty && cursor != snapshotCursor
-                && policy.snapshotDue(now: now, force: force)
-            // Neither the cursor nor a snapshot passes records whose effects a plugin still
-            // holds in memory: they are made durable first, or both wait.
-            var flushed = true
-            if policy.pluginFlushDue(
-                now: now, force: force, idle: idle, snapshotDue: snapshotDue, behind: cursor != flushedThrough)
-            {
-                do {
-                    try chain.flush()
-                    flushedThrough = cursor
-                    if flushFailure != nil {
-                        logger.notice("pipeline \(spec.name): its plugins flush again")
-                        flushFailure = nil
-                    }
-                } catch {
-                    flushed = false
-                    // Said once per kind of failure, not every tenth of a second.
-                    if flushFailure != error.description {
-                        logger.error("pipeline \(spec.name): \(error); its cursor stays before the records it holds")
-                        flushFailure = error.description
-                    }
-                }
-            }
-            if snapshotDue && flushed {
-                policy.snapshotBegun(now: now)
-                // The state goes with a cursor only when every record handled is finished: its
-                // derived records stored, the deferred stage done. Wait for that, briefly.
-                output.flush()
-                policy.outputSent(now: now)
-                if completions.watermark(acceptedThrough: cursor) != cursor { completions.drain(seconds: 2) }
-                if completions.watermark(acceptedThrough: cursor) == cursor {
-                    do {
-                        try takeSnapshot(chain, cursor: cursor).save(to: spec.snapshotPath) {
-                            killPoint(.writingSnapshot, spec)
-                        }
-                        killPoint(.snapshotSaved, spec)
-                        snapshotCursor = cursor
-                        policy.snapshotSaved(started: now, finished: monotonicSeconds())
-                    } catch {
-                        logger.error("pipeline \(spec.name): its plugins' state was not saved: \(error)")
-                    }
-                }
-            }
-            // Not after every record: the watermark takes the completions' lock.
-            guard saveDue || idle || policy.progressDue(now: now, force: force, idle: false, moved: false) else {
-                return
-            }
-            let durable = min(completions.watermark(acceptedThrough: cursor), flushedThrough)
-            let progressDue = policy.progressDue(
-                now: now, force: force, idle: idle, moved: durable != lastProgressCursor)
-            if saveDue, durable != savedCursor {
-                do {
-                    try save(durable, to: spec.cursorPath)
-                    savedCursor = durable
-                    killPoint(.cursorSaved, spec)
-                } catch {
-                    // The old cursor stands (records are handled again, never skipped); tried
-                    // again at the next save.
-                    logger.error("pipeline \(spec.name): \(error); the cursor stays at \(savedCursor)")
-                }
-                policy.cursorSaved(now: now)
-            }
-            if progressDue {
-                // The counters first: whend has them by the time it sees the cursor they go with.
-                // Under the stage's name as configured, which whend knows (a library may call
-                // itself otherwise: its counters were dropped).
-                for (stage, plugin) in zip(spec.stages, chain.plugins) {
-                    let counters = plugin.counters
-                    if counters != countersSent[stage.plugin] {
-                        output.counters(plugin: stage.plugin, counters)
-                        countersSent[stage.plugin] = counters
-                    }
-                }
-                output.progress(cursor: durable, failures: failures, deadLetters: deadLetters, skipped: skipped)
-                policy.progressSent(now: now)
-                lastProgressCursor = durable
-            }
-        }
-
-        report(force: true)
+        var loop = WorkerLoop(
+            spec: spec, chain: chain, deferred: deferred, keepsState: keepsState, cursor: cursor,
+            expected: expected, output: output, completions: completions, handling: handling, link: link,
+            logger: logger)
+        chain = PluginChain([])
+        loop.report(force: true)
         JournalReader(directory: JournalDirectory(path: spec.journalDirectory)).read(
             fromSeq: cursor + 1, follow: true,
-            body: { record, _ in
-                guard !link.stopRequested else { return false }
-                guard let seq = record.seq, seq > cursor else { return true }
-                if let expected, seq > expected {
-                    // Gone before this pipeline read them: said, counted, never silent.
-                    skipped += seq - expected
-                    logger.error(
-                        "pipeline \(spec.name): _seq \(expected)…\(seq - 1) are gone from the journal (retention deleted them before this pipeline read them); skipped \(seq - expected) records"
-                    )
-                }
-                expected = seq + 1
-                handling.set(seq)
-                defer { handling.set(0) }
-                if seq == spec.poison {
-                    let why = spec.poisonReason ?? "the worker kept dying on it"
-                    do {
-                        try deadLetter(record.line, seq: seq, why: why, to: spec.deadLetterPath)
-                        deadLetters += 1
-                        logger.error(
-                            "pipeline \(spec.name): _seq \(seq) is not handled again (\(why)); written to \(spec.deadLetterPath)"
-                        )
-                        cursor = seq
-                        handling.set(0)
-                        report()
-                        return true
-                    } catch {
-                        logger.error("pipeline \(spec.name): _seq \(seq) cannot go to the dead letters: \(error)")
-                    }
-                }
-                var attempt = 0
-                while true {
-                    output.begin(seq)
-                    var outcome = chain.run(record.line, seq: seq)
-                    // Handling it again would derive as much again: no retry helps.
-                    let oversized = output.oversized.map {
-                        "it derived \($0) bytes, more than the \(WorkerFrame.maxLength) a frame to whend holds; none of them is stored"
-                    }
-                    if let oversized { outcome = .rejected(oversized) }
-                    // Finished once the deferred stage completes it (if it reached it) and whend
-                    // has stored what it derived.
-                    switch outcome {
-                    case .unchanged, .changed:
-                        completions.accept(seq, derivedCount: output.emitted, deferredStage: deferred)
-                    case .dropped: completions.accept(seq, derivedCount: output.emitted, deferredStage: false)
-                    case .rejected: break
-                    }
-                    if case .rejected(let why) = outcome {
-                        // What an attempt that failed derived is not stored: only the attempt that
-                        // passes the record derives, as a run without the failure would.
-                        output.discardCurrentRecord()
-                        attempt += 1
-                        failures += 1
-                        if oversized != nil || (spec.retryLimit > 0 && attempt >= spec.retryLimit) {
-                            do {
-                                try deadLetter(record.line, seq: seq, why: why, to: spec.deadLetterPath)
-                                deadLetters += 1
-                                logger.error(
-                                    "pipeline \(spec.name): _seq \(seq) failed \(attempt) times (\(why)); written to \(spec.deadLetterPath)"
-                                )
-                                break
-                            } catch {
-                                // Not in the dead letters: not passed either. Tried again below.
-                                logger.error(
-                                    "pipeline \(spec.name): _seq \(seq) cannot go to the dead letters: \(error)")
-                            }
-                        }
-                        let delay = min(30, 0.05 * pow(2, Double(min(attempt, 20))))
-                        if attempt == 1 || attempt % 10 == 0 {
-                            logger.warning(
-                                "pipeline \(spec.name): _seq \(seq) failed (\(why)); attempt \(attempt), retrying in \(String(format: "%.2f", delay)) s"
-                            )
-                        }
-                        // Sleep in slices, reporting, so that the daemon sees the worker alive.
-                        let until = Date().addingTimeInterval(delay)
-                        while Date() < until && !link.stopRequested {
-                            report()
-                            Thread.sleep(forTimeInterval: min(0.1, max(0, until.timeIntervalSinceNow)))
-                        }
-                        // Stopping: the record is not done, so the cursor stays before it.
-                        if link.stopRequested { return false }
-                        continue
-                    }
-                    break
-                }
-                cursor = seq
-                // What fails from here (a plugin's flush) is not this record's doing.
-                handling.set(0)
-                report()
-                return true
-            },
-            onCaughtUp: {
-                // Nothing more to read for now: what was derived goes to whend at once.
-                if output.pendingBytes > 0 {
-                    output.flush()
-                    policy.outputSent(now: monotonicSeconds())
-                }
-                // Memory the plugins freed goes back to the system once in a while: glibc keeps a
-                // freed heap's pages (sessions forgotten, batches sent), and after a burst a
-                // worker held a third more than its state (crashes: 89 → 60 MiB of PSS). Before
-                // the progress that says the pipeline caught up: by then it is given back.
-                if policy.trimDue(now: monotonicSeconds(), handled: cursor > trimmedAt ? cursor - trimmedAt : 0) {
-                    _ = whend_malloc_trim(0)
-                    trimmedAt = cursor
-                }
-                report(idle: true)
-                return !link.stopRequested
-            },
+            body: { record, _ in loop.handle(record) },
+            onCaughtUp: { loop.caughtUp() },
             onProblem: { problem in logger.warning("pipeline \(spec.name): \(problem)") })
-        // The plugins close before the process ends (an analytics spool, a session index, a
-        // deferred stage waiting for its last acknowledgements), then the cursor is saved.
-        // The state goes with the cursor it reached (while the plugins are still there to give it).
-        output.flush()
-        completions.drain(seconds: 1)
-        report(force: true)
-        chain = PluginChain([])
-        output.flush()
-        completions.drain(seconds: 1)
-        report(force: true)
+        loop.finish()
         return 0
     }
 }
