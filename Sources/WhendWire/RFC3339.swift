@@ -69,7 +69,26 @@ package enum RFC3339 {
     }
 }
 
-/// Whether `v` is an RFC 3339 date-time.
+/// Whether `v` is an RFC 3339 date-time naming a day the calendar has (RFC 3339 §5.7: no
+/// 30 February, no 29 February outside leap years), as ingest checks a client's `ts`.
+///
+/// Only ingest is this strict: `RFC3339.parse` still reads 2024-02-30 as 1 March, as it always
+/// has, so that records stored before the check are read as they were and replays of old
+/// journals derive what they derived.
 package func isRFC3339<C: RandomAccessCollection<UInt8>>(_ v: C) -> Bool where C.Index == Int {
-    RFC3339.parse(v) != nil
+    guard RFC3339.parse(v) != nil else { return false }
+    let base = v.startIndex
+    func number(_ at: Int, _ n: Int) -> Int { (at..<(at + n)).reduce(0) { $0 * 10 + Int(v[base + $1] - 0x30) } }
+    return number(8, 2) <= RFC3339.daysIn(month: number(5, 2), of: number(0, 4))
+}
+
+extension RFC3339 {
+    /// The days of `month` (1–12) in `year` of the proleptic Gregorian calendar.
+    package static func daysIn(month: Int, of year: Int) -> Int {
+        switch month {
+        case 2: return year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) ? 29 : 28
+        case 4, 6, 9, 11: return 30
+        default: return 31
+        }
+    }
 }
