@@ -14,6 +14,9 @@ _Static_assert(offsetof(whend_ucred, pid) == offsetof(struct ucred, pid), "ucred
 _Static_assert(offsetof(whend_ucred, uid) == offsetof(struct ucred, uid), "ucred.uid moved");
 _Static_assert(offsetof(whend_ucred, gid) == offsetof(struct ucred, gid), "ucred.gid moved");
 
+const int whend_so_peergroups = SO_PEERGROUPS;
+_Static_assert(sizeof(gid_t) == sizeof(uint32_t), "gid_t is not 32 bits");
+
 int whend_spawn_file_actions_addclosefrom(posix_spawn_file_actions_t *actions, int lowest) {
     return posix_spawn_file_actions_addclosefrom_np(actions, lowest);
 }

@@ -39,6 +39,13 @@ package struct DaemonConfiguration: Sendable {
     /// Event connections open at once; one more is answered with an error line and closed:
     /// each costs a descriptor and buffers, whoever opens it.
     package var maxConnections: Int = 1024
+    /// Subscriptions (PROTOCOL.md §9) open at once: each reads the journal on a thread of its
+    /// own, with its buffers (about 1 MiB).
+    package var maxSubscribers: Int = 128
+    /// A group whose members may subscribe, besides whend's own user and root; empty for none.
+    /// A subscriber reads every app's records: who may is decided by the kernel's word on the
+    /// peer (SO_PEERCRED, SO_PEERGROUPS), not the socket file's mode.
+    package var subscribeGroup: String = ""
     /// trace, debug, info, notice, warning, error or critical.
     package var logLevel: String = "info"
     /// Where plugin libraries may be loaded from: by default where whend's own plugins are

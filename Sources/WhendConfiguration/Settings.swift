@@ -231,6 +231,22 @@ package enum Settings {
             help: "event connections open at once; one more gets an unavailable error and is closed", reload: .live,
             value: { String($0.maxConnections) }, apply: int(1...1_000_000) { $0.maxConnections = $1 }),
         Setting(
+            key: "max_subscribers", allowed: "an integer from 0 to 100000",
+            help: "subscriptions open at once; one more gets an unavailable error and is closed", reload: .live,
+            value: { String($0.maxSubscribers) }, apply: int(0...100_000) { $0.maxSubscribers = $1 }),
+        Setting(
+            key: "subscribe_group", allowed: "a group name, or empty for none",
+            help: "a group whose members may subscribe to records, besides whend's user and root", reload: .live,
+            value: { $0.subscribeGroup }
+        ) { c, v in
+            // A name as groupadd takes it; looked up when a subscriber connects (it may be
+            // created after whend starts).
+            guard v.utf8.count <= 32, v.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "_.-".contains($0)) })
+            else { return false }
+            c.subscribeGroup = v
+            return true
+        },
+        Setting(
             key: "shutdown_timeout", allowed: "seconds, 0 or more", help: "how long a graceful stop waits",
             reload: .live, value: { number($0.shutdownTimeout) }, apply: seconds { $0.shutdownTimeout = $1 }),
         Setting(

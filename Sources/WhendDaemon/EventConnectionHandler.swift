@@ -28,13 +28,18 @@ final class EventConnectionHandler: ChannelDuplexHandler {
         var bytes: Int
     }
 
-    private let writer: any EventJournal
-    private let live: LiveConfiguration
+    let writer: any EventJournal
+    let live: LiveConfiguration
     private var generation: Int
     private let counters: DaemonMetrics
     private var framer: LineFramer
     /// Everything between a line and the journal: validation, rate limit, encoding, middleware.
     private var stage: IngestStage
+    let credentials: PeerCredentials
+    let subscribers: SubscriberCount
+    /// Set once the first line asked for a subscription: the connection then only sends.
+    var subscribing = false
+    var subscription: Subscription?
 
     private var lastAckSent: UInt64 = 0
     private var inFlight: [InFlight] = []
@@ -47,9 +52,11 @@ final class EventConnectionHandler: ChannelDuplexHandler {
 
     init(
         writer: any EventJournal, live: LiveConfiguration, credentials: PeerCredentials, connectionID: UInt64,
-        counters: DaemonMetrics, limiter: SenderRateLimiter
+        counters: DaemonMetrics, limiter: SenderRateLimiter, subscribers: SubscriberCount
     ) {
         self.writer = writer
+        self.credentials = credentials
+        self.subscribers = subscribers
         self.live = live
         self.generation = live.generation
         self.counters = counters
@@ -66,7 +73,7 @@ final class EventConnectionHandler: ChannelDuplexHandler {
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let buffer = unwrapInboundIn(data)
-        guard !closing else { return }
+        guard !closing, !subscribing else { return }
         if live.generation != generation {
             generation = live.generation
             stage.reconfigure(live.current, ingest: live.ingest)
@@ -93,6 +100,11 @@ final class EventConnectionHandler: ChannelDuplexHandler {
             inputClosed = true
             closeIfDone(context: context)
             flushIfNeeded(context: context)
+        } else if event is DrainRequest, subscribing {
+            // Stopping: the subscriber resumes from its last _seq at the next start.
+            subscription?.cancel()
+            closing = true
+            flushThenClose(context: context)
         } else if event is DrainRequest {
             submitBatch(context: context)
             inputClosed = true
@@ -106,6 +118,11 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     func channelWritabilityChanged(context: ChannelHandlerContext) {
         if context.channel.isWritable { resumeReadingIfAllowed(context: context) }
         context.fireChannelWritabilityChanged()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        subscription?.cancel()
+        context.fireChannelInactive()
     }
 
     func errorCaught(context: ChannelHandlerContext, error: Error) {
@@ -171,9 +188,9 @@ final class EventConnectionHandler: ChannelDuplexHandler {
         case .rejected(let line, let error):
             reject(line, error, context: context)
         case .refuse(let message):
-            write(message, context: context, essential: true)
-            closing = true
-            flushThenClose(context: context)
+            refuse(message, context: context)
+        case .subscribe(let request):
+            subscribe(request, context: context)
         }
     }
 
@@ -231,6 +248,13 @@ final class EventConnectionHandler: ChannelDuplexHandler {
         guard inputClosed, !closing, inFlightHead == inFlight.count, stage.batch.isEmpty else { return }
         closing = true
         sendAckIfDue(context: context)
+        flushThenClose(context: context)
+    }
+
+    /// Says why the connection is not served, and closes it.
+    func refuse(_ message: [UInt8], context: ChannelHandlerContext) {
+        write(message, context: context, essential: true)
+        closing = true
         flushThenClose(context: context)
     }
 

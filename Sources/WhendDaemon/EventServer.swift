@@ -29,6 +29,7 @@ final class EventServer: Sendable {
     private let writer: any EventJournal
     private let metrics: DaemonMetrics
     private let limiter: SenderRateLimiter
+    private let subscribers = SubscriberCount()
     private let currentLogger: @Sendable () -> Logger
     private var logger: Logger { currentLogger() }
 
@@ -96,7 +97,7 @@ final class EventServer: Sendable {
             }
             let handler = EventConnectionHandler(
                 writer: writer, live: live, credentials: peer, connectionID: connectionID, counters: metrics,
-                limiter: limiter)
+                limiter: limiter, subscribers: subscribers)
             try channel.pipeline.syncOperations.addHandler(handler)
         }
     }

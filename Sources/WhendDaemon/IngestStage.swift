@@ -18,6 +18,8 @@ struct IngestStage {
         case rejected(line: UInt64, WireError)
         /// The hello cannot be honoured: say this and close the connection.
         case refuse([UInt8])
+        /// The first line asks for a subscription: the connection reads records from now on.
+        case subscribe(SubscribeRequest)
     }
 
     private(set) var configuration: DaemonConfiguration
@@ -110,6 +112,9 @@ struct IngestStage {
             return .welcome(
                 ServerMessage.welcome(
                     server: "whend/\(WhendVersion.current)", maxEventBytes: configuration.maxEventBytes))
+        case .subscribe(let request):
+            sawFirstLine = true
+            return .subscribe(request)
         case .event(let scannedEvent):
             event = scannedEvent
         }

@@ -46,6 +46,8 @@ public func eventLineOutcomes(_ input: UnsafeBufferPointer<UInt8>) -> [String] {
             let app = hello.app.map { String(decoding: $0, as: UTF8.self) } ?? "-"
             let session = hello.session.map { String(decoding: $0, as: UTF8.self) } ?? "-"
             outcomes.append("hello \(hello.acks) \(app.debugDescription) \(session.debugDescription)")
+        case .subscribe(let request):
+            outcomes.append("subscribe \(request)")
         case .event(let event):
             stored = Array("{\"_seq\":1,".utf8)
             let key = encoder.appendBody(of: event, line: line, to: &stored)

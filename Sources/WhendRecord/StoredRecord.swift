@@ -9,6 +9,8 @@ package struct StoredRecord: Sendable, Equatable {
     /// `_rt` in microseconds since 1970.
     package var receivedMicros: Int64?
     package var type: String?
+    /// A `when` event's name (its `name`), decoded.
+    package var name: String?
     package var app: [UInt8]?
     package var session: [UInt8]?
     package var id: [UInt8]?
@@ -57,6 +59,8 @@ package struct StoredRecord: Sendable, Equatable {
                 record.receivedMicros = RFC3339.parse(inner)?.microseconds
             } else if equal(key, "type") {
                 record.type = decoded().map { String(decoding: $0, as: UTF8.self) }
+            } else if equal(key, "name") {
+                record.name = decoded().map { String(decoding: $0, as: UTF8.self) }
             } else if equal(key, "app") {
                 record.app = decoded()
                 keyParts.app = inner.map { _ in (m.value.lowerBound + 1)..<(m.value.upperBound - 1) }

@@ -148,6 +148,8 @@ package struct StringValue: Sendable {
 package enum ScannedLine: Sendable {
     case empty
     case hello(Hello)
+    /// A subscriber's first line (PROTOCOL.md §9): the connection reads records from now on.
+    case subscribe(SubscribeRequest)
     case event(ScannedEvent)
 }
 
@@ -232,6 +234,21 @@ package enum EventScanner {
             }
             do {
                 return .hello(try scanHello(bytes, members[0]))
+            } catch {
+                var e = error
+                e.isAboutConnection = true
+                throw e
+            }
+        }
+        // A subscription is an object whose single key is "subscribe", on the first line.
+        if members.count == 1, equal(UnsafeBufferPointer(rebasing: bytes[members[0].keyRange]), "\"subscribe\"") {
+            guard helloAllowed else {
+                throw WireError(
+                    .misplacedHello,
+                    "a subscription is only allowed as the first line of a connection; this line was ignored")
+            }
+            do {
+                return .subscribe(try SubscribeRequest.scan(bytes, members[0]))
             } catch {
                 var e = error
                 e.isAboutConnection = true

@@ -13,6 +13,10 @@ package enum WireErrorCode: String, Sendable, CaseIterable {
     case rateLimited = "rate_limited"
     case rejected = "rejected"
     case unavailable = "unavailable"
+    /// A subscriber whose credentials do not allow it (§9).
+    case forbidden = "forbidden"
+    /// A subscriber that did not read what it was sent (§9).
+    case tooSlow = "too_slow"
 }
 
 /// Why one line was refused: a protocol code and a message a person can act on.

@@ -64,45 +64,6 @@ struct RecordFilterOptions: ParsableArguments {
     }
 }
 
-struct RecordFilter {
-    var app: [UInt8]?
-    var session: [UInt8]?
-    var types: Set<String>
-    var fromSeq: UInt64?
-    var toSeq: UInt64?
-    var sinceMicros: Int64?
-    var untilMicros: Int64?
-
-    /// True when deciding needs more than `_seq`: the line must then be scanned.
-    var needsFields: Bool {
-        app != nil || session != nil || !types.isEmpty || sinceMicros != nil || untilMicros != nil
-    }
-
-    /// Whether `record` is wanted, scanning it only when a filter needs more than `_seq`.
-    func matches(_ record: JournalRecord) -> Bool {
-        if let fromSeq, (record.seq ?? 0) < fromSeq { return false }
-        guard needsFields else { return true }
-        guard let fields = try? record.fields() else { return false }
-        return matches(fields)
-    }
-
-    func matches(_ r: StoredRecord) -> Bool {
-        if let app, r.app != app { return false }
-        if let session, r.session != session { return false }
-        if !types.isEmpty, !types.contains(r.type ?? "") { return false }
-        if let fromSeq, (r.seq ?? 0) < fromSeq { return false }
-        if let sinceMicros, (r.receivedMicros ?? .min) < sinceMicros { return false }
-        if let untilMicros, (r.receivedMicros ?? .max) >= untilMicros { return false }
-        return true
-    }
-
-    /// True once no later record can match (`_seq` past `--to`).
-    func isPastEnd(_ r: JournalRecord) -> Bool {
-        if let toSeq, let seq = r.seq, seq > toSeq { return true }
-        return false
-    }
-}
-
 /// A point in time as journalctl takes it: RFC 3339; `now`, `today`, `yesterday`, `tomorrow`
 /// (local midnight); or a duration from now — `-1h`, `+30m`, or unsigned for "ago" (`90s`,
 /// `15min`, `2h`, `7d`, `1w`).

@@ -87,7 +87,8 @@ import WhendWire
             let handler = EventConnectionHandler(
                 writer: writer, live: live, credentials: PeerCredentials(pid: 42, uid: 1000, gid: 1000, comm: "test"),
                 connectionID: 1, counters: DaemonMetrics(),
-                limiter: SenderRateLimiter(rate: frozen.rateLimit, burst: frozen.rateBurst, by: frozen.rateLimitBy))
+                limiter: SenderRateLimiter(rate: frozen.rateLimit, burst: frozen.rateBurst, by: frozen.rateLimitBy),
+                subscribers: SubscriberCount())
             try channel.pipeline.syncOperations.addHandler(reads)
             try channel.pipeline.syncOperations.addHandler(handler)
         }

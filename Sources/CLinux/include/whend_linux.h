@@ -16,6 +16,16 @@ typedef struct {
     uint32_t gid;
 } whend_ucred;
 
+/// The supplementary groups of a Unix socket's peer as the kernel took them at connect()
+/// (SO_PEERGROUPS, Linux 4.13): room for this many; the kernel refuses (ERANGE) a peer in more.
+#define WHEND_PEER_GROUPS_MAX 256
+typedef struct {
+    uint32_t groups[WHEND_PEER_GROUPS_MAX];
+} whend_peer_groups;
+
+/// SO_PEERGROUPS, which Swift's Glibc module does not import.
+extern const int whend_so_peergroups;
+
 /// glibc's posix_spawn_file_actions_addclosefrom_np (2.34 and later): every descriptor from
 /// `lowest` up is closed in the child. 0, or an error number.
 int whend_spawn_file_actions_addclosefrom(posix_spawn_file_actions_t *actions, int lowest);

@@ -1,0 +1,68 @@
+import CLinux
+import Foundation
+import NIOCore
+import WhendJournal
+import WhendWire
+
+extension EventConnectionHandler {
+    /// The first line asked for a subscription (PROTOCOL.md §9): whoever may, up to
+    /// `max_subscribers`, gets one; anyone else is told why and closed.
+    func subscribe(_ request: SubscribeRequest, context: ChannelHandlerContext) {
+        let configuration = live.current
+        let channel = context.channel
+        let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
+        let loopContext = NIOLoopBound(context, eventLoop: context.eventLoop)
+        // The supplementary groups only when they decide, as the kernel took them at connect().
+        let mayNeedGroups =
+            credentials.uid != 0 && credentials.uid != geteuid() && !configuration.subscribeGroup.isEmpty
+        let groups: EventLoopFuture<[UInt32]?> =
+            mayNeedGroups
+            ? Self.peerGroups(channel) : context.eventLoop.makeSucceededFuture(nil)
+        // Nothing more is read from a subscriber: what it sends after its first line is ignored.
+        subscribing = true
+        groups.whenComplete { result in
+            let handler = handler.value
+            let context = loopContext.value
+            let supplementary = (try? result.get()) ?? nil
+            if let why = SubscriberAccess.refusal(
+                uid: handler.credentials.uid, gid: handler.credentials.gid, supplementary: supplementary,
+                group: configuration.subscribeGroup)
+            {
+                handler.refuse(
+                    ServerMessage.error(WireError(.forbidden, why, isAboutConnection: true), event: nil),
+                    context: context)
+                return
+            }
+            guard handler.subscribers.take(limit: configuration.maxSubscribers) else {
+                handler.refuse(
+                    ServerMessage.error(
+                        WireError(
+                            .unavailable,
+                            "whend has \(configuration.maxSubscribers) subscriptions open, its max_subscribers; try again later",
+                            isAboutConnection: true), event: nil), context: context)
+                return
+            }
+            guard channel.isActive else {
+                handler.subscribers.release()
+                return
+            }
+            let writer = handler.writer
+            let subscribers = handler.subscribers
+            let subscription = Subscription(
+                request, journal: configuration.journal.directory, committed: { writer.statistics.lastSeq },
+                channel: channel, onEnd: { subscribers.release() })
+            handler.subscription = subscription
+            subscription.start()
+        }
+    }
+
+    /// The peer's supplementary groups (SO_PEERGROUPS); nil if the kernel would not say.
+    private static func peerGroups(_ channel: Channel) -> EventLoopFuture<[UInt32]?> {
+        guard let provider = channel as? SocketOptionProvider else { return channel.eventLoop.makeSucceededFuture(nil) }
+        let groups: EventLoopFuture<whend_peer_groups> = provider.unsafeGetSocketOption(
+            level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(whend_so_peergroups))
+        return groups.map { list -> [UInt32]? in
+            withUnsafeBytes(of: list.groups) { Array($0.bindMemory(to: UInt32.self)) }
+        }.recover { _ in nil }
+    }
+}

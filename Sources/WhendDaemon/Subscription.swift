@@ -1,0 +1,220 @@
+import CLinux
+import Foundation
+import NIOConcurrencyHelpers
+import NIOCore
+import Synchronization
+import WhendConfiguration
+import WhendJournal
+import WhendRecord
+import WhendWire
+
+/// One subscriber's stream of records (PROTOCOL.md §9): the journal from where it asked, then
+/// each record as it is committed, those its filters pass, in `_seq` order.
+///
+/// It reads the journal on a thread of its own, as the pipelines do: a subscriber is never fed
+/// from ingest, so however slowly it reads, ingest does not wait for it. What it has not read
+/// is bounded (`maxUnread` bytes sent and not yet taken by the kernel); a subscriber that takes
+/// nothing for `stallLimit` while more waits is told `too_slow` and disconnected, and resumes
+/// from its last `_seq` when it can keep up. Only records whend has acknowledged are sent, so a
+/// record a subscriber saw is never one a power cut takes back.
+final class Subscription: Sendable {
+    /// Bytes sent and not yet taken by the kernel before the reader waits.
+    static let maxUnread = 1 << 20
+    /// Lines are gathered up to this many bytes before they go out together.
+    static let chunkBytes = 64 << 10
+    /// How long a subscriber may take nothing while records wait before it is disconnected.
+    static let stallLimit: TimeInterval = 10
+    /// At least this often while filters skip records, the last `_seq` examined is told.
+    static let checkpointEvery: TimeInterval = 1
+
+    private let request: SubscribeRequest
+    private let journal: JournalDirectory
+    private let committed: @Sendable () -> UInt64
+    private let channel: Channel
+    private let onEnd: @Sendable () -> Void
+    private let cancelled = Atomic<Bool>(false)
+    private let unread = Mutex<Int>(0)
+    private let taken = NSCondition()
+
+    init(
+        _ request: SubscribeRequest, journal: JournalDirectory, committed: @escaping @Sendable () -> UInt64,
+        channel: Channel, onEnd: @escaping @Sendable () -> Void
+    ) {
+        self.request = request
+        self.journal = journal
+        self.committed = committed
+        self.channel = channel
+        self.onEnd = onEnd
+    }
+
+    /// Starts reading: `subscribed` first, then the records.
+    func start() {
+        Thread { [self] in
+            // Named from inside: a name given before the start is not the new thread's.
+            Thread.current.name = "whend-subscribe"
+            run()
+            onEnd()
+        }.start()
+    }
+
+    /// The subscriber is gone, or whend is stopping: the reader ends within its poll interval.
+    func cancel() {
+        cancelled.store(true, ordering: .releasing)
+        taken.broadcast()
+    }
+
+    private var isCancelled: Bool { cancelled.load(ordering: .acquiring) }
+
+    private func run() {
+        var filter = RecordFilter(
+            app: request.app, session: request.session, types: Set(request.types), names: Set(request.names),
+            derived: request.derived, pipeline: request.pipeline)
+        var fromSeq: UInt64?
+        switch request.start {
+        case .now: fromSeq = committed() + 1
+        case .oldest: fromSeq = nil
+        case .after(let seq): fromSeq = seq == .max ? seq : seq + 1
+        case .since(let micros): filter.sinceMicros = micros
+        }
+        var out = ServerMessage.subscribed(server: "whend/\(WhendVersion.current)", after: fromSeq.map { $0 - 1 })
+        /// The last `_seq` examined, and the last the subscriber was told of (a record or a checkpoint).
+        var examined = fromSeq.map { $0 - 1 } ?? 0
+        var told = examined
+        var committedThrough = committed()
+        var caughtUp = false
+        var lastCheckpoint = Date()
+        var ok = true
+
+        func send() {
+            guard !out.isEmpty, ok else { return }
+            ok = write(out)
+            out.removeAll(keepingCapacity: true)
+        }
+        func checkpoint(force: Bool) {
+            guard examined > told, force || Date().timeIntervalSince(lastCheckpoint) >= Self.checkpointEvery
+            else { return }
+            out.append(contentsOf: ServerMessage.checkpoint(seq: examined))
+            told = examined
+            lastCheckpoint = Date()
+        }
+
+        JournalReader(directory: journal).read(
+            fromSeq: fromSeq, sinceMicros: filter.sinceMicros, follow: true,
+            body: { record, _ in
+                guard let seq = record.seq, seq > examined else { return ok && !isCancelled }
+                // Not yet acknowledged (written, not yet synced): wait for the commit.
+                while seq > committedThrough {
+                    committedThrough = committed()
+                    if seq > committedThrough {
+                        send()
+                        guard ok, !isCancelled else { return false }
+                        usleep(500)
+                    }
+                }
+                // Gone before this subscriber read them: said, never silent.
+                if seq > examined + 1, fromSeq != nil || examined > 0 {
+                    out.append(contentsOf: ServerMessage.gap(from: examined + 1, through: seq - 1))
+                }
+                examined = seq
+                if filter.matches(record) {
+                    out.append(contentsOf: record.line)
+                    out.append(0x0A)
+                    told = seq
+                } else {
+                    checkpoint(force: false)
+                }
+                if out.count >= Self.chunkBytes { send() }
+                return ok && !isCancelled
+            },
+            onCaughtUp: {
+                if !caughtUp {
+                    caughtUp = true
+                    out.append(contentsOf: ServerMessage.caughtUp(seq: examined))
+                    told = examined
+                    lastCheckpoint = Date()
+                } else {
+                    checkpoint(force: false)
+                }
+                send()
+                return ok && !isCancelled
+            },
+            onProblem: { _ in })
+        if ok && !isCancelled { send() }
+        // Reached only when the subscriber is gone, whend stops, or it could not keep up.
+        if !isCancelled { channel.close(promise: nil) }
+    }
+
+    /// Sends `bytes`, first waiting while the subscriber has `maxUnread` bytes not yet taken;
+    /// false when it is gone, or took nothing for `stallLimit` (then it is told so and closed).
+    private func write(_ bytes: [UInt8]) -> Bool {
+        let deadline = Date().addingTimeInterval(Self.stallLimit)
+        taken.lock()
+        while unread.withLock({ $0 }) >= Self.maxUnread && !isCancelled && Date() < deadline {
+            _ = taken.wait(until: min(deadline, Date().addingTimeInterval(0.1)))
+        }
+        taken.unlock()
+        guard !isCancelled else { return false }
+        guard unread.withLock({ $0 }) < Self.maxUnread else {
+            let line = ServerMessage.error(
+                WireError(
+                    .tooSlow,
+                    "the subscriber took nothing for \(Int(Self.stallLimit)) s while records waited; resume with \"after\" set to the last _seq it saw",
+                    isAboutConnection: true), event: nil)
+            let channel = self.channel
+            channel.writeAndFlush(channel.allocator.buffer(bytes: line)).whenComplete { _ in
+                channel.close(promise: nil)
+            }
+            return false
+        }
+        let count = bytes.count
+        unread.withLock { $0 += count }
+        let promise = channel.eventLoop.makePromise(of: Void.self)
+        promise.futureResult.whenComplete { [self] _ in
+            unread.withLock { $0 -= count }
+            taken.broadcast()
+        }
+        channel.writeAndFlush(channel.allocator.buffer(bytes: bytes), promise: promise)
+        return channel.isActive
+    }
+}
+
+/// The subscriptions open, against `max_subscribers`.
+final class SubscriberCount: Sendable {
+    private let open = Mutex<Int>(0)
+
+    /// Takes a place if fewer than `limit` are taken.
+    func take(limit: Int) -> Bool {
+        open.withLock { n in
+            guard n < limit else { return false }
+            n += 1
+            return true
+        }
+    }
+
+    func release() { open.withLock { $0 -= 1 } }
+
+    var count: Int { open.withLock { $0 } }
+}
+
+/// Who may subscribe (PROTOCOL.md §9, SECURITY.md): whend's own user, root, and members of
+/// `subscribe_group` — as the kernel tells the peer's user and groups, taken at its connect().
+enum SubscriberAccess {
+    /// nil when allowed, else why not.
+    static func refusal(
+        uid: UInt32, gid: UInt32, supplementary: [UInt32]?, group: String
+    ) -> String? {
+        if uid == 0 || uid == geteuid() { return nil }
+        let how = "subscriptions are open to whend's user, root"
+        guard !group.isEmpty else {
+            return "\(how) only (subscribe_group is not set); uid \(uid) is neither"
+        }
+        guard let entry = getgrnam(group) else {
+            return "\(how) and the group \(group) (subscribe_group), which does not exist on this system"
+        }
+        let wanted = entry.pointee.gr_gid
+        // The zeroes after the kernel's list are not groups: root's group counts only as the
+        // peer's primary group.
+        if gid == wanted || (wanted != 0 && supplementary?.contains(wanted) == true) { return nil }
+        return "\(how) and members of \(group) (subscribe_group); uid \(uid) is not one"
+    }
+}

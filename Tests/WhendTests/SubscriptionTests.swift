@@ -1,0 +1,256 @@
+import Foundation
+import SeededRandom
+import Testing
+import WhendWire
+
+/// A subscriber on the event socket (PROTOCOL.md §9), read line by line with a deadline.
+final class Subscriber {
+    let socket: BlockingSocket
+    private var buffer: [UInt8] = []
+    private(set) var closed = false
+
+    init(_ daemon: TestDaemon, _ request: String) throws {
+        socket = try BlockingSocket(path: daemon.socketPath)
+        try socket.send(#"{"subscribe":"# + request + "}\n")
+    }
+
+    /// The next line, parsed; nil if none came within `timeout` or the connection ended.
+    func next(timeout: TimeInterval = 10) throws -> [String: Any]? {
+        let deadline = Date().addingTimeInterval(timeout)
+        while true {
+            if let nl = buffer.firstIndex(of: 0x0A) {
+                let line = Array(buffer[..<nl])
+                buffer.removeSubrange(...nl)
+                return try JSONSerialization.jsonObject(with: Data(line)) as? [String: Any]
+            }
+            guard !closed, socket.waitReadable(timeout: max(0, deadline.timeIntervalSinceNow)) else { return nil }
+            let chunk = try socket.receive()
+            if chunk.isEmpty { closed = true } else { buffer += chunk }
+        }
+    }
+
+    /// Lines until one that `stop` accepts (included), within `timeout` in all.
+    func lines(until stop: ([String: Any]) -> Bool, timeout: TimeInterval = 20) throws -> [[String: Any]] {
+        let deadline = Date().addingTimeInterval(timeout)
+        var out: [[String: Any]] = []
+        while let line = try next(timeout: max(0, deadline.timeIntervalSinceNow)) {
+            out.append(line)
+            if stop(line) { return out }
+        }
+        throw TestFailure(description: "no end line within \(timeout) s; got \(out.count) lines: \(out.suffix(3))")
+    }
+}
+
+/// The last `_seq` a subscriber was told it has seen everything through: a record's own, or a
+/// checkpoint's, or caught_up's.
+func seenThrough(_ line: [String: Any]) -> Int? {
+    if let seq = line["_seq"] as? Int { return seq }
+    for key in ["checkpoint", "caught_up"] {
+        if let o = line[key] as? [String: Any], let seq = o["seq"] as? Int { return seq }
+    }
+    return nil
+}
+
+@Suite(.serialized) struct SubscriptionTests {
+    /// The catch-up from the journal, `caught_up`, then each record as it is committed.
+    @Test func aSubscriberGetsTheJournalThenEachRecordLive() throws {
+        let daemon = TestDaemon("subscribe-live")
+        try daemon.start()
+        defer { daemon.stop() }
+        try sendSession(daemon, app: "mail", session: "s1", (0..<20).map { #"{"type":"when","name":"n\#($0)"}"# })
+        let subscriber = try Subscriber(daemon, #"{"from":"oldest","type":"when"}"#)
+        let first = try subscriber.next()
+        #expect((first?["subscribed"] as? [String: Any])?["protocol"] as? Int == 1)
+        let catchUp = try subscriber.lines { $0["caught_up"] != nil }
+        let names = catchUp.compactMap { $0["name"] as? String }
+        #expect(names == (0..<20).map { "n\($0)" })
+        let seqs = catchUp.compactMap { $0["_seq"] as? Int }
+        #expect(seqs == seqs.sorted() && Set(seqs).count == 20)
+
+        let sent = Date()
+        try sendSession(daemon, app: "mail", session: "s1", [#"{"type":"when","name":"live"}"#])
+        let live = try subscriber.lines { $0["name"] as? String == "live" }
+        #expect(Date().timeIntervalSince(sent) < 1, "a committed record reached the subscriber in under a second")
+        #expect(live.last?["_seq"] as? Int == (seqs.last ?? 0) + 1)
+    }
+
+    /// Filters pass what they say, and while they skip records the subscriber is told how far
+    /// whend has looked, so that a reconnect resumes without reading them again.
+    @Test func filtersAndCheckpoints() throws {
+        let daemon = TestDaemon("subscribe-filters")
+        try daemon.start()
+        defer { daemon.stop() }
+        let subscriber = try Subscriber(daemon, #"{"session":"wanted","name":["a","c"]}"#)
+        _ = try subscriber.lines { $0["caught_up"] != nil }
+        try sendSession(daemon, app: "mail", session: "other", [#"{"type":"when","name":"a"}"#])
+        try sendSession(
+            daemon, app: "mail", session: "wanted",
+            [#"{"type":"when","name":"a"}"#, #"{"type":"when","name":"b"}"#, #"{"type":"when","name":"c"}"#])
+        let got = try subscriber.lines { $0["name"] as? String == "c" }.filter { $0["_seq"] != nil }
+        #expect(got.map { $0["name"] as? String } == ["a", "c"])
+        #expect(got.allSatisfy { $0["session"] as? String == "wanted" })
+        // Records it does not want move its checkpoint on.
+        try sendSession(daemon, app: "mail", session: "other", (0..<5).map { #"{"type":"when","name":"x\#($0)"}"# })
+        let checkpoint = try subscriber.lines(until: { $0["checkpoint"] != nil }, timeout: 5).last
+        #expect(seenThrough(checkpoint ?? [:]) == (got.last?["_seq"] as? Int ?? 0) + 5)
+    }
+
+    /// For any schedule of disconnects (and a restart of whend among them), a subscriber that
+    /// resumes with `after` set to the last `_seq` it was told of gets every record its filter
+    /// passes, exactly once, in order.
+    @Test(arguments: [UInt64(1), 2, 3]) func resumingFromTheLastSeqSeenMissesAndRepeatsNothing(seed: UInt64) throws {
+        var rng = SplitMix64(state: seed &* 0x9E37_79B9_7F4A_7C15)
+        let daemon = TestDaemon("subscribe-resume-\(seed)")
+        try daemon.start()
+        defer { daemon.stop() }
+        let sessions = ["s1", "s2", "s3"]
+        let names = ["a", "b", "c", "d"]
+        let wanted = (session: sessions[rng.int(3)], names: Set(names.filter { _ in rng.int(2) == 0 }))
+        let filter =
+            #"{"after":0,"session":"\#(wanted.session)""#
+            + (wanted.names.isEmpty
+                ? "" : #","name":[\#(wanted.names.sorted().map { "\"\($0)\"" }.joined(separator: ","))]"#)
+        var received: [Int] = []
+        var after = 0
+        var restarted = false
+        for round in 0..<12 {
+            // Some events, from any session, before and while the subscriber reads.
+            for _ in 0..<(1 + rng.int(3)) {
+                let session = sessions[rng.int(3)]
+                try sendSession(
+                    daemon, app: "app", session: session,
+                    (0..<(1 + rng.int(30))).map { _ in #"{"type":"when","name":"\#(names[rng.int(4)])"}"# })
+            }
+            let request = filter.replacingOccurrences(of: #""after":0"#, with: #""after":\#(after)"#) + "}"
+            let subscriber = try Subscriber(daemon, request)
+            // Read a random number of lines, then go away without a word.
+            let reads = rng.int(40)
+            for _ in 0..<reads {
+                guard let line = try subscriber.next(timeout: 0.5) else { break }
+                if let seq = line["_seq"] as? Int {
+                    received.append(seq)
+                    #expect(line["session"] as? String == wanted.session)
+                    #expect(wanted.names.isEmpty || wanted.names.contains(line["name"] as? String ?? ""))
+                }
+                if let seen = seenThrough(line) { after = max(after, seen) }
+            }
+            if round == 6 && !restarted {
+                daemon.stop()
+                try daemon.start()
+                restarted = true
+            }
+        }
+        // The rest, to the end.
+        let last = try Subscriber(
+            daemon, filter.replacingOccurrences(of: #""after":0"#, with: #""after":\#(after)"#) + "}")
+        for line in try last.lines(until: { $0["caught_up"] != nil }) {
+            if let seq = line["_seq"] as? Int { received.append(seq) }
+        }
+        // What the journal holds that the filter passes, read independently of whend's filter.
+        let expected = daemon.records().filter {
+            $0["session"] as? String == wanted.session && $0["_origin"] == nil
+                && (wanted.names.isEmpty || wanted.names.contains($0["name"] as? String ?? ""))
+        }.compactMap { $0["_seq"] as? Int }
+        #expect(received == expected, "seed \(seed): \(received.count) received, \(expected.count) expected")
+    }
+
+    /// A subscriber that reads nothing never holds ingest: events are acknowledged as ever
+    /// while it lags, and after the stall limit it is disconnected.
+    @Test func aSubscriberThatReadsNothingHoldsNoIngestAndIsDisconnected() throws {
+        let daemon = TestDaemon("subscribe-slow")
+        try daemon.start()
+        defer { daemon.stop() }
+        let pad = String(repeating: "x", count: 900)
+        for part in 0..<8 {
+            try sendSession(
+                daemon, app: "app", session: "p\(part)",
+                (0..<1000).map { #"{"type":"when","name":"n\#($0)","context":{"pad":"\#(pad)"}}"# })
+        }
+        let subscriber = try Subscriber(daemon, #"{"from":"oldest"}"#)
+        usleep(500_000)
+        // Meanwhile ingest goes on: every event is acknowledged.
+        let started = Date()
+        try sendSession(daemon, app: "app", session: "during", (0..<2000).map { #"{"type":"when","name":"d\#($0)"}"# })
+        #expect(Date().timeIntervalSince(started) < 5)
+        // The subscriber that took nothing is let go once the stall limit (10 s) passes: what
+        // it reads now ends, and not at the journal's end (which it has not reached).
+        sleep(12)
+        var lines = 0
+        var caughtUp = false
+        while let line = try subscriber.next(timeout: 3) {
+            lines += 1
+            if line["caught_up"] != nil { caughtUp = true }
+        }
+        #expect(subscriber.closed, "the stalled subscriber was disconnected")
+        #expect(!caughtUp && lines < 8000, "it was let go before the end (\(lines) lines)")
+    }
+
+    /// Errors about the subscription itself, on its first line.
+    @Test func aSubscriptionThatCannotBeHonouredIsRefused() throws {
+        let daemon = TestDaemon("subscribe-refused")
+        try daemon.start()
+        defer { daemon.stop() }
+        for (request, code) in [
+            (#"{"subscribe":{"after":-1}}"#, "invalid_field"),
+            (#"{"subscribe":{"sesion":"s1"}}"#, "invalid_field"),
+            (#"{"subscribe":{"after":1,"from":"now"}}"#, "invalid_field"),
+            (#"{"subscribe":{"protocol":2}}"#, "unsupported_protocol"),
+            (#"{"subscribe":[]}"#, "invalid_field"),
+        ] {
+            let answers = try exchange(daemon.socketPath, [request])
+            #expect(answers.errors.map(\.code) == [code], "\(request)")
+        }
+        // Not the first line: an event line refused, the connection served on.
+        let answers = try exchange(daemon.socketPath, [helloWithAcks, #"{"subscribe":{}}"#])
+        #expect(answers.errors.map(\.code) == ["misplaced_hello"])
+    }
+}
+
+/// Who may subscribe: whend's user, root, and members of `subscribe_group`, as the kernel
+/// tells the peer's user and groups — tried from processes of other users (setpriv).
+@Suite struct SubscriberAccessTests {
+    /// The first line whend answers a subscription from a process of `uid`, primary group
+    /// `gid` and supplementary `groups`.
+    func firstAnswer(_ daemon: TestDaemon, uid: Int, gid: Int, groups: [Int]) throws -> String {
+        let client = """
+            import socket, sys
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(sys.argv[1])
+            s.sendall(b'{"subscribe":{"from":"oldest"}}\\n')
+            data = b''
+            while b'\\n' not in data:
+                chunk = s.recv(4096)
+                if not chunk: break
+                data += chunk
+            print(data.split(b'\\n')[0].decode())
+            """
+        let groupFlag = groups.isEmpty ? "--clear-groups" : "--groups=" + groups.map(String.init).joined(separator: ",")
+        let result = try runCommand(
+            "/usr/bin/setpriv",
+            ["--reuid=\(uid)", "--regid=\(gid)", groupFlag, "/usr/bin/python3", "-c", client, daemon.socketPath])
+        return result.output.trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    @Test func onlyWhendsUserRootAndTheGroupMaySubscribe() throws {
+        // The sockets' directory must let other users reach the socket.
+        let closed = TestDaemon("subscribe-access")
+        try closed.start()
+        defer { closed.stop() }
+        chmod(closed.directory, 0o755)
+        let nobody = try firstAnswer(closed, uid: 65534, gid: 65534, groups: [])
+        #expect(nobody.contains(#""code":"forbidden""#), "\(nobody)")
+        #expect(nobody.contains("subscribe_group is not set"))
+
+        let open = TestDaemon("subscribe-group", arguments: ["--subscribe-group", "users"])
+        try open.start()
+        defer { open.stop() }
+        chmod(open.directory, 0o755)
+        let users = 100
+        // In the group as its primary group, or among its supplementary groups (SO_PEERGROUPS).
+        #expect(try firstAnswer(open, uid: 65534, gid: users, groups: []).contains(#""subscribed""#))
+        #expect(try firstAnswer(open, uid: 65534, gid: 65534, groups: [65534, users]).contains(#""subscribed""#))
+        // Not in it.
+        let outsider = try firstAnswer(open, uid: 65534, gid: 65534, groups: [65534])
+        #expect(outsider.contains(#""code":"forbidden""#), "\(outsider)")
+    }
+}
