@@ -29,20 +29,9 @@ struct Sessions: ParsableCommand {
     func run() throws {
         let stateDirectory = location.stateDir ?? SocketLocation.readerStateDirectory()
         let indexDirectory = SessionIndex.directory(stateDirectory: stateDirectory)
-        guard FileManager.default.fileExists(atPath: indexDirectory + "/sessions.json") else {
-            throw Failure(
-                "no session index in \(indexDirectory): the session-recorder plugin writes it (pipeline `sessions`, on with builtin_pipelines = true); see `whenctl plugins`"
-            )
-        }
-        var index = SessionIndex(directory: indexDirectory)
-        // The journal is the truth: what it holds past the export is indexed here.
-        if let journal = try? location.existingDirectory() {
-            JournalReader(directory: journal).read(fromSeq: index.indexedThrough + 1) { record, _ in
-                if let seq = record.seq { index.apply(stored: record.line, seq: seq) }
-                return true
-            } onProblem: { problem in
-                printError("whenctl sessions: warning: \(problem)")
-            }
+        let index = try currentSessionIndex(stateDirectory: stateDirectory, journal: try? location.existingDirectory())
+        {
+            printError("whenctl sessions: warning: \($0)")
         }
         let sessions = index.sessions.filter { app == nil || $0.app == app }
         if let session {
@@ -99,6 +88,30 @@ struct Sessions: ParsableCommand {
         }
         out.flush()
     }
+}
+
+/// session-recorder's index as it exported it, with what `journal` holds past the export indexed
+/// here: as new as the journal, whatever the pipeline's lag.
+func currentSessionIndex(
+    stateDirectory: String, journal: JournalDirectory?, onProblem: (String) -> Void
+) throws -> SessionIndex {
+    let indexDirectory = SessionIndex.directory(stateDirectory: stateDirectory)
+    guard FileManager.default.fileExists(atPath: indexDirectory + "/sessions.json") else {
+        throw Failure(
+            "no session index in \(indexDirectory): the session-recorder plugin writes it (pipeline `sessions`, on with builtin_pipelines = true); see `whenctl plugins`"
+        )
+    }
+    var index = SessionIndex(directory: indexDirectory)
+    // The journal is the truth: what it holds past the export is indexed here.
+    if let journal {
+        JournalReader(directory: journal).read(fromSeq: index.indexedThrough + 1) { record, _ in
+            if let seq = record.seq { index.apply(stored: record.line, seq: seq) }
+            return true
+        } onProblem: { problem in
+            onProblem("\(problem)")
+        }
+    }
+    return index
 }
 
 /// `whenctl crashes`: the crash-reports plugin's reports.

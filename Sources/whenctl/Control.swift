@@ -24,6 +24,33 @@ struct ControlOptions: ParsableArguments {
     /// Sends one request and returns whend's answer; fails, saying why, when whend cannot be
     /// asked, and (exit 1) when it refuses.
     func request(_ request: ControlRequest, as name: String) throws -> ControlAnswer {
+        let answer = try self.answer(request)
+        if !answer.ok {
+            let why =
+                answer.error.flatMap { $0.isEmpty ? nil : $0 } ?? "whend refused without saying why; its log may say"
+            printError("whenctl \(name): \(printable(why))")
+            throw ExitCode(1)
+        }
+        return answer
+    }
+
+    /// whend's answer to `request`, refusal or not; fails, saying why, when whend cannot be asked
+    /// or its answer cannot be read.
+    func answer(_ request: ControlRequest, timeout: TimeInterval = Self.answerTimeout) throws -> ControlAnswer {
+        let path = self.path
+        let line = try exchange(request.encoded(), timeout: timeout)
+        guard let decoded = ControlAnswer.decode(line) else {
+            throw Failure(
+                "whend's answer on \(path) is not one this whenctl reads: \(printable(String(decoding: line.prefix(200), as: UTF8.self), limit: 200))"
+            )
+        }
+        return decoded
+    }
+
+    /// Sends one request line (without its newline) and returns whend's answer line as it came:
+    /// for a command this whenctl may know before the whend it talks to (`whenctl ui`'s
+    /// `rejections`).
+    func exchange(_ requestLine: [UInt8], timeout: TimeInterval = Self.answerTimeout) throws -> [UInt8] {
         let path = self.path
         try refuseUnsafeSocketDirectory(path)
         let connection: BlockingSocket
@@ -32,23 +59,22 @@ struct ControlOptions: ParsableArguments {
         // the request was sent: its answer is read all the same.
         var sendError: Error?
         do {
-            try connection.send(request.encoded() + [0x0A])
+            try connection.send(requestLine + [0x0A])
             connection.finishSending()
         } catch {
             sendError = error
         }
         let first: BlockingSocket.FirstLine
         do {
-            first = try connection.receiveFirstLine(timeout: Self.answerTimeout)
+            first = try connection.receiveFirstLine(timeout: timeout)
         } catch {
             throw unanswered(at: path, because: sendError ?? error)
         }
-        let answer: ControlAnswer
         switch first {
         case .timedOut:
             // A whend that accepts and never answers (stopped, or out of descriptors) is said so.
             throw Failure(
-                "whend accepted on \(path) but did not answer within \(Int(Self.answerTimeout)) s; its log (journalctl -u whend, or make run's terminal) says why"
+                "whend accepted on \(path) but did not answer within \(Int(timeout)) s; its log (journalctl -u whend, or make run's terminal) says why"
             )
         case .closed:
             throw unanswered(at: path, because: sendError)
@@ -57,20 +83,8 @@ struct ControlOptions: ParsableArguments {
                 "whend's answer on \(path) is longer than \(BlockingSocket.maxAnswerBytes >> 20) MiB, more than whenctl reads; what was asked may have been done: `whenctl status` and whend's log say"
             )
         case .line(let bytes):
-            guard let decoded = ControlAnswer.decode(bytes) else {
-                throw Failure(
-                    "whend's answer on \(path) is not one this whenctl reads: \(printable(String(decoding: bytes.prefix(200), as: UTF8.self), limit: 200))"
-                )
-            }
-            answer = decoded
+            return bytes
         }
-        if !answer.ok {
-            let why =
-                answer.error.flatMap { $0.isEmpty ? nil : $0 } ?? "whend refused without saying why; its log may say"
-            printError("whenctl \(name): \(printable(why))")
-            throw ExitCode(1)
-        }
-        return answer
     }
 }
 
