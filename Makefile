@@ -6,15 +6,16 @@ DEBIAN_PACKAGES := libzstd-dev libsystemd-dev libnats-dev zlib1g-dev libcurl4-op
 # ext4 filesystem to freeze (e2fsprogs, util-linux), strip for the .deb (binutils), JetStream
 # for the nats plugin (nats-server), FUSE from Python for the power-cut file system (python3-fusepy),
 # man to read the installed man pages (man-db), what the README's tour uses (socat, jq), and
-# promtool to check the metrics as Prometheus reads them (prometheus), and Python's venv for
-# the readers from PyPI below (python3-venv).
+# promtool to check the metrics as Prometheus reads them (prometheus), Python's venv for
+# the readers from PyPI below (python3-venv), and a browser for `whenctl ui`'s page, headless,
+# with the driver Selenium speaks to (chromium, chromium-driver).
 TEST_PACKAGES := systemd e2fsprogs util-linux binutils nats-server python3-fusepy man-db socat jq prometheus \
-	python3-venv
+	python3-venv chromium chromium-driver
 # Readers of whend's formats that nobody here wrote, from PyPI, in a virtual environment of the
-# tests' own: pyzstd's seekable-format reader, Segment's own Python library, and OpenTelemetry's
-# generated protobuf code (the OTLP decoder).
+# tests' own: pyzstd's seekable-format reader, Segment's own Python library, OpenTelemetry's
+# generated protobuf code (the OTLP decoder), and Selenium, which drives the browser.
 TEST_VENV := .build/test-venv
-TEST_PYTHON_PACKAGES := pyzstd==0.20.0 segment-analytics-python==2.4.0 opentelemetry-proto==1.45.2
+TEST_PYTHON_PACKAGES := pyzstd==0.20.0 segment-analytics-python==2.4.0 opentelemetry-proto==1.45.2 selenium==4.51.0
 
 .PHONY: deps test-deps build release run test soak strict lint docs bench bench-client fuzz fuzz-differential harnesses deb package-check system-test clean
 
@@ -36,7 +37,7 @@ deps:
 test-deps:
 	$(call install_missing,$(DEBIAN_PACKAGES) $(TEST_PACKAGES))
 	@test -x $(TEST_VENV)/bin/python || /usr/bin/python3 -m venv $(TEST_VENV)
-	@$(TEST_VENV)/bin/python -c "import pyzstd, segment.analytics, opentelemetry.proto" 2>/dev/null || \
+	@$(TEST_VENV)/bin/python -c "import pyzstd, segment.analytics, opentelemetry.proto, selenium" 2>/dev/null || \
 		$(TEST_VENV)/bin/pip install -q $(TEST_PYTHON_PACKAGES)
 
 build: deps

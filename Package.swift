@@ -52,6 +52,10 @@ let package = Package(
         .package(
             url: "https://github.com/swift-otel/swift-otel-semantic-conventions.git",
             .upToNextMinor(from: "1.44.0"), traits: ["Experimental"]),
+        // whenctl ui's web server (loopback only): HTTP/1.1, routing, streamed bodies for SSE.
+        .package(url: "https://github.com/hummingbird-project/hummingbird", exact: "2.28.1", traits: []),
+        // Its header types, named by whenctl ui's security headers.
+        .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
         // Tests only: properties over generated, seeded inputs, with shrinking.
         .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
     ],
@@ -175,8 +179,13 @@ let package = Package(
             name: "whenctl",
             dependencies: [
                 "WhendWire", "WhendRecord", "WhendSystem", "WhendJournal", "WhendConfiguration", "WhendControl",
-                "WhendPluginHost", "BuiltinPluginSupport", argumentParser,
-            ]
+                "WhendPluginHost", "BuiltinPluginSupport", argumentParser, nioCore,
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"), logging,
+            ],
+            // The debugger page's HTML, script and style (`whenctl ui`), compiled into the binary.
+            resources: [.embedInCode("UI/Assets")]
         ),
 
         .testTarget(name: "WhendWireTests", dependencies: ["WhendWire", "WhendRecord", "SeededRandom", propertyBased]),

@@ -9,7 +9,7 @@ struct Whenctl: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "whenctl",
         abstract:
-            "whend's companion: emit events; read, follow and verify the journal; status, reload, metrics and plugins of the daemon; sessions and crash reports; replay, export and flow.",
+            "whend's companion: emit events; read, follow and verify the journal; status, reload, metrics and plugins of the daemon; sessions and crash reports; replay, export and flow; a debugger page in the browser (ui).",
         discussion: """
             whenctl finds whend as every client does. The event socket: --socket, else \
             $WHEND_SOCKET, else events.sock in $RUNTIME_DIRECTORY, $XDG_RUNTIME_DIR/whend or \
@@ -27,7 +27,7 @@ struct Whenctl: ParsableCommand {
         version: WhendVersion.current,
         subcommands: [
             Emit.self, Cat.self, Tail.self, Verify.self, Status.self, Reload.self, Metrics.self, Plugins.self,
-            Sessions.self, Crashes.self, Replay.self, Export.self, Flow.self,
+            Sessions.self, Crashes.self, Replay.self, Export.self, Flow.self, UI.self,
         ]
     )
 

@@ -1,0 +1,193 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+import Logging
+import NIOCore
+
+/// The debugger page's HTTP server: 127.0.0.1 only, every request checked by `UIGuard`, the page
+/// and its script and style from the binary, JSON and Server-Sent Events from `UISource`.
+struct UIServer {
+    let port: Int
+    let token: String
+    let source: UISource
+
+    /// Serves until the process ends; `listening` is told the port once the socket is bound.
+    func run(listening: @escaping @Sendable (Int) -> Void) async throws {
+        let bound = UIBoundPort()
+        let router = Router()
+        router.add(middleware: UIGuard(token: token, port: bound))
+        router.get("/") { _, _ in Self.asset(PackageResources.index_html, type: "text/html; charset=utf-8") }
+        router.get("/app.js") { _, _ in
+            Self.asset(PackageResources.app_js, type: "text/javascript; charset=utf-8")
+        }
+        router.get("/views.js") { _, _ in
+            Self.asset(PackageResources.views_js, type: "text/javascript; charset=utf-8")
+        }
+        router.get("/style.css") { _, _ in Self.asset(PackageResources.style_css, type: "text/css; charset=utf-8") }
+        let source = self.source
+        router.get("/api/stream") { request, _ in
+            UIStream.response(
+                query: Dictionary(
+                    request.uri.queryParameters.map { (String($0.key), String($0.value)) }, uniquingKeysWith: { $1 }),
+                lastEventID: request.headers[.lastEventID], source: source)
+        }
+        router.get("/api/overview") { _, _ in Self.json(Self.encode(source.overview())) }
+        router.get("/api/metrics") { _, _ in
+            let text = try await blocking { try source.metrics() }
+            return Self.text(.ok, text)
+        }
+        router.get("/api/rejections") { _, _ in Self.json(try await blocking { Self.encode(source.rejections()) }) }
+        router.get("/api/sessions") { request, _ in
+            let app = request.uri.queryParameters.get("app")
+            return Self.json(try await blocking { Self.encode(source.sessions(app: app)) })
+        }
+        router.get("/api/crashes") { _, _ in Self.json(try await blocking { Self.encode(source.crashes()) }) }
+        router.get("/api/crashes/:seq") { _, context in
+            let seq = context.parameters.get("seq", as: UInt64.self) ?? 0
+            guard let report = try await blocking({ source.crash(seq: seq).map { Self.encode($0) } }) else {
+                return Self.text(.notFound, "no crash report #\(seq)")
+            }
+            return Self.json(report)
+        }
+        router.get("/api/record/:seq") { _, context in
+            guard let seq = context.parameters.get("seq", as: UInt64.self), seq > 0 else {
+                return Self.text(.badRequest, "a record is named by its _seq, a whole number from 1")
+            }
+            switch try await source.record(seq: seq) {
+            case .found(let line): return Self.json(line)
+            case .missing(let why): return Self.text(.notFound, why)
+            }
+        }
+        router.get("/api/flow") { request, _ in
+            let app = request.uri.queryParameters.get("app").flatMap { $0.isEmpty ? nil : $0 }
+            return Self.json(Self.encode(try await source.flow(app: app)))
+        }
+        let app = Application(
+            router: router,
+            configuration: .init(address: .hostname("127.0.0.1", port: port), serverName: nil),
+            onServerRunning: { channel in
+                let port = channel.localAddress?.port ?? 0
+                bound.set(port)
+                listening(port)
+            },
+            logger: .init(label: "whenctl-ui") { _ in SwiftLogNoOpLogHandler() }
+        )
+        try await app.run()
+    }
+
+    /// Ends whenctl ui at once on SIGINT or SIGTERM: it holds nothing that needs saving, and an
+    /// open event stream would hold a graceful stop for as long as a browser keeps it.
+    static func stopOnSignals() {
+        for number in [SIGINT, SIGTERM] {
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler { Foundation.exit(0) }
+            source.resume()
+            UISignalSources.keep(source)
+        }
+    }
+
+    static func asset(_ bytes: [UInt8], type: String) -> Response {
+        Response(
+            status: .ok, headers: [.contentType: type, .cacheControl: "no-store"],
+            body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
+    }
+
+    static func text(_ status: HTTPResponse.Status, _ text: String) -> Response {
+        Response(
+            status: status, headers: [.contentType: "text/plain; charset=utf-8", .cacheControl: "no-store"],
+            body: .init(byteBuffer: ByteBuffer(string: text.hasSuffix("\n") ? text : text + "\n")))
+    }
+
+    static func json(_ bytes: [UInt8]) -> Response {
+        Response(
+            status: .ok, headers: [.contentType: "application/json", .cacheControl: "no-store"],
+            body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
+    }
+
+    static func encode(_ object: [String: Any]) -> [UInt8] {
+        let data =
+            (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]))
+            ?? Data("{}".utf8)
+        return Array(data)
+    }
+}
+
+/// The signal sources, kept alive for the process's life.
+enum UISignalSources {
+    nonisolated(unsafe) private static var sources: [any DispatchSourceSignal] = []
+    static func keep(_ source: any DispatchSourceSignal) { sources.append(source) }
+}
+
+/// The port the server was bound to, known once it listens (the Host check needs it).
+final class UIBoundPort: @unchecked Sendable {
+    // Unchecked: `value` is guarded by `lock`.
+    private let lock = NSLock()
+    private var value = 0
+    func set(_ port: Int) { lock.withLock { value = port } }
+    var port: Int { lock.withLock { value } }
+}
+
+/// Runs blocking work (a control request, a read of the state directory) on a thread of its
+/// own: Swift's shared threads, as few as the cores, serve every request and stream.
+func blocking<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        Thread { continuation.resume(with: Result { try work() }) }.start()
+    }
+}
+
+/// Every request: the Host must be this server's own (a page of another site that has its name
+/// resolve to 127.0.0.1 names itself), and the token must come with it, in the query or in
+/// the cookie the page set. Every answer: no caching, no framing, no referrer, scripts only
+/// from this origin.
+struct UIGuard<Context: RequestContext>: RouterMiddleware {
+    let token: String
+    let port: UIBoundPort
+
+    func handle(
+        _ request: Request, context: Context, next: (Request, Context) async throws -> Response
+    ) async throws -> Response {
+        var response = try await check(request, context: context, next: next)
+        response.headers[.contentSecurityPolicy] =
+            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+        response.headers[.xFrameOptions] = "DENY"
+        response.headers[.xContentTypeOptions] = "nosniff"
+        response.headers[.referrerPolicy] = "no-referrer"
+        return response
+    }
+
+    private func check(
+        _ request: Request, context: Context, next: (Request, Context) async throws -> Response
+    ) async throws -> Response {
+        let port = self.port.port
+        let host = (request.head.authority ?? "").lowercased()
+        guard host == "127.0.0.1:\(port)" || host == "localhost:\(port)" else {
+            return UIServer.text(
+                .misdirectedRequest,
+                "whenctl ui: refused: this server answers to 127.0.0.1:\(port) and localhost:\(port) only, not to Host \"\(printable(host, limit: 100))\" (a page of another site may have its name resolve here)"
+            )
+        }
+        let cookieName = "whenctl_ui_\(port)"
+        let fromQuery = request.uri.queryParameters.get("token")
+        let fromCookie = request.cookies[cookieName].map { Substring($0.value) }
+        guard UIToken.matches(fromQuery.map { Substring($0) }, token) || UIToken.matches(fromCookie, token) else {
+            return UIServer.text(
+                .forbidden,
+                "whenctl ui: refused: this page needs the token whenctl ui printed with its address (http://127.0.0.1:\(port)/?token=…); open that address"
+            )
+        }
+        var response = try await next(request, context)
+        if fromQuery != nil, request.uri.path == "/" {
+            // The page's own requests (script, style, data, the event stream) carry it from now on.
+            response.headers.append(
+                HTTPField(name: .setCookie, value: "\(cookieName)=\(token); Path=/; HttpOnly; SameSite=Strict"))
+        }
+        return response
+    }
+}
+
+extension HTTPField.Name {
+    static let xFrameOptions = HTTPField.Name("X-Frame-Options")!
+    static let referrerPolicy = HTTPField.Name("Referrer-Policy")!
+    static let lastEventID = HTTPField.Name("Last-Event-ID")!
+}

@@ -1,0 +1,195 @@
+import BuiltinPluginSupport
+import Foundation
+import NIOCore
+import WhendControl
+import WhendJournal
+
+/// What the page shows, from where this user may read it: records through subscriptions on the
+/// event socket, status and metrics through the control socket (`ControlOptions`, as every
+/// whenctl command asks), sessions and crash reports from the state directory.
+struct UISource: Sendable {
+    let control: ControlOptions
+    let eventSocket: String
+    let sampler: UISampler
+    let stateDirectory: String
+
+    func overview() -> [String: Any] { sampler.overview() }
+
+    func metrics() throws -> String {
+        let answer = try control.answer(.metrics, timeout: 10)
+        guard answer.ok else { throw Failure(answer.error ?? "whend refused metrics") }
+        return answer.metrics ?? ""
+    }
+
+    /// The events whend refused lately (`{"command":"rejections"}`), or why they cannot be shown:
+    /// `{"available": false, "reason": …}` from a whend that does not know the command.
+    func rejections() -> [String: Any] {
+        let line: [UInt8]
+        do {
+            line = try control.exchange(Array(#"{"command":"rejections","version":1}"#.utf8), timeout: 10)
+        } catch {
+            return ["available": false, "reason": "\(error)"]
+        }
+        guard let object = foundationObject(Data(line)) else {
+            return ["available": false, "reason": "whend's answer to rejections is not one this whenctl reads"]
+        }
+        guard object["ok"] as? Bool == true else {
+            let error = object["error"] as? String ?? ""
+            if error.contains("unknown command") {
+                return ["available": false, "reason": "not available from this whend (it has no rejections command)"]
+            }
+            return ["available": false, "reason": error.isEmpty ? "whend refused rejections" : error]
+        }
+        return ["available": true, "rejections": object["rejections"] as? [Any] ?? []]
+    }
+
+    /// session-recorder's sessions, most recent first (at most 500), or why there are none.
+    func sessions(app: String?) -> [String: Any] {
+        let index: SessionIndex
+        do {
+            let journal = JournalDirectory(stateDirectory: stateDirectory)
+            index = try currentSessionIndex(
+                stateDirectory: stateDirectory,
+                journal: FileManager.default.fileExists(atPath: journal.path) ? journal : nil
+            ) { _ in }
+        } catch {
+            return ["sessions": [], "problem": "\(error)"]
+        }
+        let encoder = JSONEncoder()
+        let sessions = index.sessions.filter { app == nil || app == "" || $0.app == app }.prefix(500)
+            .compactMap { entry -> Any? in
+                (try? encoder.encode(entry)).flatMap { try? JSONSerialization.jsonObject(with: $0) }
+            }
+        return ["sessions": Array(sessions), "count": index.count, "indexed_through": index.indexedThrough]
+    }
+
+    private var crashDirectory: String { CrashReportStore.directory(stateDirectory: stateDirectory) }
+
+    private func crashFiles() -> [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: crashDirectory)) ?? []).filter { $0.hasSuffix(".json") }
+            .sorted()
+    }
+
+    /// crash-reports' reports, newest first: `{"reports": [{seq, kind, app, session, time, screen, message}]}`.
+    func crashes() -> [String: Any] {
+        var reports: [[String: Any]] = []
+        for file in crashFiles().reversed() {
+            guard let data = FileManager.default.contents(atPath: crashDirectory + "/" + file),
+                let r = foundationObject(data)
+            else { continue }
+            let error = r["error"] as? [String: Any] ?? [:]
+            reports.append([
+                "file": file, "seq": r["seq"] ?? 0, "kind": r["kind"] ?? "", "app": r["app"] ?? "",
+                "session": r["session"] ?? "", "time": r["time"] ?? "", "screen": r["screen"] ?? NSNull(),
+                "message": error["message"] ?? "", "breadcrumbs": (r["breadcrumbs"] as? [Any])?.count ?? 0,
+            ])
+        }
+        var out: [String: Any] = ["reports": reports, "directory": crashDirectory]
+        if reports.isEmpty, !FileManager.default.fileExists(atPath: crashDirectory) {
+            out["problem"] =
+                "no crash reports in \(crashDirectory): the crash-reports plugin writes them (pipeline `crashes`)"
+        }
+        return out
+    }
+
+    /// One report as crash-reports wrote it, breadcrumbs and all.
+    func crash(seq: UInt64) -> [String: Any]? {
+        let prefix = String(CrashReportStore.fileName(seq: seq, kind: "").dropLast(5))
+        guard let file = crashFiles().first(where: { $0.hasPrefix(prefix) }),
+            let data = FileManager.default.contents(atPath: crashDirectory + "/" + file)
+        else { return nil }
+        return foundationObject(data)
+    }
+
+    enum RecordLookup {
+        case found([UInt8])
+        case missing(String)
+    }
+
+    /// The record `seq`, as stored: the first a subscription after `seq - 1` gives.
+    func record(seq: UInt64) async throws -> RecordLookup {
+        var result = RecordLookup.missing("no record #\(seq): the journal does not hold it (yet, or any more)")
+        do {
+            try await UISubscription.read(socket: eventSocket, request: ["after": seq - 1]) { item in
+                guard case .line(let line) = item else { return false }
+                switch UISubscriptionLine(line) {
+                case .record(let got, let line):
+                    if got == seq { result = .found(Array(line.readableBytesView)) }
+                    return false
+                case .control(let kind, let object, _):
+                    if kind == "error" { result = .missing(object["message"] as? String ?? "whend refused") }
+                    return kind == "subscribed"
+                case .unreadable:
+                    return true
+                }
+            }
+        } catch {
+            return .missing("cannot reach whend at \(eventSocket) (\(error))")
+        }
+        return result
+    }
+
+    /// The screen flow of `app` (every app's when nil), as `whenctl flow` builds it: screen-tracking's
+    /// views, each naming its previous screen; a session without any, from the app's own screen
+    /// events in order. `{"apps", "nodes": [{name, views}], "edges": [{from, to, count}], "problem"?}`.
+    func flow(app: String?) async throws -> [String: Any] {
+        struct Edge: Hashable {
+            var from: String
+            var to: String
+        }
+        var derived: [Edge: Int] = [:]
+        var derivedSessions: Set<String> = []
+        var appViews: [String: [String]] = [:]
+        var apps: Set<String> = []
+        var problem: String?
+        var request: [String: Any] = ["from": "oldest", "type": "screen"]
+        if let app { request["app"] = app }
+        do {
+            try await UISubscription.read(socket: eventSocket, request: request, idle: .seconds(60)) { item in
+                guard case .line(let line) = item else { return true }
+                switch UISubscriptionLine(line) {
+                case .record(_, let line):
+                    guard
+                        let r = try? JSONSerialization.jsonObject(with: Data(line.readableBytesView)) as? [String: Any],
+                        let name = r["name"] as? String
+                    else { return true }
+                    let recordApp = r["app"] as? String ?? ""
+                    apps.insert(recordApp)
+                    let session = recordApp + "\u{0}" + (r["session"] as? String ?? "")
+                    if r["_origin"] as? String == "screen-tracking" {
+                        derived[Edge(from: r["previous"] as? String ?? "(start)", to: name), default: 0] += 1
+                        derivedSessions.insert(session)
+                    } else if r["_origin"] == nil {
+                        appViews[session, default: []].append(name)
+                    }
+                    return true
+                case .control(let kind, let object, _):
+                    if kind == "error" { problem = object["message"] as? String ?? "whend refused the subscription" }
+                    return kind != "caught_up" && kind != "error"
+                case .unreadable:
+                    return true
+                }
+            }
+        } catch {
+            problem = "cannot reach whend at \(eventSocket) (\(error))"
+        }
+        var edges = derived
+        for (session, views) in appViews where !derivedSessions.contains(session) {
+            for (i, name) in views.enumerated() {
+                edges[Edge(from: i == 0 ? "(start)" : views[i - 1], to: name), default: 0] += 1
+            }
+        }
+        var views: [String: Int] = [:]
+        for (edge, count) in edges { views[edge.to, default: 0] += count }
+        if edges.keys.contains(where: { $0.from == "(start)" }) { views["(start)", default: 0] += 0 }
+        var out: [String: Any] = [
+            "apps": apps.sorted(),
+            "nodes": views.sorted { $0.key < $1.key }.map { ["name": $0.key, "views": $0.value] },
+            "edges": edges.sorted { $0.value > $1.value }.map {
+                ["from": $0.key.from, "to": $0.key.to, "count": $0.value]
+            },
+        ]
+        if let problem { out["problem"] = problem }
+        return out
+    }
+}

@@ -1,0 +1,272 @@
+import Foundation
+import Testing
+
+/// `whenctl ui` in a real browser: a real whend (with the built-in pipelines, whose screens,
+/// sessions and crash reports the page shows), a real `whenctl ui` process, and headless
+/// Chromium driven by Selenium. Each test leaves a screenshot in `.build/ui-screenshots/`.
+@Suite(.serialized) struct UITests {
+    /// whend, `whenctl ui` and a browser, for one test.
+    struct Rig {
+        let daemon: TestDaemon
+        let ui: UIProcess
+        let browser: UIBrowser
+
+        init(_ name: String) throws {
+            daemon = TestDaemon("ui-\(name)", arguments: ["--builtin-pipelines", "true"])
+            try daemon.start()
+            ui = try UIProcess(daemon)
+            browser = try UIBrowser()
+        }
+
+        /// Sends `events` with `whenctl emit` as one session; every one must be stored.
+        func emit(app: String, session: String, _ events: [String]) throws {
+            let r = try whenctl(["emit", "--socket", daemon.socketPath, "--app", app, "--session", session] + events)
+            #expect(r.status == 0, "whenctl emit: \(r.error)")
+        }
+
+        /// Until every pipeline has handled what the journal holds (and what they derived).
+        func waitForPipelines() throws {
+            let r = try daemon.whenctl(["plugins", "--wait", "--timeout", "60"])
+            #expect(r.status == 0, "whenctl plugins --wait: \(r.error)")
+        }
+
+        /// Opens the page with its token and waits until its live stream has caught up.
+        func open(_ fragment: String = "") throws {
+            try browser.get(ui.url + fragment)
+            try browser.wait("return document.getElementById('live-status').textContent.startsWith('live')")
+        }
+
+        func stop() {
+            daemon.stop()
+        }
+    }
+
+    /// Screens of one onboarding, as an app reports them: navigation and lifecycle.
+    static func journey(_ screens: [String]) -> [String] {
+        var events: [String] = []
+        for (i, screen) in screens.enumerated() {
+            if i > 0 {
+                events.append(#"{"type":"lifecycle","screen":"\#(screens[i - 1])","status":"willDisappear"}"#)
+                events.append(#"{"type":"lifecycle","screen":"\#(screens[i - 1])","status":"didDisappear"}"#)
+            }
+            events.append(#"{"type":"navigation","action":"\#(i == 0 ? "root" : "push")","screen":"\#(screen)"}"#)
+            events.append(#"{"type":"lifecycle","screen":"\#(screen)","status":"willAppear"}"#)
+            events.append(#"{"type":"lifecycle","screen":"\#(screen)","status":"didAppear"}"#)
+            events.append(#"{"type":"when","name":"userLeaves\#(screen)","screen":"\#(screen)"}"#)
+        }
+        return events
+    }
+
+    /// The page and its data are served to the token only, and only under this server's own
+    /// name: another site's page that has its name resolve to 127.0.0.1 is refused.
+    @Test func thePageNeedsItsTokenAndItsOwnHostName() throws {
+        let rig = try Rig("guard")
+        defer { rig.stop() }
+        let host = "127.0.0.1:\(rig.ui.port)"
+        let cookie = "Cookie: whenctl_ui_\(rig.ui.port)=\(rig.ui.token)"
+
+        let noToken = try rawHTTP(port: rig.ui.port, path: "/", host: host)
+        #expect(noToken.status == 403 && noToken.body.contains("needs the token"), "\(noToken)")
+        let wrongToken = try rawHTTP(
+            port: rig.ui.port, path: "/api/overview?token=\(String(repeating: "0", count: 64))", host: host)
+        #expect(wrongToken.status == 403, "\(wrongToken)")
+        let wrongCookie = try rawHTTP(
+            port: rig.ui.port, path: "/api/stream", host: host, headers: ["Cookie: whenctl_ui_\(rig.ui.port)=x"])
+        #expect(wrongCookie.status == 403, "\(wrongCookie)")
+        for foreign in ["evil.example:\(rig.ui.port)", "127.0.0.1:1", "localhost", "127.0.0.1.nip.io:\(rig.ui.port)"] {
+            let rebound = try rawHTTP(
+                port: rig.ui.port, path: "/?token=\(rig.ui.token)", host: foreign, headers: [cookie])
+            #expect(
+                rebound.status == 421
+                    && rebound.body.contains("127.0.0.1:\(rig.ui.port) and localhost:\(rig.ui.port) only"),
+                "\(foreign): \(rebound)")
+        }
+        for name in [host, "localhost:\(rig.ui.port)"] {
+            #expect(try rawHTTP(port: rig.ui.port, path: "/api/overview", host: name, headers: [cookie]).status == 200)
+        }
+
+        // In the browser: refused without the token, served with it (and the token then leaves
+        // the address bar: the cookie carries it).
+        try rig.browser.get(rig.ui.base + "/")
+        let refused = try rig.browser.js("return document.body.innerText") as? String ?? ""
+        #expect(refused.contains("refused") && refused.contains("token"), "\(refused)")
+        rig.browser.screenshot("01-refused-without-token")
+        try rig.open()
+        #expect(try rig.browser.js("return document.title") as? String == "whend debugger")
+        #expect(try rig.browser.js("return location.search") as? String == "")
+        try rig.browser.wait("return document.getElementById('daemon').textContent.includes('whend 0.1')")
+        rig.browser.screenshot("02-page-with-token")
+    }
+
+    /// An event `whenctl emit` sends is on the live view within a second of being sent.
+    @Test func anEmittedEventAppearsOnTheLiveViewWithinASecond() throws {
+        let rig = try Rig("live")
+        defer { rig.stop() }
+        try rig.open()
+        // The moment a row for it is added, by the page's own clock (the same as the test's).
+        _ = try rig.browser.js(
+            """
+            window.seenAt = null;
+            new MutationObserver(() => {
+              if (!window.seenAt && [...document.querySelectorAll('#live-list .record')].some(r => r.textContent.includes('userTapsLiveButton')))
+                window.seenAt = Date.now();
+            }).observe(document.getElementById('live-list'), {childList: true});
+            """)
+        let sent = Date()
+        try rig.emit(app: "com.example.live", session: "l1", [#"{"type":"when","name":"userTapsLiveButton"}"#])
+        let seenAt = try rig.browser.wait("return window.seenAt", timeout: 5) as? Double ?? 0
+        let latency = seenAt / 1000 - sent.timeIntervalSince1970
+        #expect(latency < 1, "the event showed \(latency) s after whenctl emit started")
+        let row = try rig.browser.texts("#live-list .record[data-type=when]").first ?? ""
+        #expect(row.contains("com.example.live/l1") && row.contains("userTapsLiveButton"), "\(row)")
+        rig.browser.screenshot("03-live-event")
+    }
+
+    /// The page's stream outlives whend: while whend is down the page says so and tries again,
+    /// and once whend is back the browser's reconnect (its Last-Event-ID) resumes after the last
+    /// record shown: nothing is missed and nothing shown twice.
+    @Test func theLiveViewResumesAfterWhendRestartsMissingAndRepeatingNothing() throws {
+        let rig = try Rig("resume")
+        defer { rig.stop() }
+        try rig.emit(app: "com.example.mail", session: "r1", (0..<3).map { #"{"type":"when","name":"before\#($0)"}"# })
+        try rig.open()
+        try rig.browser.wait("return document.querySelectorAll('#live-list .record[data-type=when]').length == 3")
+        rig.daemon.stop()
+        try rig.browser.wait(
+            "return /unreachable|reconnecting|closed/.test(document.getElementById('live-status').textContent)")
+        rig.browser.screenshot("12-whend-down")
+        try rig.daemon.start()
+        try rig.emit(app: "com.example.mail", session: "r1", (0..<3).map { #"{"type":"when","name":"after\#($0)"}"# })
+        try rig.browser.wait(
+            "return [...document.querySelectorAll('#live-list .record')].some(r => r.textContent.includes('after2'))",
+            timeout: 15)
+        let shown =
+            try rig.browser.js(
+                "return [...document.querySelectorAll('#live-list .record')].map(r => Number(r.dataset.seq))") as? [Int]
+            ?? []
+        let stored = rig.daemon.records().compactMap { $0["_seq"] as? Int }
+        #expect(shown.sorted() == stored, "shown \(shown.sorted()), stored \(stored)")
+        rig.browser.screenshot("13-resumed")
+    }
+
+    /// A filter by session shows that session's records and no other's, from the journal and as
+    /// they come.
+    @Test func aSessionFilterShowsOnlyThatSession() throws {
+        let rig = try Rig("filter")
+        defer { rig.stop() }
+        for session in ["wanted", "other"] {
+            try rig.emit(
+                app: "com.example.mail", session: session, (0..<3).map { #"{"type":"when","name":"before\#($0)"}"# })
+        }
+        try rig.open()
+        try rig.browser.type("#f-session", "wanted")
+        try rig.browser.click("#f-apply")
+        try rig.browser.wait(
+            "return document.querySelectorAll('#live-list .record').length >= 3 && document.getElementById('live-status').textContent.startsWith('live')"
+        )
+        for session in ["other", "wanted"] {
+            try rig.emit(app: "com.example.mail", session: session, [#"{"type":"when","name":"after"}"#])
+        }
+        try rig.browser.wait(
+            "return [...document.querySelectorAll('#live-list .record')].some(r => r.textContent.includes('after'))",
+            timeout: 5)
+        // Time for a record of the other session to arrive, if the filter let it through.
+        usleep(500_000)
+        let sessions =
+            try rig.browser.js(
+                "return [...document.querySelectorAll('#live-list .record')].map(r => r.dataset.session)") as? [String]
+            ?? []
+        let names = try rig.browser.texts("#live-list .record .what")
+        #expect(!sessions.isEmpty && sessions.allSatisfy { $0 == "wanted" }, "\(sessions)")
+        #expect(names.filter { $0.hasPrefix("before") || $0.hasPrefix("after") }.count == 4, "\(names)")
+        rig.browser.screenshot("04-session-filter")
+    }
+
+    /// A session's timeline lists the screens it showed, in order, as screen-tracking saw them,
+    /// each with its time on screen; a click on one shows its record.
+    @Test func aSessionTimelineListsItsScreensInOrder() throws {
+        let rig = try Rig("timeline")
+        defer { rig.stop() }
+        let screens = ["Welcome", "Consent", "PersonalDetails", "ChoosePractice"]
+        try rig.emit(app: "uk.nhs.gp-onboarding", session: "t1", Self.journey(["Other"]))
+        try rig.emit(app: "uk.nhs.gp-onboarding", session: "t2", Self.journey(screens))
+        try rig.waitForPipelines()
+        try rig.open("#sessions")
+        try rig.browser.wait("return document.querySelector('#sessions-table tr.session-row[data-session=\"t2\"] a')")
+        try rig.browser.click("#sessions-table tr.session-row[data-session=\"t2\"] a")
+        try rig.browser.wait("return document.getElementById('session-status').textContent.includes('record(s)')")
+        let shown = try rig.browser.texts("#timeline .tl-screen .screen-name")
+        #expect(shown == screens, "\(shown)")
+        let chips = try rig.browser.texts("#timeline-screens .chip")
+        #expect(chips == screens, "\(chips)")
+        let durations = try rig.browser.texts("#timeline .tl-screen .duration")
+        #expect(durations.dropLast().allSatisfy { $0.hasSuffix("s on screen") }, "\(durations)")
+        let whens = try rig.browser.texts("#timeline .tl-when .what")
+        #expect(whens == screens.map { "userLeaves\($0)" }, "\(whens)")
+        rig.browser.screenshot("05-session-timeline")
+        try rig.browser.click("#timeline .tl-screen .screen-name")
+        let record =
+            try rig.browser.wait(
+                "return document.getElementById('record-json').textContent.includes('screen-tracking') && document.getElementById('record-json').textContent"
+            ) as? String ?? ""
+        #expect(record.contains(#""name": "Welcome""#), "\(record)")
+        rig.browser.screenshot("06-record")
+    }
+
+    /// A crash report shows its error and the breadcrumbs before it, oldest first, each linked to
+    /// its record.
+    @Test func aCrashReportShowsItsBreadcrumbs() throws {
+        let rig = try Rig("crash")
+        defer { rig.stop() }
+        try rig.emit(
+            app: "uk.nhs.gp-onboarding", session: "c1",
+            Self.journey(["Welcome", "ChoosePractice"]) + [
+                #"{"type":"when","name":"userSelectsPractice","params":{"practiceId":"P1"}}"#,
+                #"{"type":"error","message":"practice list index out of range","fatal":true,"screen":"ChoosePractice","stack":["ChoosePracticeViewModel.select(_:)"]}"#,
+            ])
+        try rig.waitForPipelines()
+        try rig.open("#crashes")
+        try rig.browser.wait("return document.querySelector('#crash-list tr.crash-row a')")
+        try rig.browser.click("#crash-list tr.crash-row a")
+        try rig.browser.wait("return document.querySelectorAll('#crumbs tr.crumb').length > 0")
+        let message = try rig.browser.texts("#crash-detail .error-message")
+        #expect(message == ["practice list index out of range"])
+        let crumbs = try rig.browser.texts("#crumbs tr.crumb td:nth-child(4)")
+        let expected = ["root Welcome", "Welcome willAppear", "Welcome didAppear"]
+        #expect(Array(crumbs.prefix(3)) == expected, "\(crumbs)")
+        #expect(crumbs.contains { $0.hasPrefix("userSelectsPractice") && $0.contains("P1") }, "\(crumbs)")
+        let seqs = try rig.browser.texts("#crumbs tr.crumb td:first-child a").compactMap { Int($0.dropFirst()) }
+        #expect(seqs == seqs.sorted() && seqs.count == crumbs.count, "\(seqs)")
+        rig.browser.screenshot("07-crash-report")
+    }
+
+    /// The views fed by the control socket: pipelines with their counters, rates, the screen
+    /// flow, and the rejected events (which this whend cannot list yet: the page says so).
+    @Test func pipelinesRatesFlowAndRejections() throws {
+        let rig = try Rig("views")
+        defer { rig.stop() }
+        try rig.emit(app: "com.example.marvel", session: "f1", Self.journey(["CharacterList", "CharacterDetail"]))
+        try rig.waitForPipelines()
+        try rig.open("#pipelines")
+        try rig.browser.wait("return document.querySelectorAll('#pipelines-table tr.pipeline-row').length >= 4")
+        let pipelines =
+            try rig.browser.js(
+                "return [...document.querySelectorAll('#pipelines-table tr.pipeline-row')].map(r => r.dataset.pipeline)"
+            ) as? [String] ?? []
+        #expect(Set(pipelines).isSuperset(of: ["screens", "sessions", "crashes", "analytics"]), "\(pipelines)")
+        rig.browser.screenshot("08-pipelines")
+        try rig.browser.js("location.hash = '#flow'")
+        try rig.browser.wait("return document.querySelector('#flow-svg g.node[data-name=\"CharacterDetail\"]')")
+        let edges = try rig.browser.texts("#flow-svg g.edge title")
+        #expect(edges.contains("CharacterList → CharacterDetail: 1"), "\(edges)")
+        rig.browser.screenshot("09-flow")
+        try rig.browser.js("location.hash = '#rates'")
+        try rig.browser.wait("return document.querySelectorAll('#rates-svg path.series').length > 0", timeout: 15)
+        rig.browser.screenshot("10-rates")
+        try rig.browser.js("location.hash = '#rejections'")
+        let status =
+            try rig.browser.wait("return document.getElementById('rejections-status').textContent") as? String ?? ""
+        #expect(status.contains("not available from this whend"), "\(status)")
+        rig.browser.screenshot("11-rejections")
+    }
+}
