@@ -155,6 +155,37 @@ struct Metrics: ParsableCommand {
     }
 }
 
+struct Rejections: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Print the event lines whend refused lately (the newest 100), oldest first.",
+        discussion: """
+            Each with when, the error code and message its sender was given, the sender (app, \
+            pid, uid) and the line's first 1024 bytes, control characters escaped. --json prints \
+            the control socket's answer as it is.
+            """)
+
+    @OptionGroup var options: ControlOptions
+
+    @Flag(name: .long, help: "Print the list as JSON.")
+    var json = false
+
+    func run() throws {
+        let list = try options.request(.rejections, as: "rejections").rejections ?? []
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            print(String(decoding: try encoder.encode(["rejections": list]), as: UTF8.self))
+            return
+        }
+        if list.isEmpty { print("no event refused since whend started (it keeps the newest 100)") }
+        for r in list {
+            let app = r.app.map { printable($0) } ?? "-"
+            print("\(r.time) \(r.code) app=\(app) pid=\(r.pid) uid=\(r.uid): \(printable(r.message))")
+            if let line = r.line { print("  " + printable(line) + (r.truncated ? " …" : "")) }
+        }
+    }
+}
+
 struct Plugins: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "List the running whend's plugins and pipelines, unload or load a plugin, or restart a pipeline.",
