@@ -14,6 +14,8 @@ public enum ControlProtocol {
 /// What whenctl asks.
 public enum ControlRequest: Sendable, Equatable {
     case status
+    /// The events whend refused lately (a bounded ring), oldest first.
+    case rejections
     case reload
     case metrics
     case plugins
@@ -30,6 +32,7 @@ public enum ControlRequest: Sendable, Equatable {
     public var command: String {
         switch self {
         case .status: "status"
+        case .rejections: "rejections"
         case .reload: "reload"
         case .metrics: "metrics"
         case .plugins: "plugins"
@@ -45,7 +48,7 @@ public enum ControlRequest: Sendable, Equatable {
         switch self {
         case .load(let plugin), .unload(let plugin): arguments["plugin"] = plugin
         case .restart(let pipeline): arguments["pipeline"] = pipeline
-        case .status, .reload, .metrics, .plugins: break
+        case .status, .rejections, .reload, .metrics, .plugins: break
         }
         return ControlJSON.encode(Wire(command: command, version: ControlProtocol.version, object: arguments))
     }
@@ -56,6 +59,7 @@ public enum ControlRequest: Sendable, Equatable {
         if wire.versionGiven, wire.version != ControlProtocol.version { throw .unsupportedVersion(wire.version) }
         switch wire.command {
         case "status": return .status
+        case "rejections": return .rejections
         case "reload": return .reload
         case "metrics": return .metrics
         case "plugins": return .plugins
@@ -152,12 +156,15 @@ public struct ControlAnswer: Codable, Sendable, Equatable {
     /// `reload`: `key: old → new` for each setting taken up, and the keys that wait for a restart.
     public var changed: [String]?
     public var needRestart: [String]?
+    /// `rejections`
+    public var rejections: [Rejection]?
 
     public init(
         ok: Bool = true, error: String? = nil, status: StatusAnswer? = nil, metrics: String? = nil,
         plugins: [PluginStatus]? = nil, pipelines: [PipelineStatus]? = nil, changed: [String]? = nil,
-        needRestart: [String]? = nil
+        needRestart: [String]? = nil, rejections: [Rejection]? = nil
     ) {
+        self.rejections = rejections
         self.ok = ok
         self.error = error
         self.status = status
@@ -182,7 +189,7 @@ public struct ControlAnswer: Codable, Sendable, Equatable {
     public static func refused(_ why: String) -> ControlAnswer { ControlAnswer(ok: false, error: why) }
 
     enum CodingKeys: String, CodingKey {
-        case ok, error, status, metrics, plugins, pipelines, changed
+        case ok, error, status, metrics, plugins, pipelines, changed, rejections
         case needRestart = "need_restart"
     }
 
@@ -191,6 +198,41 @@ public struct ControlAnswer: Codable, Sendable, Equatable {
 
     public static func decode(_ line: [UInt8]) -> ControlAnswer? {
         try? JSONDecoder().decode(ControlAnswer.self, from: Data(line))
+    }
+}
+
+/// An event line whend refused: when, why, the start of the line, and who sent it.
+public struct Rejection: Codable, Sendable, Equatable {
+    /// When, RFC 3339 UTC.
+    public var time: String
+    /// The error code (PROTOCOL.md §5) and message the sender was given.
+    public var code: String
+    public var message: String
+    /// The line's first `lineLimit` bytes, as UTF-8 with anything not UTF-8 replaced (absent
+    /// when whend did not keep it: a line over `max_event_bytes`).
+    public var line: String?
+    /// Whether the line was longer than what is kept.
+    public var truncated: Bool
+    /// The line's app (its own, else the connection's hello's), when known.
+    public var app: String?
+    /// The sender, from the kernel (SO_PEERCRED).
+    public var pid: Int32
+    public var uid: UInt32
+
+    public static let lineLimit = 1024
+
+    public init(
+        time: String, code: String, message: String, line: String?, truncated: Bool, app: String?, pid: Int32,
+        uid: UInt32
+    ) {
+        self.time = time
+        self.code = code
+        self.message = message
+        self.line = line
+        self.truncated = truncated
+        self.app = app
+        self.pid = pid
+        self.uid = uid
     }
 }
 

@@ -25,6 +25,8 @@ extension Daemon {
         switch request {
         case .status:
             return ControlAnswer(status: status())
+        case .rejections:
+            return ControlAnswer(rejections: metrics.recentRejections.list)
         case .metrics:
             let list = pipelines.list()
             var counters = live.ingest.plugins.map {

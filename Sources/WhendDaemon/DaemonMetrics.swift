@@ -21,6 +21,8 @@ final class DaemonMetrics: Sendable {
     }
 
     let registry = PrometheusCollectorRegistry()
+    /// The newest refused lines themselves, beside their counts.
+    let recentRejections = RecentRejections()
     private let state = NIOLockedValueBox(Snapshot())
 
     private let bytesInCounter: Counter

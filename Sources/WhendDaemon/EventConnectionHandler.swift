@@ -186,6 +186,9 @@ final class EventConnectionHandler: ChannelDuplexHandler {
         case .welcome(let welcome):
             write(welcome, context: context, essential: true)
         case .rejected(let line, let error):
+            let bytes: UnsafeBufferPointer<UInt8>? =
+                if case .line(let bytes) = piece { bytes } else { nil }
+            counters.recentRejections.add(error, line: bytes, helloApp: stage.helloApp, sender: credentials)
             reject(line, error, context: context)
         case .refuse(let message):
             refuse(message, context: context)

@@ -34,6 +34,8 @@ struct IngestStage {
     private var sawFirstLine = false
     /// Whether the client asked for acknowledgements (its hello).
     private(set) var acks = false
+    /// The hello's default app.
+    private(set) var helloApp: [UInt8]?
     /// The last line counted (the hello and empty lines are not).
     private(set) var lineNumber: UInt64 = 0
     /// The records taken since the last `takeBatch()`, and the line each came from.
@@ -108,6 +110,7 @@ struct IngestStage {
         case .hello(let hello):
             sawFirstLine = true
             acks = hello.acks
+            helloApp = hello.app
             encoder = encoder.with(hello: hello)
             return .welcome(
                 ServerMessage.welcome(

@@ -47,9 +47,7 @@ struct ControlOptions: ParsableArguments {
         return decoded
     }
 
-    /// Sends one request line (without its newline) and returns whend's answer line as it came:
-    /// for a command this whenctl may know before the whend it talks to (`whenctl ui`'s
-    /// `rejections`).
+    /// Sends one request line (without its newline) and returns whend's answer line as it came.
     func exchange(_ requestLine: [UInt8], timeout: TimeInterval = Self.answerTimeout) throws -> [UInt8] {
         let path = self.path
         try refuseUnsafeSocketDirectory(path)
@@ -166,6 +164,37 @@ struct Metrics: ParsableCommand {
 
     func run() throws {
         print(try options.request(.metrics, as: "metrics").metrics ?? "", terminator: "")
+    }
+}
+
+struct Rejections: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Print the event lines whend refused lately (the newest 100), oldest first.",
+        discussion: """
+            Each with when, the error code and message its sender was given, the sender (app, \
+            pid, uid) and the line's first 1024 bytes, control characters escaped. --json prints \
+            the control socket's answer as it is.
+            """)
+
+    @OptionGroup var options: ControlOptions
+
+    @Flag(name: .long, help: "Print the list as JSON.")
+    var json = false
+
+    func run() throws {
+        let list = try options.request(.rejections, as: "rejections").rejections ?? []
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            print(String(decoding: try encoder.encode(["rejections": list]), as: UTF8.self))
+            return
+        }
+        if list.isEmpty { print("no event refused since whend started (it keeps the newest 100)") }
+        for r in list {
+            let app = r.app.map { printable($0) } ?? "-"
+            print("\(r.time) \(r.code) app=\(app) pid=\(r.pid) uid=\(r.uid): \(printable(r.message))")
+            if let line = r.line { print("  " + printable(line) + (r.truncated ? " …" : "")) }
+        }
     }
 }
 

@@ -192,6 +192,13 @@ struct Tail: ParsableCommand {
     @Flag(name: .shortAndLong, help: "Keep printing records as they are committed, until interrupted.")
     var follow = false
 
+    @Option(
+        name: .long,
+        help:
+            "With -f, whend's event socket to subscribe to (default: whend's own, when no --state-dir or --journal is named)."
+    )
+    var socket: String?
+
     func run() throws {
         let directory = try location.existingDirectory()
         let filter = try filters.filter()
@@ -242,6 +249,17 @@ struct Tail: ParsableCommand {
         printRecent(recent, out)
         out.flush()
         guard follow, !newest.ended else { return }
+        // From whend itself when it is the one whose journal this is: only acknowledged
+        // records, never one a power cut takes back; else (a journal named, no socket) from the
+        // files.
+        if socket != nil || (location.stateDir == nil && location.journal == nil) {
+            let path = socket ?? SocketLocation.eventSocket()
+            if followSubscription(
+                path, after: newest.lastSeq ?? start.flatMap { $0 > 0 ? $0 - 1 : nil }, filter, format, out)
+            {
+                return
+            }
+        }
         reader.read(fromSeq: newest.lastSeq.map { $0 + 1 } ?? start, sinceMicros: filter.sinceMicros, follow: true) {
             record, _ in
             if filter.isPastEnd(record) { return false }
@@ -255,6 +273,70 @@ struct Tail: ParsableCommand {
             warn($0)
         }
         out.flush()
+    }
+
+    /// Follows whend's records through a subscription (PROTOCOL.md §9) until interrupted,
+    /// resuming after the last `_seq` seen whenever the connection ends (a restart of whend).
+    /// False when whend cannot be reached at all: the caller follows the files.
+    private func followSubscription(
+        _ path: String, after: UInt64?, _ filter: RecordFilter, _ format: RecordFilterOptions.OutputFormat,
+        _ out: Output
+    ) -> Bool {
+        var request = SubscribeRequest()
+        request.app = filter.app
+        request.session = filter.session
+        request.types = filter.types.sorted()
+        var seen = after
+        var connected = false
+        while true {
+            request.start = seen.map { .after($0) } ?? .oldest
+            guard let subscription = try? SubscriptionReader(path: path, request: request) else {
+                guard connected else {
+                    printError("whenctl tail: whend does not answer at \(path); following the journal's files")
+                    return false
+                }
+                sleep(1)
+                continue
+            }
+            var why = "whend closed the connection"
+            do {
+                while let event = try subscription.next() {
+                    switch event {
+                    case .subscribed: connected = true
+                    case .record(let seq, let line):
+                        seen = seq
+                        if let toSeq = filter.toSeq, seq > toSeq { return true }
+                        let wanted = line.withUnsafeBufferPointer { (try? StoredRecord.scan($0)).map(filter.matches) }
+                        if wanted == true {
+                            line.withUnsafeBufferPointer {
+                                switch format {
+                                case .json: out.write($0)
+                                case .short: out.write(shortForm($0))
+                                }
+                            }
+                        }
+                    case .caughtUp(let seq), .checkpoint(let seq):
+                        seen = max(seen ?? 0, seq)
+                        out.flush()
+                    case .gap(let from, let through):
+                        out.flush()
+                        printError("whenctl tail: warning: _seq \(from)…\(through) are gone (retention deleted them)")
+                    case .error(let code, let message):
+                        why = "\(code): \(message)"
+                    }
+                }
+            } catch {
+                why = "\(error)"
+            }
+            out.flush()
+            guard connected else {
+                printError(
+                    "whenctl tail: whend refused the subscription at \(path) (\(why)); following the journal's files")
+                return false
+            }
+            printError("whenctl tail: \(why); resuming after _seq \(seen ?? 0)")
+            sleep(1)
+        }
     }
 
     private func printRecent(_ recent: [[UInt8]], _ out: Output) {

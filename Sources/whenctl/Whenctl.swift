@@ -26,7 +26,8 @@ struct Whenctl: ParsableCommand {
             """,
         version: WhendVersion.current,
         subcommands: [
-            Emit.self, Cat.self, Tail.self, Verify.self, Status.self, Reload.self, Metrics.self, Plugins.self,
+            Emit.self, Cat.self, Tail.self, Verify.self, Status.self, Reload.self, Metrics.self, Rejections.self,
+            Plugins.self,
             Sessions.self, Crashes.self, Replay.self, Export.self, Flow.self, UI.self,
         ]
     )

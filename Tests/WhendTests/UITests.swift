@@ -241,7 +241,7 @@ import Testing
     }
 
     /// The views fed by the control socket: pipelines with their counters, rates, the screen
-    /// flow, and the rejected events (which this whend cannot list yet: the page says so).
+    /// flow, and the events whend refused, with why and who sent them.
     @Test func pipelinesRatesFlowAndRejections() throws {
         let rig = try Rig("views")
         defer { rig.stop() }
@@ -263,10 +263,16 @@ import Testing
         try rig.browser.js("location.hash = '#rates'")
         try rig.browser.wait("return document.querySelectorAll('#rates-svg path.series').length > 0", timeout: 15)
         rig.browser.screenshot("10-rates")
+        let refused = try whenctl([
+            "emit", "--socket", rig.daemon.socketPath, "--app", "com.example.mail",
+            #"{"type":"lifecycle","screen":"Detail"}"#,
+        ])
+        #expect(refused.status == 1)
         try rig.browser.js("location.hash = '#rejections'")
-        let status =
-            try rig.browser.wait("return document.getElementById('rejections-status').textContent") as? String ?? ""
-        #expect(status.contains("not available from this whend"), "\(status)")
+        try rig.browser.wait("return document.querySelectorAll('#rejections-table tbody tr').length == 1")
+        let cells = try rig.browser.texts("#rejections-table tbody tr td")
+        #expect(cells.count == 7 && cells[1] == "missing_field" && cells[2] == "com.example.mail", "\(cells)")
+        #expect(cells.count == 7 && cells[5].contains("status") && cells[6].contains(#""screen":"Detail""#), "\(cells)")
         rig.browser.screenshot("11-rejections")
     }
 }

@@ -21,26 +21,26 @@ struct UISource: Sendable {
         return answer.metrics ?? ""
     }
 
-    /// The events whend refused lately (`{"command":"rejections"}`), or why they cannot be shown:
-    /// `{"available": false, "reason": …}` from a whend that does not know the command.
+    /// The events whend refused lately (`whenctl rejections`), or why they cannot be shown:
+    /// `{"available": false, "reason": …}`, from a whend that does not know the command too.
     func rejections() -> [String: Any] {
-        let line: [UInt8]
+        let answer: ControlAnswer
         do {
-            line = try control.exchange(Array(#"{"command":"rejections","version":1}"#.utf8), timeout: 10)
+            answer = try control.answer(.rejections, timeout: 10)
         } catch {
             return ["available": false, "reason": "\(error)"]
         }
-        guard let object = foundationObject(Data(line)) else {
-            return ["available": false, "reason": "whend's answer to rejections is not one this whenctl reads"]
-        }
-        guard object["ok"] as? Bool == true else {
-            let error = object["error"] as? String ?? ""
+        guard answer.ok else {
+            let error = answer.error ?? ""
             if error.contains("unknown command") {
                 return ["available": false, "reason": "not available from this whend (it has no rejections command)"]
             }
             return ["available": false, "reason": error.isEmpty ? "whend refused rejections" : error]
         }
-        return ["available": true, "rejections": object["rejections"] as? [Any] ?? []]
+        let list =
+            (try? JSONEncoder().encode(answer.rejections ?? [])).flatMap { try? JSONSerialization.jsonObject(with: $0) }
+            ?? []
+        return ["available": true, "rejections": list]
     }
 
     /// session-recorder's sessions, most recent first (at most 500), or why there are none.

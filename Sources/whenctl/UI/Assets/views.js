@@ -25,7 +25,7 @@
       setStatus("rejections-status", list.length ? `${list.length} most recent, newest first` : "whend has refused nothing lately");
       for (const x of list) {
         body.append(
-          row(time(x.time), el("span", "code", x.code || ""), x.app || "", x.pid ?? "", x.uid ?? "", x.message || "", el("code", "raw", x.line || "")),
+          row(time(x.time), el("span", "code", x.code || ""), x.app || "", x.pid ?? "", x.uid ?? "", x.message || "", x.line === undefined || x.line === null ? el("em", null, "(not kept: longer than whend reads)") : el("code", "raw", x.line + (x.truncated ? " …" : ""))),
         );
       }
     } catch (e) {

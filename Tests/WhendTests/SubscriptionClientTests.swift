@@ -1,0 +1,80 @@
+import Foundation
+import Testing
+import WhenClient
+
+/// The subscription's two clients: `whenctl tail -f` and WhenClient's `WhendSubscription`.
+@Suite(.serialized) struct SubscriptionClientTests {
+    /// `tail -f` on whend's socket prints each record once, in order, across a restart of whend.
+    @Test func tailFollowsThroughASubscriptionAcrossARestart() throws {
+        let daemon = TestDaemon("tail-subscribe")
+        try daemon.start()
+        defer { daemon.stop() }
+        try sendSession(daemon, app: "a", session: "s", (1...20).map { #"{"type":"when","name":"early\#($0)"}"# })
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: executable("whenctl"))
+        p.arguments = [
+            "tail", "-f", "-n", "3", "--type", "when", "--state-dir", daemon.stateDirectory, "--socket",
+            daemon.socketPath,
+        ]
+        let out = Pipe()
+        let err = Pipe()
+        p.standardOutput = out
+        p.standardError = err
+        try p.run()
+        defer { if p.isRunning { p.terminate() } }
+        usleep(300_000)
+        try sendSession(daemon, app: "a", session: "s", (1...30).map { #"{"type":"when","name":"before\#($0)"}"# })
+        usleep(300_000)
+        daemon.stop()
+        try daemon.start()
+        try sendSession(daemon, app: "a", session: "s", (1...30).map { #"{"type":"when","name":"after\#($0)"}"# })
+        var names: [String] = []
+        readLines(from: out.fileHandleForReading.fileDescriptor, until: Date().addingTimeInterval(15)) { line in
+            if let name = (try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])?["name"]
+                as? String
+            {
+                names.append(name)
+            }
+            return names.count < 63
+        }
+        p.terminate()
+        #expect(eventually(5) { !p.isRunning })
+        #expect(
+            names == ["early18", "early19", "early20"] + (1...30).map { "before\($0)" } + (1...30).map { "after\($0)" })
+        let said = String(decoding: err.fileHandleForReading.availableData, as: UTF8.self)
+        #expect(said.contains("resuming after _seq 50"), "\(said)")
+    }
+
+    /// An app's tool reads records with `for try await`: the journal, caught up, then live.
+    @Test func whenClientReadsTheJournalThenLiveRecords() async throws {
+        let daemon = TestDaemon("whenclient-subscribe")
+        try daemon.start()
+        defer { daemon.stop() }
+        try sendSession(daemon, app: "a", session: "s", (1...5).map { #"{"type":"when","name":"n\#($0)"}"# })
+        let subscription = WhendSubscription(
+            .init(start: .oldest, names: ["n2", "n4", "live"]), socketPath: daemon.socketPath)
+        var seen: [String] = []
+        var caughtUp: UInt64?
+        for try await element in subscription {
+            switch element {
+            case .record(_, let json):
+                let name = (try JSONSerialization.jsonObject(with: json) as? [String: Any])?["name"] as? String
+                seen.append(name ?? "?")
+                if name == "live" { break }
+            case .caughtUp(let seq):
+                caughtUp = seq
+                try sendSession(daemon, app: "a", session: "s", [#"{"type":"when","name":"live"}"#])
+            case .checkpoint, .gap: continue
+            }
+            if seen.last == "live" { break }
+        }
+        #expect(seen == ["n2", "n4", "live"])
+        #expect(caughtUp == 5)
+        // A request whend cannot honour is an error thrown, with whend's reason.
+        await #expect(throws: WhendSubscription.Refused.self) {
+            for try await _ in WhendSubscription(
+                .init(start: .after(1), app: String(repeating: "x", count: 300)), socketPath: daemon.socketPath)
+            {}
+        }
+    }
+}
