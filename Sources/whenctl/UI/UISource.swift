@@ -3,6 +3,7 @@ import Foundation
 import NIOCore
 import WhendControl
 import WhendJournal
+import WhendWire
 
 /// What the page shows, from where this user may read it: records through subscriptions on the
 /// event socket, status and metrics through the control socket (`ControlOptions`, as every
@@ -109,18 +110,22 @@ struct UISource: Sendable {
     /// The record `seq`, as stored: the first a subscription after `seq - 1` gives.
     func record(seq: UInt64) async throws -> RecordLookup {
         var result = RecordLookup.missing("no record #\(seq): the journal does not hold it (yet, or any more)")
+        var request = SubscribeRequest()
+        request.start = .after(seq - 1)
         do {
-            try await UISubscription.read(socket: eventSocket, request: ["after": seq - 1]) { item in
+            try await UISubscription.read(socket: eventSocket, request: request) { item in
                 guard case .line(let line) = item else { return false }
-                switch UISubscriptionLine(line) {
+                switch UISubscription.event(line) {
                 case .record(let got, let line):
-                    if got == seq { result = .found(Array(line.readableBytesView)) }
+                    if got == seq { result = .found(line) }
                     return false
-                case .control(let kind, let object, _):
-                    if kind == "error" { result = .missing(object["message"] as? String ?? "whend refused") }
-                    return kind == "subscribed"
-                case .unreadable:
+                case .subscribed, nil:
                     return true
+                case .error(_, let message):
+                    result = .missing(message)
+                    return false
+                case .caughtUp, .checkpoint, .gap:
+                    return false
                 }
             }
         } catch {
@@ -142,15 +147,16 @@ struct UISource: Sendable {
         var appViews: [String: [String]] = [:]
         var apps: Set<String> = []
         var problem: String?
-        var request: [String: Any] = ["from": "oldest", "type": "screen"]
-        if let app { request["app"] = app }
+        var request = SubscribeRequest()
+        request.start = .oldest
+        request.types = ["screen"]
+        request.app = app.map { Array($0.utf8) }
         do {
             try await UISubscription.read(socket: eventSocket, request: request, idle: .seconds(60)) { item in
                 guard case .line(let line) = item else { return true }
-                switch UISubscriptionLine(line) {
+                switch UISubscription.event(line) {
                 case .record(_, let line):
-                    guard
-                        let r = try? JSONSerialization.jsonObject(with: Data(line.readableBytesView)) as? [String: Any],
+                    guard let r = try? JSONSerialization.jsonObject(with: Data(line)) as? [String: Any],
                         let name = r["name"] as? String
                     else { return true }
                     let recordApp = r["app"] as? String ?? ""
@@ -163,10 +169,12 @@ struct UISource: Sendable {
                         appViews[session, default: []].append(name)
                     }
                     return true
-                case .control(let kind, let object, _):
-                    if kind == "error" { problem = object["message"] as? String ?? "whend refused the subscription" }
-                    return kind != "caught_up" && kind != "error"
-                case .unreadable:
+                case .error(_, let message):
+                    problem = message
+                    return false
+                case .caughtUp:
+                    return false
+                case .subscribed, .checkpoint, .gap, nil:
                     return true
                 }
             }

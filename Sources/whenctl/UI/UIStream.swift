@@ -1,6 +1,7 @@
 import Foundation
 import Hummingbird
 import NIOCore
+import WhendWire
 
 /// `/api/stream`: a subscription as Server-Sent Events. Each record is an event whose `id` is its
 /// `_seq`, and so are `caught_up` and `checkpoint` (their `seq`): a browser's EventSource that
@@ -14,9 +15,9 @@ import NIOCore
 /// out of reach), after which the stream ends and the browser tries again.
 enum UIStream {
     static func response(query: [String: String], lastEventID: String?, source: UISource) -> Response {
-        let subscription: [UInt8]
+        let subscription: SubscribeRequest
         do {
-            subscription = try UISubscription.line(self.subscription(query, lastEventID: lastEventID))
+            subscription = try self.subscription(query, lastEventID: lastEventID)
         } catch {
             return UIServer.text(.badRequest, "whenctl ui: \(error)")
         }
@@ -24,19 +25,18 @@ enum UIStream {
         let body = ResponseBody { writer in
             try await writer.write(ByteBuffer(string: "retry: 2000\n\n"))
             do {
-                try await UISubscription.read(socket: socket, line: subscription) { item in
+                try await UISubscription.read(socket: socket, request: subscription) { item in
+                    let (out, goOn): (ByteBuffer, Bool)
                     switch item {
                     case .idle:
                         // A comment: a browser gone is found out by the write that fails.
-                        do {
-                            try await writer.write(ByteBuffer(string: ": idle\n\n"))
-                        } catch {
-                            throw SSEWriteFailed(underlying: error)
-                        }
-                        return true
+                        (out, goOn) = (ByteBuffer(string: ": idle\n\n"), true)
                     case .line(let line):
-                        return try await forward(line, to: &writer)
+                        guard let event = UISubscription.event(line) else { return true }
+                        (out, goOn) = self.event(for: event)
                     }
+                    do { try await writer.write(out) } catch { throw SSEWriteFailed(underlying: error) }
+                    return goOn
                 }
             } catch let error as SSEWriteFailed {
                 throw error.underlying
@@ -55,27 +55,26 @@ enum UIStream {
     /// A failed write to the browser, told apart from a failure to reach whend.
     private struct SSEWriteFailed: Error { let underlying: any Error }
 
-    /// Writes one of whend's lines as an event; false once the stream should end.
-    private static func forward(_ line: ByteBuffer, to writer: inout any ResponseBodyWriter) async throws -> Bool {
-        var out = ByteBuffer()
-        var goOn = true
-        switch UISubscriptionLine(line) {
-        case .record(let seq, var line):
+    /// One of whend's lines as an event, and whether the stream goes on after it.
+    private static func event(for event: SubscriptionReader.Event) -> (ByteBuffer, Bool) {
+        switch event {
+        case .record(let seq, let line):
+            var out = ByteBuffer()
             out.writeString("id: \(seq)\ndata: ")
-            out.writeBuffer(&line)
+            out.writeBytes(line)
             out.writeString("\n\n")
-        case .control(let kind, let object, let seen):
-            if kind == "error" {
-                out = event("problem", object)
-                goOn = false
-            } else {
-                out = event(kind, object, id: seen)
-            }
-        case .unreadable:
-            return true
+            return (out, true)
+        case .subscribed(let after):
+            return (self.event("subscribed", after.map { ["after": $0] } ?? [:]), true)
+        case .caughtUp(let seq):
+            return (self.event("caught_up", ["seq": seq], id: seq), true)
+        case .checkpoint(let seq):
+            return (self.event("checkpoint", ["seq": seq], id: seq), true)
+        case .gap(let from, let through):
+            return (self.event("gap", ["from": from, "through": through]), true)
+        case .error(let code, let message):
+            return (self.event("problem", ["code": code, "message": message]), false)
         }
-        do { try await writer.write(out) } catch { throw SSEWriteFailed(underlying: error) }
-        return goOn
     }
 
     static func event(_ name: String, _ object: [String: Any], id: UInt64? = nil) -> ByteBuffer {
@@ -85,10 +84,10 @@ enum UIStream {
         return ByteBuffer(string: text + "data: " + String(decoding: data, as: UTF8.self) + "\n\n")
     }
 
-    /// The `subscribe` object for the query; `Last-Event-ID` (a browser resuming) wins over
-    /// where the query says to start.
-    static func subscription(_ query: [String: String], lastEventID: String?) throws -> [String: Any] {
-        var request: [String: Any] = [:]
+    /// The subscription for the query; `Last-Event-ID` (a browser resuming) wins over where the
+    /// query says to start.
+    static func subscription(_ query: [String: String], lastEventID: String?) throws -> SubscribeRequest {
+        var request = SubscribeRequest()
         func value(_ key: String) -> String? {
             query[key].flatMap { $0.isEmpty ? nil : $0 }
         }
@@ -96,30 +95,35 @@ enum UIStream {
             guard let n = UInt64(text) else { throw Failure("\(what) takes a _seq (a whole number); got \(text)") }
             return n
         }
+        func list(_ text: String?) -> [String] {
+            (text ?? "").split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+        }
         if let last = lastEventID.flatMap({ $0.isEmpty ? nil : $0 }) {
-            request["after"] = try seq(last, "Last-Event-ID")
+            request.start = .after(try seq(last, "Last-Event-ID"))
         } else if let after = value("after") {
-            request["after"] = try seq(after, "after")
+            request.start = .after(try seq(after, "after"))
         } else if let since = value("since") {
-            request["since"] = since
+            guard let instant = RFC3339.parse(Array(since.utf8)) else {
+                throw Failure("since takes an RFC 3339 time (2026-01-31T12:00:00Z); got \(since)")
+            }
+            request.start = .since(instant.microseconds)
         } else {
-            request["from"] = value("from") ?? "now"
-        }
-        for key in ["app", "session", "pipeline"] {
-            if let v = value(key) { request[key] = v }
-        }
-        for key in ["type", "name"] {
-            if let v = value(key) {
-                request[key] = v.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter {
-                    !$0.isEmpty
-                }
+            switch value("from") ?? "now" {
+            case "now": request.start = .now
+            case "oldest": request.start = .oldest
+            case let other: throw Failure("from takes now or oldest; got \(other)")
             }
         }
+        request.app = value("app").map { Array($0.utf8) }
+        request.session = value("session").map { Array($0.utf8) }
+        request.pipeline = value("pipeline").map { Array($0.utf8) }
+        request.types = list(value("type"))
+        request.names = list(value("name"))
         if let derived = value("derived") {
             guard derived == "true" || derived == "false" else {
                 throw Failure("derived takes true or false; got \(derived)")
             }
-            request["derived"] = derived == "true"
+            request.derived = derived == "true"
         }
         return request
     }

@@ -1,6 +1,7 @@
 import Foundation
 import NIOCore
 import NIOPosix
+import WhendWire
 
 /// One subscription on whend's event socket (PROTOCOL.md §9), read as lines: the first line
 /// sent is `{"subscribe":{…}}`, and whend answers with `subscribed`, records, `caught_up`,
@@ -15,42 +16,39 @@ enum UISubscription {
         case idle
     }
 
-    /// Opens a subscription with `request` (the members of the `subscribe` object) and hands
-    /// its lines to `body` until `body` returns false, whend closes, or `body` throws.
+    /// Opens a subscription with `request` and hands its lines to `body` until `body` returns
+    /// false, whend closes, or `body` throws.
     static func read(
-        socket path: String, request: [String: Any], idle: TimeAmount = .seconds(15),
+        socket path: String, request: SubscribeRequest, idle: TimeAmount = .seconds(15),
         _ body: (Item) async throws -> Bool
-    ) async throws {
-        try await read(socket: path, line: try line(request), idle: idle, body)
-    }
-
-    /// The first line, `{"subscribe":{…}}`, without its newline.
-    static func line(_ request: [String: Any]) throws -> [UInt8] {
-        Array(try JSONSerialization.data(withJSONObject: ["subscribe": request], options: [.sortedKeys]))
-    }
-
-    static func read(
-        socket path: String, line: [UInt8], idle: TimeAmount = .seconds(15), _ body: (Item) async throws -> Bool
     ) async throws {
         let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .connectTimeout(.seconds(5))
             .connect(unixDomainSocketPath: path) { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: idle))
-                    try channel.pipeline.syncOperations.addHandler(LineFramer())
+                    try channel.pipeline.syncOperations.addHandler(LineSplitter())
                     return try NIOAsyncChannel<Item, ByteBuffer>(wrappingChannelSynchronously: channel)
                 }
             }
         try await channel.executeThenClose { inbound, outbound in
-            try await outbound.write(ByteBuffer(bytes: line + [0x0A]))
+            try await outbound.write(ByteBuffer(bytes: request.line))
             for try await item in inbound {
                 guard try await body(item) else { return }
             }
         }
     }
 
+    /// A line from whend, read as `whenctl tail -f` and WhenClient read it; nil for one this
+    /// whenctl does not know.
+    static func event(_ line: ByteBuffer) -> SubscriptionReader.Event? {
+        line.withUnsafeReadableBytes { raw in
+            raw.withMemoryRebound(to: UInt8.self) { SubscriptionReader.event($0) }
+        }
+    }
+
     /// Cuts whend's bytes into lines, and turns a read timeout into `.idle`.
-    private final class LineFramer: ChannelInboundHandler, @unchecked Sendable {
+    private final class LineSplitter: ChannelInboundHandler, @unchecked Sendable {
         // Unchecked: used on its channel's event loop only.
         typealias InboundIn = ByteBuffer
         typealias InboundOut = Item
@@ -75,36 +73,5 @@ enum UISubscription {
                 context.fireUserInboundEventTriggered(event)
             }
         }
-    }
-}
-
-/// What a line from whend on a subscription is.
-enum UISubscriptionLine {
-    /// A record, as stored; `seq` its `_seq`.
-    case record(seq: UInt64, line: ByteBuffer)
-    /// `subscribed`, `caught_up`, `checkpoint`, `gap` or `error`: its key, its object, and the
-    /// `_seq` it says the subscriber has seen through (caught_up's and checkpoint's).
-    case control(kind: String, object: [String: Any], seenThrough: UInt64?)
-    case unreadable
-
-    init(_ line: ByteBuffer) {
-        let bytes = line.readableBytesView
-        // Records, and only records, begin with {"_seq" (PROTOCOL.md §9).
-        if bytes.starts(with: Array(#"{"_seq":"#.utf8)) {
-            let digits = bytes.dropFirst(8).prefix { $0 >= 0x30 && $0 <= 0x39 }
-            if let seq = UInt64(String(decoding: digits, as: UTF8.self)) {
-                self = .record(seq: seq, line: line)
-                return
-            }
-        }
-        guard let object = try? JSONSerialization.jsonObject(with: Data(bytes)) as? [String: Any],
-            object.count == 1, let (kind, value) = object.first
-        else {
-            self = .unreadable
-            return
-        }
-        let inner = value as? [String: Any] ?? [:]
-        let seen = (kind == "caught_up" || kind == "checkpoint") ? (inner["seq"] as? NSNumber)?.uint64Value : nil
-        self = .control(kind: kind, object: inner, seenThrough: seen)
     }
 }
