@@ -120,6 +120,21 @@ import Testing
         let row = try rig.browser.texts("#live-list .record[data-type=when]").first ?? ""
         #expect(row.contains("com.example.live/l1") && row.contains("userTapsLiveButton"), "\(row)")
         rig.browser.screenshot("03-live-event")
+
+        // Paused, new records are held and counted, and shown on Resume.
+        try rig.browser.click("#pause")
+        try rig.emit(app: "com.example.live", session: "l1", [#"{"type":"when","name":"userWaits"}"#])
+        try rig.browser.wait("return document.getElementById('live-status').textContent.includes('1 new held')")
+        #expect(try rig.browser.texts("#live-list .record .what").allSatisfy { !$0.contains("userWaits") })
+        try rig.browser.click("#pause")
+        #expect(try rig.browser.texts("#live-list .record .what").first == "userWaits")
+        // Raw: the records as stored, from the journal again.
+        try rig.browser.click("#view-mode")
+        let raw =
+            try rig.browser.wait(
+                "const r = document.querySelectorAll('#live-list .record code.raw'); return r.length == 2 && [...r].map(e => e.textContent)"
+            ) as? [String] ?? []
+        #expect(raw.count == 2 && raw.allSatisfy { $0.hasPrefix(#"{"_seq":"#) }, "\(raw)")
     }
 
     /// The page's stream outlives whend: while whend is down the page says so and tries again,

@@ -140,8 +140,11 @@ W.stream = (params, on) => {
   for (const [k, v] of Object.entries(params)) if (v !== "" && v !== undefined && v !== null) q.set(k, v);
   const es = new EventSource("/api/stream?" + q.toString());
   const state = on.state || (() => {});
+  // What whend (or whenctl ui, failing to reach it) said last, shown while the browser retries.
+  let problem = null;
   es.onopen = () => state("connected", "ok");
   es.onmessage = (m) => {
+    problem = null;
     let r;
     try {
       r = JSON.parse(m.data);
@@ -154,14 +157,15 @@ W.stream = (params, on) => {
   es.addEventListener("gap", (m) => on.gap && on.gap(JSON.parse(m.data)));
   es.addEventListener("problem", (m) => {
     const p = JSON.parse(m.data);
+    problem = p.code + ": " + p.message;
     // What whend will refuse again is not asked again.
     if (["forbidden", "invalid_field", "unsupported_protocol"].includes(p.code)) es.close();
     if (on.problem) on.problem(p);
     state(p.code + ": " + p.message, "bad");
   });
   es.onerror = () => {
-    if (es.readyState === EventSource.CLOSED) state("stream closed", "bad");
-    else state("reconnecting…", "warn");
+    if (es.readyState === EventSource.CLOSED) state("stream closed" + (problem ? " (" + problem + ")" : ""), "bad");
+    else state("reconnecting…" + (problem ? " (" + problem + ")" : ""), "warn");
   };
   return es;
 };
