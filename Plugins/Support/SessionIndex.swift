@@ -8,6 +8,13 @@ import WhendWire
 /// that export from the journal, so that the listing is always as new as the journal. A
 /// `sessions.log` of changes after the export, which earlier versions wrote, is still read.
 ///
+/// Under a limit (`maxSessions`, the plugin's `max_sessions`), the index forgets sessions by one
+/// rule, applied as each record is indexed (`apply`), whoever indexes it: past the limit and a
+/// tenth more, the least recently active down to the limit (a session that comes back starts
+/// afresh). It is listed (`sessions`) as the limit's most recently active. The export holds the
+/// limit and every session the index keeps, so that a reader completing it from the journal
+/// indexes what the plugin does, and lists what the plugin would export.
+///
 /// Each session is kept compact (`Kept`), its `Entry` made when read: its session id and times
 /// inline, its counts by type as numbers through one table of the type names, in one array
 /// with a table of where each session is. A session as an `Entry` in a dictionary took ~580
@@ -38,9 +45,14 @@ package struct SessionIndex {
         }
     }
 
+    /// The export as read: `sessions` the ones listed, most recent first, and, where the plugin
+    /// had a limit, the limit and the sessions it keeps beyond it (earlier versions wrote
+    /// neither).
     struct Snapshot: Codable {
         var indexedThrough: UInt64
+        var maxSessions: Int?
         var sessions: [Entry]
+        var sessionsBeyondMax: [Entry]?
     }
 
     struct Change: Codable {
@@ -80,6 +92,9 @@ package struct SessionIndex {
     private var types = TypeTable()
     package private(set) var indexedThrough: UInt64 = 0
     package let directory: String
+    /// How many sessions are listed (none: all); past it and a tenth more, the least recently
+    /// active are forgotten, down to it. At least 1.
+    package var maxSessions: Int?
     /// The apps of the sessions indexed so far, each once: a session's `app` is this copy,
     /// not a string of its own (one of 64 bytes per session where a name passes 15 bytes;
     /// a few apps have thousands of sessions).
@@ -109,6 +124,7 @@ package struct SessionIndex {
         index.spilled = spilled
         index.types = types
         index.apps = apps
+        index.maxSessions = maxSessions
         return index
     }
 
@@ -119,7 +135,10 @@ package struct SessionIndex {
             let snapshot = try? JSONDecoder().decode(Snapshot.self, from: data)
         {
             indexedThrough = snapshot.indexedThrough
-            for e in snapshot.sessions { insert(e, key: SessionDigest(app: e.app, session: e.session)) }
+            maxSessions = snapshot.maxSessions.map { max(1, $0) }
+            for e in snapshot.sessions + (snapshot.sessionsBeyondMax ?? []) {
+                insert(e, key: SessionDigest(app: e.app, session: e.session))
+            }
         }
         if let log = FileManager.default.contents(atPath: directory + "/sessions.log") {
             let decoder = JSONDecoder()
@@ -133,7 +152,7 @@ package struct SessionIndex {
         }
     }
 
-    /// How many sessions.
+    /// How many sessions are kept (listed or not).
     package var count: Int { kept.count }
 
     /// The session at `position` (0..<count) and its digest.
@@ -246,8 +265,16 @@ package struct SessionIndex {
                 Entry(
                     app: app(), session: sessionID(), firstSeq: seq, lastSeq: seq, firstTime: now, lastTime: now,
                     counts: [type: 1]), key: key)
+            forgetBeyondLimit()
         }
         return true
+    }
+
+    /// The one rule by which the index forgets, for the plugin and its readers alike: past the
+    /// limit and a tenth more (a sort of every session each time a tenth of them have come),
+    /// the least recently active, down to the limit.
+    private mutating func forgetBeyondLimit() {
+        if let limit = maxSessions, kept.count > limit + limit / 10 + 1 { trim(to: limit) }
     }
 
     /// The last session indexed through `apply(seq:session:app:sessionID:type:time:)` with a
@@ -360,10 +387,17 @@ package struct SessionIndex {
         out.reserveCapacity(piece + 4096)
         out += #"{"indexedThrough":"#.utf8
         JSONBytes.appendDecimal(indexedThrough, to: &out)
+        if let maxSessions {
+            out += #","maxSessions":"#.utf8
+            JSONBytes.appendDecimal(UInt64(maxSessions), to: &out)
+        }
         out += #","sessions":["#.utf8
-        for (n, position) in mostRecentFirst().enumerated() {
+        let order = mostRecentFirst()
+        let listed = min(order.count, maxSessions ?? order.count)
+        for (n, position) in order.enumerated() {
+            if n == listed { out += #"],"sessionsBeyondMax":["#.utf8 }
             let e = entry(at: position).value
-            out += (n > 0 ? #",{"app":"# : #"{"app":"#).utf8
+            out += (n > 0 && n != listed ? #",{"app":"# : #"{"app":"#).utf8
             appendJSONString(e.app.utf8, to: &out)
             out += #","counts":{"#.utf8
             for (j, (type, count)) in e.counts.enumerated() {
@@ -388,6 +422,7 @@ package struct SessionIndex {
                 out.removeAll(keepingCapacity: true)
             }
         }
+        if maxSessions != nil && listed == order.count { out += #"],"sessionsBeyondMax":["#.utf8 }
         out += "]}".utf8
         try write(out)
     }
@@ -401,8 +436,13 @@ package struct SessionIndex {
         return order.map(\.position)
     }
 
-    /// The sessions, most recent first.
-    package var sessions: [Entry] { mostRecentFirst().map { entry(at: $0).value } }
+    /// The sessions listed, most recent first: at most `maxSessions`.
+    package var sessions: [Entry] {
+        mostRecentFirst().prefix(maxSessions ?? .max).map { entry(at: $0).value }
+    }
+
+    /// Every session kept, most recent first: those listed, then those beyond the limit.
+    package var allSessions: [Entry] { mostRecentFirst().map { entry(at: $0).value } }
 
     /// Keeps the `limit` most recently active sessions.
     mutating func trim(to limit: Int) {
