@@ -45,16 +45,6 @@ package struct SessionIndex {
         }
     }
 
-    /// The export as read: `sessions` the ones listed, most recent first, and, where the plugin
-    /// had a limit, the limit and the sessions it keeps beyond it (earlier versions wrote
-    /// neither).
-    struct Snapshot: Codable {
-        var indexedThrough: UInt64
-        var maxSessions: Int?
-        var sessions: [Entry]
-        var sessionsBeyondMax: [Entry]?
-    }
-
     struct Change: Codable {
         var seq: UInt64
         var app: String
@@ -136,9 +126,7 @@ package struct SessionIndex {
         {
             indexedThrough = snapshot.indexedThrough
             maxSessions = snapshot.maxSessions.map { max(1, $0) }
-            for e in snapshot.sessions + (snapshot.sessionsBeyondMax ?? []) {
-                insert(e, key: SessionDigest(app: e.app, session: e.session))
-            }
+            for e in snapshot.sessions + (snapshot.sessionsBeyondMax ?? []) { insert(e.entry, key: e.key) }
         }
         if let log = FileManager.default.contents(atPath: directory + "/sessions.log") {
             let decoder = JSONDecoder()
@@ -375,56 +363,6 @@ package struct SessionIndex {
             seq: seq, session: SessionDigest(app: app, session: session), app: { app.string ?? "" },
             sessionID: { session.string ?? "" }, type: type?.string ?? "",
             time: { time?.kind == .string ? time?.string ?? "" : "" })
-    }
-
-    /// The snapshot as `Snapshot`'s Codable form reads it, written directly and handed to
-    /// `write` a piece at a time: JSONEncoder took a fifth of a replay's time for an index of
-    /// 10,000 sessions; the whole export in one buffer, grown as it was written, held three
-    /// times its size at its peak.
-    func writeSnapshotJSON(_ write: ([UInt8]) throws(DurableFileError) -> Void) throws(DurableFileError) {
-        let piece = 1 << 16
-        var out: [UInt8] = []
-        out.reserveCapacity(piece + 4096)
-        out += #"{"indexedThrough":"#.utf8
-        JSONBytes.appendDecimal(indexedThrough, to: &out)
-        if let maxSessions {
-            out += #","maxSessions":"#.utf8
-            JSONBytes.appendDecimal(UInt64(maxSessions), to: &out)
-        }
-        out += #","sessions":["#.utf8
-        let order = mostRecentFirst()
-        let listed = min(order.count, maxSessions ?? order.count)
-        for (n, position) in order.enumerated() {
-            if n == listed { out += #"],"sessionsBeyondMax":["#.utf8 }
-            let e = entry(at: position).value
-            out += (n > 0 && n != listed ? #",{"app":"# : #"{"app":"#).utf8
-            appendJSONString(e.app.utf8, to: &out)
-            out += #","counts":{"#.utf8
-            for (j, (type, count)) in e.counts.enumerated() {
-                if j > 0 { out.append(UInt8(ascii: ",")) }
-                appendJSONString(type.utf8, to: &out)
-                out.append(UInt8(ascii: ":"))
-                JSONBytes.appendDecimal(UInt64(count), to: &out)
-            }
-            out += #"},"firstSeq":"#.utf8
-            JSONBytes.appendDecimal(e.firstSeq, to: &out)
-            out += #","firstTime":"#.utf8
-            appendJSONString(e.firstTime.utf8, to: &out)
-            out += #","lastSeq":"#.utf8
-            JSONBytes.appendDecimal(e.lastSeq, to: &out)
-            out += #","lastTime":"#.utf8
-            appendJSONString(e.lastTime.utf8, to: &out)
-            out += #","session":"#.utf8
-            appendJSONString(e.session.utf8, to: &out)
-            out.append(UInt8(ascii: "}"))
-            if out.count >= piece {
-                try write(out)
-                out.removeAll(keepingCapacity: true)
-            }
-        }
-        if maxSessions != nil && listed == order.count { out += #"],"sessionsBeyondMax":["#.utf8 }
-        out += "]}".utf8
-        try write(out)
     }
 
     /// Where each session is (for `entry(at:)`), most recent first. Sorted as plain numbers.

@@ -209,6 +209,27 @@ struct SessionIndexTests {
         #expect(read.maxSessions == 3 && read.count == 4 && read.sessions.map(\.session) == ["s4", "s3", "s2"])
     }
 
+    /// Session ids that differ only in surrogates without their partner (decoded, each is "s"
+    /// and U+FFFD) are as many sessions to the plugin, in its export, and to a reader completing
+    /// the export from the journal.
+    @Test func sessionsThatDifferOnlyInLoneSurrogatesStayApartThroughTheExport() throws {
+        let directory = scratchDirectory("lone-export")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let ids = [#"s\ud800"#, #"s\udfff"#, "s\u{FFFD}", #"s\udc00\ud800"#]
+        func line(_ id: String) -> [UInt8] { Array(#"{"app":"a","session":"\#(id)","type":"when"}"#.utf8) }
+        let plugin = try SessionIndexExport(directory: directory)
+        for (i, id) in ids.enumerated() { Self.record(line(id), seq: UInt64(i + 1), into: plugin) }
+        #expect(plugin.index.count == ids.count)
+        try plugin.export()
+        var reader = SessionIndex(directory: directory)
+        #expect(reader.count == ids.count)
+        line(ids[1]).withUnsafeBufferPointer { reader.apply(stored: $0, seq: 5) }
+        line(ids[0]).withUnsafeBufferPointer { reader.apply(stored: $0, seq: 6) }
+        #expect(reader.count == ids.count)
+        #expect(reader.sessions.map(\.lastSeq) == [6, 5, 4, 3])
+        #expect(reader.sessions.map(\.records) == [2, 2, 1, 1])
+    }
+
     /// One stored record, as session-recorder's `handle` gives it to its index.
     static func record(_ line: [UInt8], seq: UInt64, into index: SessionIndexExport) {
         line.withUnsafeBufferPointer { bytes in
