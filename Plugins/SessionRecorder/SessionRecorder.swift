@@ -124,7 +124,7 @@ struct SavedSessionIndex: Codable, CompactCodable {
     func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: CodingKeys.self)
         try c.encode(index.indexedThrough, forKey: .indexedThrough)
-        try c.encode(index.sessions, forKey: .sessions)
+        try c.encode(index.allSessions, forKey: .sessions)
     }
 }
 

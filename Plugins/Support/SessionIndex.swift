@@ -8,6 +8,13 @@ import WhendWire
 /// that export from the journal, so that the listing is always as new as the journal. A
 /// `sessions.log` of changes after the export, which earlier versions wrote, is still read.
 ///
+/// Under a limit (`maxSessions`, the plugin's `max_sessions`), the index forgets sessions by one
+/// rule, applied as each record is indexed (`apply`), whoever indexes it: past the limit and a
+/// tenth more, the least recently active down to the limit (a session that comes back starts
+/// afresh). It is listed (`sessions`) as the limit's most recently active. The export holds the
+/// limit and every session the index keeps, so that a reader completing it from the journal
+/// indexes what the plugin does, and lists what the plugin would export.
+///
 /// Each session is kept compact (`Kept`), its `Entry` made when read: its session id and times
 /// inline, its counts by type as numbers through one table of the type names, in one array
 /// with a table of where each session is. A session as an `Entry` in a dictionary took ~580
@@ -36,11 +43,6 @@ package struct SessionIndex {
             self.lastTime = lastTime
             self.counts = counts
         }
-    }
-
-    struct Snapshot: Codable {
-        var indexedThrough: UInt64
-        var sessions: [Entry]
     }
 
     struct Change: Codable {
@@ -80,6 +82,9 @@ package struct SessionIndex {
     private var types = TypeTable()
     package private(set) var indexedThrough: UInt64 = 0
     package let directory: String
+    /// How many sessions are listed (none: all); past it and a tenth more, the least recently
+    /// active are forgotten, down to it. At least 1.
+    package var maxSessions: Int?
     /// The apps of the sessions indexed so far, each once: a session's `app` is this copy,
     /// not a string of its own (one of 64 bytes per session where a name passes 15 bytes;
     /// a few apps have thousands of sessions).
@@ -109,6 +114,7 @@ package struct SessionIndex {
         index.spilled = spilled
         index.types = types
         index.apps = apps
+        index.maxSessions = maxSessions
         return index
     }
 
@@ -119,7 +125,8 @@ package struct SessionIndex {
             let snapshot = try? JSONDecoder().decode(Snapshot.self, from: data)
         {
             indexedThrough = snapshot.indexedThrough
-            for e in snapshot.sessions { insert(e, key: SessionDigest(app: e.app, session: e.session)) }
+            maxSessions = snapshot.maxSessions.map { max(1, $0) }
+            for e in snapshot.sessions + (snapshot.sessionsBeyondMax ?? []) { insert(e.entry, key: e.key) }
         }
         if let log = FileManager.default.contents(atPath: directory + "/sessions.log") {
             let decoder = JSONDecoder()
@@ -133,7 +140,7 @@ package struct SessionIndex {
         }
     }
 
-    /// How many sessions.
+    /// How many sessions are kept (listed or not).
     package var count: Int { kept.count }
 
     /// The session at `position` (0..<count) and its digest.
@@ -246,8 +253,16 @@ package struct SessionIndex {
                 Entry(
                     app: app(), session: sessionID(), firstSeq: seq, lastSeq: seq, firstTime: now, lastTime: now,
                     counts: [type: 1]), key: key)
+            forgetBeyondLimit()
         }
         return true
+    }
+
+    /// The one rule by which the index forgets, for the plugin and its readers alike: past the
+    /// limit and a tenth more (a sort of every session each time a tenth of them have come),
+    /// the least recently active, down to the limit.
+    private mutating func forgetBeyondLimit() {
+        if let limit = maxSessions, kept.count > limit + limit / 10 + 1 { trim(to: limit) }
     }
 
     /// The last session indexed through `apply(seq:session:app:sessionID:type:time:)` with a
@@ -350,48 +365,6 @@ package struct SessionIndex {
             time: { time?.kind == .string ? time?.string ?? "" : "" })
     }
 
-    /// The snapshot as `Snapshot`'s Codable form reads it, written directly and handed to
-    /// `write` a piece at a time: JSONEncoder took a fifth of a replay's time for an index of
-    /// 10,000 sessions; the whole export in one buffer, grown as it was written, held three
-    /// times its size at its peak.
-    func writeSnapshotJSON(_ write: ([UInt8]) throws(DurableFileError) -> Void) throws(DurableFileError) {
-        let piece = 1 << 16
-        var out: [UInt8] = []
-        out.reserveCapacity(piece + 4096)
-        out += #"{"indexedThrough":"#.utf8
-        JSONBytes.appendDecimal(indexedThrough, to: &out)
-        out += #","sessions":["#.utf8
-        for (n, position) in mostRecentFirst().enumerated() {
-            let e = entry(at: position).value
-            out += (n > 0 ? #",{"app":"# : #"{"app":"#).utf8
-            appendJSONString(e.app.utf8, to: &out)
-            out += #","counts":{"#.utf8
-            for (j, (type, count)) in e.counts.enumerated() {
-                if j > 0 { out.append(UInt8(ascii: ",")) }
-                appendJSONString(type.utf8, to: &out)
-                out.append(UInt8(ascii: ":"))
-                JSONBytes.appendDecimal(UInt64(count), to: &out)
-            }
-            out += #"},"firstSeq":"#.utf8
-            JSONBytes.appendDecimal(e.firstSeq, to: &out)
-            out += #","firstTime":"#.utf8
-            appendJSONString(e.firstTime.utf8, to: &out)
-            out += #","lastSeq":"#.utf8
-            JSONBytes.appendDecimal(e.lastSeq, to: &out)
-            out += #","lastTime":"#.utf8
-            appendJSONString(e.lastTime.utf8, to: &out)
-            out += #","session":"#.utf8
-            appendJSONString(e.session.utf8, to: &out)
-            out.append(UInt8(ascii: "}"))
-            if out.count >= piece {
-                try write(out)
-                out.removeAll(keepingCapacity: true)
-            }
-        }
-        out += "]}".utf8
-        try write(out)
-    }
-
     /// Where each session is (for `entry(at:)`), most recent first. Sorted as plain numbers.
     package func mostRecentFirst() -> [Int] {
         var order: [(lastSeq: UInt64, position: Int)] = []
@@ -401,8 +374,13 @@ package struct SessionIndex {
         return order.map(\.position)
     }
 
-    /// The sessions, most recent first.
-    package var sessions: [Entry] { mostRecentFirst().map { entry(at: $0).value } }
+    /// The sessions listed, most recent first: at most `maxSessions`.
+    package var sessions: [Entry] {
+        mostRecentFirst().prefix(maxSessions ?? .max).map { entry(at: $0).value }
+    }
+
+    /// Every session kept, most recent first: those listed, then those beyond the limit.
+    package var allSessions: [Entry] { mostRecentFirst().map { entry(at: $0).value } }
 
     /// Keeps the `limit` most recently active sessions.
     mutating func trim(to limit: Int) {

@@ -92,20 +92,26 @@ package struct TypeCounts: Codable, Equatable, Sendable, Sequence, ExpressibleBy
     }
 }
 
-/// Keeps a `SessionIndex` and exports it to `sessions.json` every `exportEvery` records
-/// indexed (at least eight per session kept, so that an export's cost per record stays the same
-/// however many sessions there are) and when closed.
+/// Keeps a `SessionIndex` under its limit and exports it to `sessions.json` every `exportEvery`
+/// records indexed (at least eight per session kept, so that an export's cost per record stays
+/// the same however many sessions there are) and when closed. An export changes nothing of the
+/// index: what the plugin keeps depends on the records alone, not on when it last exported or
+/// restarted, and a reader completing any of its exports from the journal keeps the same.
 package final class SessionIndexExport {
     /// Unchecked exclusivity: its plugin instance calls it on one thread at a time, for every
     /// record.
     @exclusivity(unchecked) private var kept: SessionIndex
-    /// The index, its last session's newest time given to it.
+    /// The index, its last session's newest time given to it; one set (a restored state) is
+    /// kept under this limit.
     package var index: SessionIndex {
         get {
             kept.settle()
             return kept
         }
-        set { kept = newValue }
+        set {
+            kept = newValue
+            kept.maxSessions = maxSessions
+        }
     }
     @exclusivity(unchecked) private var sinceExport = 0
     private let exportEvery: Int
@@ -113,9 +119,10 @@ package final class SessionIndexExport {
 
     package init(directory: String, exportEvery: Int = 1_000_000, maxSessions: Int = 100_000) throws {
         try DurableFile.createDirectory(directory)
-        kept = SessionIndex(directory: directory)
         self.exportEvery = exportEvery
-        self.maxSessions = maxSessions
+        self.maxSessions = max(1, maxSessions)
+        kept = SessionIndex(directory: directory)
+        kept.maxSessions = self.maxSessions
     }
 
     /// Indexes a record. `app`, `session` and `time` are JSON values as stored; true when the
@@ -129,14 +136,13 @@ package final class SessionIndexExport {
                 time: time)
         else { return false }
         sinceExport += 1
-        if kept.count > maxSessions + maxSessions / 10 + 1 { kept.trim(to: maxSessions) }
         return sinceExport >= max(exportEvery, 8 * kept.count)
     }
 
     /// Writes `sessions.json` (synced, renamed into place), then drops a log an earlier
     /// version left, which the export now holds.
     package func export() throws {
-        kept.trim(to: maxSessions)
+        kept.settle()
         try DurableFile.replace(kept.directory + "/sessions.json", writing: kept.writeSnapshotJSON)
         sinceExport = 0
         let log = kept.directory + "/sessions.log"

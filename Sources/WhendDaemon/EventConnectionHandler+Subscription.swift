@@ -49,7 +49,8 @@ extension EventConnectionHandler {
             let writer = handler.writer
             let subscribers = handler.subscribers
             let subscription = Subscription(
-                request, journal: configuration.journal.directory, committed: { writer.statistics.lastSeq },
+                request, journal: configuration.journal.directory, hub: handler.hub,
+                committed: { writer.statistics.lastSeq },
                 channel: channel, onEnd: { subscribers.release() })
             handler.subscription = subscription
             subscription.start()

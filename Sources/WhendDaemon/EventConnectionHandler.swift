@@ -37,6 +37,7 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     private var stage: IngestStage
     let credentials: PeerCredentials
     let subscribers: SubscriberCount
+    let hub: SubscriptionHub
     /// Set once the first line asked for a subscription: the connection then only sends.
     var subscribing = false
     var subscription: Subscription?
@@ -52,8 +53,10 @@ final class EventConnectionHandler: ChannelDuplexHandler {
 
     init(
         writer: any EventJournal, live: LiveConfiguration, credentials: PeerCredentials, connectionID: UInt64,
-        counters: DaemonMetrics, limiter: SenderRateLimiter, subscribers: SubscriberCount
+        counters: DaemonMetrics, limiter: SenderRateLimiter, subscribers: SubscriberCount,
+        hub: SubscriptionHub
     ) {
+        self.hub = hub
         self.writer = writer
         self.credentials = credentials
         self.subscribers = subscribers

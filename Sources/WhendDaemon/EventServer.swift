@@ -30,6 +30,8 @@ final class EventServer: Sendable {
     private let metrics: DaemonMetrics
     private let limiter: SenderRateLimiter
     private let subscribers = SubscriberCount()
+    /// The one reading of the journal's newest records for subscribers that caught up.
+    private let hub: SubscriptionHub
     private let currentLogger: @Sendable () -> Logger
     private var logger: Logger { currentLogger() }
 
@@ -44,6 +46,7 @@ final class EventServer: Sendable {
         self.metrics = metrics
         self.limiter = limiter
         self.currentLogger = logger
+        hub = SubscriptionHub(journal: live.current.journal.directory, committed: { writer.statistics.lastSeq })
     }
 
     /// Listens on the event socket: from then on apps are served. Returns what it listens on.
@@ -97,7 +100,7 @@ final class EventServer: Sendable {
             }
             let handler = EventConnectionHandler(
                 writer: writer, live: live, credentials: peer, connectionID: connectionID, counters: metrics,
-                limiter: limiter, subscribers: subscribers)
+                limiter: limiter, subscribers: subscribers, hub: hub)
             try channel.pipeline.syncOperations.addHandler(handler)
         }
     }

@@ -29,6 +29,7 @@ final class Subscription: Sendable {
 
     private let request: SubscribeRequest
     private let journal: JournalDirectory
+    private let hub: SubscriptionHub
     private let committed: @Sendable () -> UInt64
     private let channel: Channel
     private let onEnd: @Sendable () -> Void
@@ -37,11 +38,12 @@ final class Subscription: Sendable {
     private let taken = NSCondition()
 
     init(
-        _ request: SubscribeRequest, journal: JournalDirectory, committed: @escaping @Sendable () -> UInt64,
-        channel: Channel, onEnd: @escaping @Sendable () -> Void
+        _ request: SubscribeRequest, journal: JournalDirectory, hub: SubscriptionHub,
+        committed: @escaping @Sendable () -> UInt64, channel: Channel, onEnd: @escaping @Sendable () -> Void
     ) {
         self.request = request
         self.journal = journal
+        self.hub = hub
         self.committed = committed
         self.channel = channel
         self.onEnd = onEnd
@@ -98,47 +100,78 @@ final class Subscription: Sendable {
             lastCheckpoint = Date()
         }
 
-        JournalReader(directory: journal).read(
-            fromSeq: fromSeq, sinceMicros: filter.sinceMicros, follow: true,
-            body: { record, _ in
-                guard let seq = record.seq, seq > examined else { return ok && !isCancelled }
-                // Not yet acknowledged (written, not yet synced): wait for the commit.
-                while seq > committedThrough {
-                    committedThrough = committed()
-                    if seq > committedThrough {
-                        send()
-                        guard ok, !isCancelled else { return false }
-                        usleep(500)
+        var joined = false
+        /// Reads the journal itself from after `examined` until it has caught up and the hub
+        /// takes it on (then true), or it must stop (false).
+        func readAlone() -> Bool {
+            let member = SubscriptionHub.Member(filter: filter, after: examined)
+            JournalReader(directory: journal).read(
+                fromSeq: fromSeq, sinceMicros: filter.sinceMicros, follow: true,
+                body: { record, _ in
+                    guard let seq = record.seq, seq > examined else { return ok && !isCancelled }
+                    // Not yet acknowledged (written, not yet synced): wait for the commit.
+                    while seq > committedThrough {
+                        committedThrough = committed()
+                        if seq > committedThrough {
+                            send()
+                            guard ok, !isCancelled else { return false }
+                            usleep(500)
+                        }
+                    }
+                    // Gone before this subscriber read them: said, never silent.
+                    if seq > examined + 1, fromSeq != nil || examined > 0 {
+                        out.append(contentsOf: ServerMessage.gap(from: examined + 1, through: seq - 1))
+                    }
+                    examined = seq
+                    if filter.matches(record) {
+                        out.append(contentsOf: record.line)
+                        out.append(0x0A)
+                        told = seq
+                    } else {
+                        checkpoint(force: false)
+                    }
+                    if out.count >= Self.chunkBytes { send() }
+                    return ok && !isCancelled
+                },
+                onCaughtUp: {
+                    if !caughtUp {
+                        caughtUp = true
+                        out.append(contentsOf: ServerMessage.caughtUp(seq: examined))
+                        told = examined
+                        lastCheckpoint = Date()
+                    } else {
+                        checkpoint(force: false)
+                    }
+                    send()
+                    guard ok, !isCancelled else { return false }
+                    // From here the hub reads for it.
+                    joined = hub.join(member, after: examined)
+                    return !joined
+                },
+                onProblem: { _ in })
+            guard joined else { return false }
+            joined = false
+            // What the hub hands it, until it is let go (it fell behind) or it ends.
+            while ok && !isCancelled {
+                member.changed.withLock {
+                    if member.queued.isEmpty && member.releasedAt == nil {
+                        _ = member.changed.wait(until: Date().addingTimeInterval(Self.checkpointEvery))
                     }
                 }
-                // Gone before this subscriber read them: said, never silent.
-                if seq > examined + 1, fromSeq != nil || examined > 0 {
-                    out.append(contentsOf: ServerMessage.gap(from: examined + 1, through: seq - 1))
-                }
-                examined = seq
-                if filter.matches(record) {
-                    out.append(contentsOf: record.line)
-                    out.append(0x0A)
-                    told = seq
-                } else {
-                    checkpoint(force: false)
-                }
-                if out.count >= Self.chunkBytes { send() }
-                return ok && !isCancelled
-            },
-            onCaughtUp: {
-                if !caughtUp {
-                    caughtUp = true
-                    out.append(contentsOf: ServerMessage.caughtUp(seq: examined))
-                    told = examined
-                    lastCheckpoint = Date()
-                } else {
-                    checkpoint(force: false)
-                }
+                let (handed, through, released) = member.take(position: hub.examined)
+                out += handed
+                examined = through
+                if handed.isEmpty { checkpoint(force: false) }
                 send()
-                return ok && !isCancelled
-            },
-            onProblem: { _ in })
+                if released {
+                    fromSeq = examined + 1
+                    return true
+                }
+            }
+            hub.leave(member)
+            return false
+        }
+        while readAlone() {}
         if ok && !isCancelled { send() }
         // Reached only when the subscriber is gone, whend stops, or it could not keep up.
         if !isCancelled { channel.close(promise: nil) }

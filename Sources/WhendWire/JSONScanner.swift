@@ -373,12 +373,21 @@ package struct JSONScanner {
 }
 
 /// Decodes the raw contents of a JSON string (as `JSONScanner.scanString` delimits them, already
-/// validated) into UTF-8 bytes. Unpaired surrogates in `\u` escapes become U+FFFD.
-package func decodeJSONString(_ raw: UnsafeBufferPointer<UInt8>) -> [UInt8] {
+/// validated) into UTF-8 bytes. Unpaired surrogates in `\u` escapes become U+FFFD, or, with
+/// `keepingLoneSurrogates`, the three bytes UTF-8's pattern would give them (as WTF-8 does):
+/// then two strings decode alike only if they are one JSON string, and a string without such a
+/// surrogate decodes as without the option.
+package func decodeJSONString(_ raw: UnsafeBufferPointer<UInt8>, keepingLoneSurrogates: Bool = false) -> [UInt8] {
     var out: [UInt8] = []
     out.reserveCapacity(raw.count)
     var i = 0
     func appendScalar(_ v: UInt32) {
+        if keepingLoneSurrogates, v >= 0xD800, v <= 0xDFFF {
+            out.append(UInt8(0xE0 | (v >> 12)))
+            out.append(UInt8(0x80 | ((v >> 6) & 0x3F)))
+            out.append(UInt8(0x80 | (v & 0x3F)))
+            return
+        }
         let scalar = Unicode.Scalar(v) ?? "\u{FFFD}"
         out.append(contentsOf: String(Character(scalar)).utf8)
     }

@@ -3,6 +3,13 @@
 /// a session's state allocates nothing, and the same session has the same digest in every
 /// process (a plugin's saved state keys by it). Tables hash it again under a per-process key
 /// (`_rawHashValue(seed:)`).
+///
+/// Two ids are one session exactly when they are one JSON string, as the journal stores them
+/// apart (in canonical form): two spellings of one string (`"s1"`, `"s\u0031"`) are one
+/// session, and two strings are two even where decoding makes them alike. A `\u` escape of a
+/// surrogate without its partner has no UTF-8 of its own: decoded as U+FFFD, `"\ud800"`,
+/// `"\udfff"` and `"\ufffd"` were one session; it is hashed as the three bytes UTF-8's pattern
+/// gives it (WTF-8), which no text has. Ids without such a surrogate hash as they always did.
 public struct SessionDigest: Hashable, Sendable, Codable {
     public let low: UInt64
     public let high: UInt64
@@ -47,18 +54,21 @@ public struct SessionDigest: Hashable, Sendable, Codable {
         self.high = high
     }
 
+    /// From text: the same digest as the values that are these strings (no text holds a
+    /// surrogate without its partner).
     public init(app: String, session: String) {
         var app = app
         var session = session
         self = app.withUTF8 { a in session.withUTF8 { s in SessionDigest(app: a, session: s) } }
     }
 
-    /// From a record's `app` and `session` values as stored (escapes decoded first).
+    /// From a record's `app` and `session` values as stored (escapes decoded first, a surrogate
+    /// without its partner kept apart from U+FFFD).
     public init(app: JSONValue?, session: JSONValue?) {
         func contents(_ value: JSONValue?, _ body: (UnsafeBufferPointer<UInt8>?) -> SessionDigest) -> SessionDigest {
             guard let raw = value?.stringContents else { return body(nil) }
             guard raw.contains(UInt8(ascii: "\\")) else { return body(raw) }
-            return decodeJSONString(raw).withUnsafeBufferPointer { body($0) }
+            return decodeJSONString(raw, keepingLoneSurrogates: true).withUnsafeBufferPointer { body($0) }
         }
         self = contents(app) { a in contents(session) { s in SessionDigest(app: a, session: s) } }
     }

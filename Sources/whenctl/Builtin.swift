@@ -33,7 +33,9 @@ struct Sessions: ParsableCommand {
         {
             printError("whenctl sessions: warning: \($0)")
         }
-        let sessions = index.sessions.filter { app == nil || $0.app == app }
+        // Listed as session-recorder lists them: under its max_sessions, by its rule.
+        let listed = index.sessions
+        let sessions = listed.filter { app == nil || $0.app == app }
         if let session {
             let matches = sessions.filter { $0.session == session }
             guard !matches.isEmpty else {
@@ -48,7 +50,7 @@ struct Sessions: ParsableCommand {
             encoder.outputFormatting = [.sortedKeys]
             for s in sessions.prefix(limit) { out.write(String(decoding: try encoder.encode(s), as: UTF8.self)) }
         } else {
-            out.write("\(index.count) session(s), indexed through _seq \(index.indexedThrough)")
+            out.write("\(listed.count) session(s), indexed through _seq \(index.indexedThrough)")
             for s in sessions.prefix(limit) {
                 let counts = s.counts.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
                 out.write(

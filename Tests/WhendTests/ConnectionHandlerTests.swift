@@ -88,7 +88,8 @@ import WhendWire
                 writer: writer, live: live, credentials: PeerCredentials(pid: 42, uid: 1000, gid: 1000, comm: "test"),
                 connectionID: 1, counters: DaemonMetrics(),
                 limiter: SenderRateLimiter(rate: frozen.rateLimit, burst: frozen.rateBurst, by: frozen.rateLimitBy),
-                subscribers: SubscriberCount())
+                subscribers: SubscriberCount(),
+                hub: SubscriptionHub(journal: frozen.journal.directory, committed: { 0 }))
             try channel.pipeline.syncOperations.addHandler(reads)
             try channel.pipeline.syncOperations.addHandler(handler)
         }

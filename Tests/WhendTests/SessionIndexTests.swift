@@ -104,4 +104,154 @@ struct SessionIndexTests {
         #expect(entries(trimmed) == kept)
         #expect(entries(index) == expected)
     }
+
+    /// A reader completing session-recorder's export from the journal lists what the plugin
+    /// exports from the same records in one go, under any `max_sessions`, whenever the plugin
+    /// exported on the way and however often it was restarted from a saved state (and handled
+    /// the records after it again). Before, the reader kept every session the journal named
+    /// past the export, whatever the limit.
+    @Test func aListingCompletedFromTheJournalIsWhatThePluginExportsInOneGo() throws {
+        for seed in UInt64(0)..<60 { try Self.checkListing(seed: seed) }
+    }
+
+    static func checkListing(seed: UInt64) throws {
+        var random = SplitMix64(state: seed)
+        let limit = 1 + random.int(5)
+        let pool = limit + 1 + random.int(8)
+        var named: [String] = []
+        let lines: [[UInt8]] = (1...(10 + random.int(100))).map { seq in
+            let session = #""app":"a\#(random.int(2))","session":"s\#(random.int(pool))""#
+            named.append(session)
+            let time = random.int(4) == 0 ? "" : #","ts":"2026-11-24T05:\#(10 + random.int(50)):00Z""#
+            let type = ["when", "lifecycle", "error"][random.int(3)]
+            return Array(#"{"_seq":\#(seq),\#(session),"type":"\#(type)"\#(time)}"#.utf8)
+        }
+        let live = scratchDirectory("listing-live")
+        defer { try? FileManager.default.removeItem(atPath: live) }
+        var plugin = try SessionIndexExport(directory: live, maxSessions: limit)
+        try plugin.export()  // as the plugin does when it finds no export
+        var saved = (index: plugin.index, through: 0)
+        var handled = 0
+        // What the journal holds: a restarted plugin handles again what it had handled.
+        var stored = 0
+        var checks = 0
+        while handled < lines.count {
+            handled += 1
+            stored = max(stored, handled)
+            record(lines[handled - 1], seq: UInt64(handled), into: plugin)
+            switch random.int(12) {
+            case 0: try plugin.export()  // every so often
+            case 1: saved = (plugin.index, handled)  // a snapshot with its cursor
+            case 2:
+                // Stopped (exported) or killed, then restarted from the last snapshot: the records
+                // after it are handled again.
+                if random.int(2) == 0 { try plugin.export() }
+                plugin = try SessionIndexExport(directory: live, maxSessions: limit)
+                plugin.index = saved.index.moved(to: live)
+                handled = saved.through
+            default: break
+            }
+            guard random.int(8) == 0 || handled == lines.count else { continue }
+            checks += 1
+            var reader = SessionIndex(directory: live)
+            for (i, line) in lines[..<stored].enumerated() where UInt64(i + 1) > reader.indexedThrough {
+                line.withUnsafeBufferPointer { reader.apply(stored: $0, seq: UInt64(i + 1)) }
+            }
+            let oneGo = scratchDirectory("listing-once")
+            defer { try? FileManager.default.removeItem(atPath: oneGo) }
+            let once = try SessionIndexExport(directory: oneGo, maxSessions: limit)
+            for (i, line) in lines[..<stored].enumerated() { record(line, seq: UInt64(i + 1), into: once) }
+            try once.export()
+            let expected = SessionIndex(directory: oneGo).sessions
+            #expect(expected.count == min(limit, Set(named[..<stored]).count), "seed \(seed)")
+            func brief(_ sessions: [SessionIndex.Entry]) -> String {
+                sessions.map { "\($0.app)/\($0.session) \($0.firstSeq)…\($0.lastSeq)" }.joined(separator: ", ")
+            }
+            let same = reader.sessions == expected
+            #expect(
+                same,
+                "seed \(seed), max_sessions \(limit), through _seq \(stored): listed \(brief(reader.sessions)); exported in one go \(brief(expected))"
+            )
+            if !same { return }
+        }
+        #expect(checks > 0)
+    }
+
+    /// An export as earlier versions wrote it (no limit, no sessions beyond it) reads as it did,
+    /// and is completed without a limit; one written now says its limit and keeps what is
+    /// beyond it.
+    @Test func anExportWithoutItsLimitIsReadAsBefore() throws {
+        let directory = scratchDirectory("old-export")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let old =
+            #"{"indexedThrough":2,"sessions":[{"app":"a","counts":{"when":1},"firstSeq":2,"firstTime":"","lastSeq":2,"lastTime":"","session":"s2"},"#
+            + #"{"app":"a","counts":{"when":1},"firstSeq":1,"firstTime":"","lastSeq":1,"lastTime":"","session":"s1"}]}"#
+        try old.write(toFile: directory + "/sessions.json", atomically: true, encoding: .utf8)
+        var index = SessionIndex(directory: directory)
+        #expect(index.maxSessions == nil && index.indexedThrough == 2)
+        #expect(index.sessions.map(\.session) == ["s2", "s1"])
+        Array(#"{"_seq":3,"app":"a","session":"s3","type":"when"}"#.utf8).withUnsafeBufferPointer {
+            index.apply(stored: $0, seq: 3)
+        }
+        #expect(index.sessions.map(\.session) == ["s3", "s2", "s1"])
+
+        let plugin = try SessionIndexExport(directory: directory, maxSessions: 3)
+        #expect(plugin.index.sessions.map(\.session) == ["s2", "s1"])
+        for (seq, session) in [(3, "s3"), (4, "s4")] {
+            Self.record(
+                Array(#"{"app":"a","session":"\#(session)","type":"when"}"#.utf8), seq: UInt64(seq), into: plugin)
+        }
+        try plugin.export()
+        let text = try String(contentsOfFile: directory + "/sessions.json", encoding: .utf8)
+        #expect(text.hasPrefix(#"{"indexedThrough":4,"maxSessions":3,"sessions":[{"app":"a","#), "\(text)")
+        #expect(text.contains(#""sessionsBeyondMax":[{"app":"a","#), "\(text)")
+        let read = SessionIndex(directory: directory)
+        #expect(read.maxSessions == 3 && read.count == 4 && read.sessions.map(\.session) == ["s4", "s3", "s2"])
+    }
+
+    /// Session ids that differ only in surrogates without their partner (decoded, each is "s"
+    /// and U+FFFD) are as many sessions to the plugin, in its export, and to a reader completing
+    /// the export from the journal.
+    @Test func sessionsThatDifferOnlyInLoneSurrogatesStayApartThroughTheExport() throws {
+        let directory = scratchDirectory("lone-export")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let ids = [#"s\ud800"#, #"s\udfff"#, "s\u{FFFD}", #"s\udc00\ud800"#]
+        func line(_ id: String) -> [UInt8] { Array(#"{"app":"a","session":"\#(id)","type":"when"}"#.utf8) }
+        let plugin = try SessionIndexExport(directory: directory)
+        for (i, id) in ids.enumerated() { Self.record(line(id), seq: UInt64(i + 1), into: plugin) }
+        #expect(plugin.index.count == ids.count)
+        try plugin.export()
+        var reader = SessionIndex(directory: directory)
+        #expect(reader.count == ids.count)
+        line(ids[1]).withUnsafeBufferPointer { reader.apply(stored: $0, seq: 5) }
+        line(ids[0]).withUnsafeBufferPointer { reader.apply(stored: $0, seq: 6) }
+        #expect(reader.count == ids.count)
+        #expect(reader.sessions.map(\.lastSeq) == [6, 5, 4, 3])
+        #expect(reader.sessions.map(\.records) == [2, 2, 1, 1])
+    }
+
+    /// One stored record, as session-recorder's `handle` gives it to its index.
+    static func record(_ line: [UInt8], seq: UInt64, into index: SessionIndexExport) {
+        line.withUnsafeBufferPointer { bytes in
+            var app: JSONValue?
+            var session: JSONValue?
+            var type: JSONValue?
+            var ts: JSONValue?
+            var scanner = JSONScanner(bytes)
+            try? scanner.scanObject { m throws(WireError) in
+                let value = JSONValue(raw: UnsafeBufferPointer(rebasing: bytes[m.value]))
+                switch String(decoding: UnsafeBufferPointer(rebasing: bytes[m.key]), as: UTF8.self) {
+                case "app": app = value
+                case "session": session = value
+                case "type": type = value
+                case "ts": ts = value
+                default: break
+                }
+            }
+            guard let app, let session else { return }
+            _ = index.record(
+                seq: seq, session: SessionDigest(app: app, session: session), app: app, session: session,
+                type: type?.string ?? "", time: ts)
+        }
+    }
 }

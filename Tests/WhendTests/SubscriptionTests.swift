@@ -1,7 +1,10 @@
 import Foundation
 import SeededRandom
 import Testing
+import WhendJournal
 import WhendWire
+
+@testable import WhendDaemon
 
 /// A subscriber on the event socket (PROTOCOL.md §9), read line by line with a deadline.
 final class Subscriber {
@@ -252,5 +255,102 @@ func seenThrough(_ line: [String: Any]) -> Int? {
         // Not in it.
         let outsider = try firstAnswer(open, uid: 65534, gid: 65534, groups: [65534])
         #expect(outsider.contains(#""code":"forbidden""#), "\(outsider)")
+    }
+}
+
+/// Many subscribers at once, joining whend's shared reading at different moments and one
+/// falling behind it: each gets exactly the records its filter passes, once, in order.
+@Suite struct ConcurrentSubscriptionTests {
+    @Test(arguments: [UInt64(11), 12]) func eachOfManySubscribersGetsExactlyItsRecords(seed: UInt64) throws {
+        var rng = SplitMix64(state: seed &* 0x9E37_79B9_7F4A_7C15)
+        let daemon = TestDaemon("subscribe-many-\(seed)")
+        try daemon.start()
+        defer { daemon.stop() }
+        let sessions = ["s1", "s2", "s3"]
+        let pad = String(repeating: "p", count: 1000)
+        // Before anyone subscribes: some history to catch up on.
+        try sendSession(daemon, app: "app", session: "s1", (0..<200).map { #"{"type":"when","name":"h\#($0)"}"# })
+        let filters =
+            [#"{"from":"oldest"}"#, #"{"from":"oldest","session":"s2"}"#, #"{"from":"oldest","name":"b"}"#]
+            + (0..<3).map { _ in #"{"from":"oldest","session":"\#(sessions[rng.int(3)])"}"# }
+        let total = 200 + 12 * 1000
+        let caughtUp = DispatchSemaphore(value: 0)
+        final class Result: @unchecked Sendable { var seqs: [Int] = []; var failure: String? }
+        let results = filters.map { _ in Result() }
+        let group = DispatchGroup()
+        for (i, filter) in filters.enumerated() {
+            let startAfter = UInt32(rng.int(400_000))
+            // The first reads slowly for a while: whend's shared reading lets it go, and it
+            // reads on its own after.
+            let slow = i == 0
+            group.enter()
+            Thread {
+                defer { group.leave() }
+                usleep(startAfter)
+                do {
+                    let subscriber = try Subscriber(daemon, filter)
+                    var pausedOnce = false
+                    while let line = try subscriber.next(timeout: 20) {
+                        if let seq = line["_seq"] as? Int { results[i].seqs.append(seq) }
+                        if line["caught_up"] != nil { caughtUp.signal() }
+                        if slow && !pausedOnce && line["caught_up"] != nil {
+                            pausedOnce = true
+                            sleep(4)
+                        }
+                        if let seen = seenThrough(line), seen >= total { break }
+                    }
+                } catch {
+                    results[i].failure = "\(error)"
+                }
+            }.start()
+        }
+        // Some while they join, the rest once all have caught up (the slow one pausing then).
+        for part in 0..<12 {
+            if part == 4 {
+                for _ in filters { _ = caughtUp.wait(timeout: .now() + 20) }
+            }
+            try sendSession(
+                daemon, app: "app", session: sessions[part % 3],
+                (0..<1000).map { #"{"type":"when","name":"\#(["a", "b", "c"][$0 % 3])","context":{"pad":"\#(pad)"}}"# })
+        }
+        #expect(group.wait(timeout: .now() + 60) == .success)
+        let records = daemon.records()
+        for (i, filter) in filters.enumerated() {
+            let object = try JSONSerialization.jsonObject(with: Data(filter.utf8)) as? [String: Any] ?? [:]
+            let expected = records.filter { r in
+                (object["session"].map { $0 as? String == r["session"] as? String } ?? true)
+                    && (object["name"].map { $0 as? String == r["name"] as? String } ?? true)
+            }.compactMap { $0["_seq"] as? Int }
+            #expect(results[i].failure == nil, "\(filter): \(results[i].failure ?? "")")
+            #expect(
+                results[i].seqs == expected, "seed \(seed), \(filter): \(results[i].seqs.count) of \(expected.count)")
+        }
+    }
+}
+
+/// whend's shared reading for subscribers that caught up, on a real journal: one that joins
+/// while the reading is further on is handed what it missed from the newest records kept.
+@Suite struct SubscriptionHubTests {
+    @Test func aMemberJoiningBehindTheHubIsHandedWhatItMissed() throws {
+        let daemon = TestDaemon("subscription-hub")
+        try daemon.start()
+        defer { daemon.stop() }
+        try sendSession(daemon, app: "app", session: "s", (1...50).map { #"{"type":"when","name":"n\#($0)"}"# })
+        let hub = SubscriptionHub(journal: daemon.journal, committed: { 50 })
+        let first = SubscriptionHub.Member(filter: RecordFilter(), after: 0)
+        #expect(hub.join(first, after: 0))
+        #expect(eventually(10) { hub.examined == 50 })
+        // Joining at 40, with the hub at 50: records 41…50 come from what the hub kept.
+        let late = SubscriptionHub.Member(filter: RecordFilter(names: ["n41", "n45", "n50", "n10"]), after: 40)
+        #expect(hub.join(late, after: 40))
+        let taken = late.take(position: hub.examined)
+        let handed = (String(decoding: taken.lines, as: UTF8.self), taken.examined)
+        let names = handed.0.split(separator: "\n").compactMap {
+            (try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any])?["name"] as? String
+        }
+        #expect(names == ["n41", "n45", "n50"])
+        #expect(handed.1 == 50)
+        hub.leave(first)
+        hub.leave(late)
     }
 }

@@ -58,4 +58,69 @@ import WhendWire
     }
 
     static let savedDigest = "e6658ae53dcccfa0/bc360d1c14945f8a"
+
+    /// The digest of an app and session as stored, spelled `app` and `session` (the contents of
+    /// JSON strings).
+    static func digest(app: String, session: String) -> SessionDigest {
+        let a = Array("\"\(app)\"".utf8)
+        let s = Array("\"\(session)\"".utf8)
+        return a.withUnsafeBufferPointer { a in
+            s.withUnsafeBufferPointer { s in SessionDigest(app: JSONValue(raw: a), session: JSONValue(raw: s)) }
+        }
+    }
+
+    /// Whether `units` hold a surrogate without its partner.
+    static func hasLoneSurrogate(_ units: [UInt16]) -> Bool {
+        var i = 0
+        while i < units.count {
+            if (0xD800...0xDBFF).contains(units[i]), i + 1 < units.count, (0xDC00...0xDFFF).contains(units[i + 1]) {
+                i += 2
+                continue
+            }
+            if (0xD800...0xDFFF).contains(units[i]) { return true }
+            i += 1
+        }
+        return false
+    }
+
+    /// Sessions follow the JSON string, as the journal stores it apart: two spellings of one are
+    /// one session, two strings are two even where decoding makes them alike (surrogates
+    /// without their partner all decode to U+FFFD); and the digest of a string without such a
+    /// surrogate is the one saved states hold, that of its decoded text.
+    static func check(seed: UInt64) {
+        var g = GeneratedID(seed: seed)
+        let app = g.value()
+        let a = g.value()
+        let b = g.value()
+        let a1 = digest(app: g.spelling(of: app), session: g.spelling(of: a))
+        let a2 = digest(app: g.spelling(of: app), session: g.spelling(of: a))
+        let b1 = digest(app: g.spelling(of: app), session: g.spelling(of: b))
+        #expect(a1 == a2, "seed \(seed): two spellings of \(a) are two sessions")
+        if a != b { #expect(a1 != b1, "seed \(seed): \(a) and \(b) are one session") }
+        let other = digest(app: g.spelling(of: b), session: g.spelling(of: a))
+        if app != b { #expect(other != a1, "seed \(seed): apps \(app) and \(b) are one") }
+        if !hasLoneSurrogate(app) && !hasLoneSurrogate(a) {
+            let saved = SessionDigest(
+                app: String(decoding: app, as: UTF16.self), session: String(decoding: a, as: UTF16.self))
+            #expect(a1 == saved, "seed \(seed): \(app)/\(a) is no longer the session saved")
+        }
+    }
+
+    /// The ids of the report: decoded, each of the first five is "s" and U+FFFD.
+    @Test func sessionIDsThatDifferOnlyInLoneSurrogatesAreDifferentSessions() {
+        let ids = [#"s\ud800"#, #"s\udbff"#, #"s\udc00"#, #"s\udfff"#, #"s\ufffd"#, #"s\udc00\ud800"#]
+        #expect(Set(ids.map { Self.digest(app: "a", session: $0) }).count == ids.count)
+        #expect(Self.digest(app: "a", session: #"s\ufffd"#) == SessionDigest(app: "a", session: "s\u{FFFD}"))
+        #expect(Self.digest(app: "a", session: #"s\uD800"#) == Self.digest(app: "a", session: #"s\ud800"#))
+    }
+
+    /// Every seed of a fixed range: repeatable.
+    @Test func sessionsFollowTheStringForFixedSeeds() {
+        for seed in UInt64(0)..<3000 { Self.check(seed: seed) }
+    }
+
+    /// New seeds each run (PropertyBased reports the failing one).
+    @Test func sessionsFollowTheString() async {
+        await propertyCheck(count: 2000, input: Gen.uint64()) { seed in Self.check(seed: seed) }
+    }
 }

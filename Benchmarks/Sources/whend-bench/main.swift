@@ -40,6 +40,8 @@ let onlyShipped = options["only"] == "shipped"
 let holdSeconds = Double(options["hold"] ?? "") ?? 0
 // `--only latency`: the fdatasync floor and whend's ack latency at a steady rate, nothing else.
 let onlyLatency = options["only"] == "latency"
+// `--only subscriptions`: a subscriber's latency, and ingest beside 100 subscribers, nothing else.
+let onlySubscriptions = options["only"] == "subscriptions"
 // `--only ingest`: the ingest rows (rsyslog, whend with and without acks, 1 and 4 connections),
 // nothing else, for working on the ingest path.
 let onlyIngest = options["only"] == "ingest"
@@ -97,6 +99,12 @@ let zstdBytesPerEvent = Double(fileSize(work + "/corpus.zst")) / Double(corpusEv
 
 if onlyLatency {
     printLatencies(try measureLatencies())
+    exit(0)
+}
+
+if onlySubscriptions {
+    print("whend's subscriptions — \(corpusEvents) events, medians of \(rounds) rounds")
+    printSubscriptions(try measureSubscriptions())
     exit(0)
 }
 
@@ -244,6 +252,7 @@ func printLatencies(_ l: (sync: [Double], acks: [Double], rate: Double)) {
 }
 
 let latencyFigures = try measureLatencies()
+let subscriptionFigures = try measureSubscriptions()
 let syncLatencies = latencyFigures.sync
 let sortedLatencies = latencyFigures.acks
 
@@ -406,6 +415,7 @@ printIngestTable()
 print("")
 print("zstd -3 over the whole corpus: \(fmt(zstdBytesPerEvent, 1)) bytes/event")
 printLatencies(latencyFigures)
+printSubscriptions(subscriptionFigures)
 print("whenctl cat to /dev/null: \(fmt(Double(corpusEvents) / catSeconds)) records/s")
 if let natsSeconds {
     print(

@@ -1,0 +1,113 @@
+import WhendSystem
+import WhendWire
+
+/// `sessions.json`, the export of a `SessionIndex`: what session-recorder writes every so
+/// often and `whenctl sessions` reads.
+///
+/// `{"indexedThrough":N,"maxSessions":M,"sessions":[…],"sessionsBeyondMax":[…]}`: the sessions
+/// listed (the `maxSessions` most recently active), most recent first, then those the index
+/// keeps beyond them. Each session's members are in alphabetical order, as JSONEncoder wrote
+/// them with sorted keys: `app`, `counts`, `digest` (only where the strings do not give the
+/// session: an id with a surrogate without its partner, which a string holds as U+FFFD),
+/// `firstSeq`, `firstTime`, `lastSeq`, `lastTime`, `session`. Earlier versions wrote neither
+/// `maxSessions`, `sessionsBeyondMax` nor `digest`.
+extension SessionIndex {
+    /// The export as read.
+    struct Snapshot: Decodable {
+        var indexedThrough: UInt64
+        var maxSessions: Int?
+        var sessions: [Exported]
+        var sessionsBeyondMax: [Exported]?
+    }
+
+    /// One session as exported, and its digest.
+    struct Exported: Decodable {
+        var entry: Entry
+        var key: SessionDigest
+
+        private enum Keys: String, CodingKey { case digest }
+
+        init(from decoder: any Decoder) throws {
+            entry = try Entry(from: decoder)
+            let digest = try decoder.container(keyedBy: Keys.self).decodeIfPresent(String.self, forKey: .digest)
+            key = digest.flatMap(SessionDigest.init(hex:)) ?? SessionDigest(app: entry.app, session: entry.session)
+        }
+    }
+
+    /// The export, written directly and handed to `write` a piece at a time: JSONEncoder took a
+    /// fifth of a replay's time for an index of 10,000 sessions; the whole export in one buffer,
+    /// grown as it was written, held three times its size at its peak.
+    func writeSnapshotJSON(_ write: ([UInt8]) throws(DurableFileError) -> Void) throws(DurableFileError) {
+        let piece = 1 << 16
+        var out: [UInt8] = []
+        out.reserveCapacity(piece + 4096)
+        out += #"{"indexedThrough":"#.utf8
+        JSONBytes.appendDecimal(indexedThrough, to: &out)
+        if let maxSessions {
+            out += #","maxSessions":"#.utf8
+            JSONBytes.appendDecimal(UInt64(maxSessions), to: &out)
+        }
+        out += #","sessions":["#.utf8
+        let order = mostRecentFirst()
+        let listed = min(order.count, maxSessions ?? order.count)
+        for (n, position) in order.enumerated() {
+            if n == listed { out += #"],"sessionsBeyondMax":["#.utf8 }
+            let (key, e) = entry(at: position)
+            out += (n > 0 && n != listed ? #",{"app":"# : #"{"app":"#).utf8
+            appendJSONString(e.app.utf8, to: &out)
+            out += #","counts":{"#.utf8
+            for (j, (type, count)) in e.counts.enumerated() {
+                if j > 0 { out.append(UInt8(ascii: ",")) }
+                appendJSONString(type.utf8, to: &out)
+                out.append(UInt8(ascii: ":"))
+                JSONBytes.appendDecimal(UInt64(count), to: &out)
+            }
+            out += "}".utf8
+            // Only an id holding U+FFFD may be one its strings do not give.
+            if e.app.unicodeScalars.contains("\u{FFFD}") || e.session.unicodeScalars.contains("\u{FFFD}"),
+                SessionDigest(app: e.app, session: e.session) != key
+            {
+                out += #","digest":""#.utf8
+                out += key.hex.utf8
+                out += #"""#.utf8
+            }
+            out += #","firstSeq":"#.utf8
+            JSONBytes.appendDecimal(e.firstSeq, to: &out)
+            out += #","firstTime":"#.utf8
+            appendJSONString(e.firstTime.utf8, to: &out)
+            out += #","lastSeq":"#.utf8
+            JSONBytes.appendDecimal(e.lastSeq, to: &out)
+            out += #","lastTime":"#.utf8
+            appendJSONString(e.lastTime.utf8, to: &out)
+            out += #","session":"#.utf8
+            appendJSONString(e.session.utf8, to: &out)
+            out.append(UInt8(ascii: "}"))
+            if out.count >= piece {
+                try write(out)
+                out.removeAll(keepingCapacity: true)
+            }
+        }
+        if maxSessions != nil && listed == order.count { out += #"],"sessionsBeyondMax":["#.utf8 }
+        out += "]}".utf8
+        try write(out)
+    }
+}
+
+extension SessionDigest {
+    /// 32 lower-case hex digits: the high word's, then the low word's.
+    var hex: String {
+        func digits(_ word: UInt64) -> String {
+            let text = String(word, radix: 16)
+            return String(repeating: "0", count: 16 - text.count) + text
+        }
+        return digits(high) + digits(low)
+    }
+
+    init?(hex: String) {
+        let text = Array(hex.utf8)
+        guard text.count == 32, let high = UInt64(hex.prefix(16), radix: 16),
+            let low = UInt64(hex.suffix(16), radix: 16)
+        else { return nil }
+        self.init(low: low, high: high)
+    }
+}
