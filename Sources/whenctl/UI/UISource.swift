@@ -57,11 +57,13 @@ struct UISource: Sendable {
             return ["sessions": [], "problem": "\(error)"]
         }
         let encoder = JSONEncoder()
-        let sessions = index.sessions.filter { app == nil || app == "" || $0.app == app }.prefix(500)
+        // Listed as session-recorder lists them (and whenctl sessions): under its max_sessions.
+        let listed = index.sessions
+        let sessions = listed.filter { app == nil || app == "" || $0.app == app }.prefix(500)
             .compactMap { entry -> Any? in
                 (try? encoder.encode(entry)).flatMap { try? JSONSerialization.jsonObject(with: $0) }
             }
-        return ["sessions": Array(sessions), "count": index.count, "indexed_through": index.indexedThrough]
+        return ["sessions": Array(sessions), "count": listed.count, "indexed_through": index.indexedThrough]
     }
 
     private var crashDirectory: String { CrashReportStore.directory(stateDirectory: stateDirectory) }
