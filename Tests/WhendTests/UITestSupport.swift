@@ -51,13 +51,15 @@ final class UIProcess {
     let token: String
     private let errors = Pipe()
 
-    init(_ daemon: TestDaemon, arguments: [String] = []) throws {
-        process.executableURL = URL(fileURLWithPath: executable("whenctl"))
-        process.arguments =
-            [
-                "ui", "--socket", daemon.socketPath, "--control", daemon.controlPath, "--state-dir",
-                daemon.stateDirectory,
-            ] + arguments
+    /// `as`: a command line to run it under (`setpriv --reuid=…`), for another user.
+    init(_ daemon: TestDaemon, as user: [String] = []) throws {
+        let command =
+            user + [
+                executable("whenctl"), "ui", "--socket", daemon.socketPath, "--control", daemon.controlPath,
+                "--state-dir", daemon.stateDirectory,
+            ]
+        process.executableURL = URL(fileURLWithPath: command[0])
+        process.arguments = Array(command.dropFirst())
         let out = Pipe()
         process.standardOutput = out
         process.standardError = errors

@@ -98,6 +98,45 @@ import Testing
         rig.browser.screenshot("02-page-with-token")
     }
 
+    /// The page shows what the user running `whenctl ui` may read, no more: a user whend does
+    /// not let subscribe sees `forbidden` where the records would be; a member of
+    /// `subscribe_group` sees the records, and is told that the control socket (an operator's)
+    /// is not theirs.
+    @Test(.enabled(if: getuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv")))
+    func thePageShowsOnlyWhatItsUserMaySee() throws {
+        let daemon = TestDaemon("ui-users", arguments: ["--builtin-pipelines", "true", "--subscribe-group", "users"])
+        try daemon.start()
+        defer { daemon.stop() }
+        // The sockets' directory must let other users reach the event socket.
+        chmod(daemon.directory, 0o755)
+        try sendSession(daemon, app: "com.example.mail", session: "u1", [#"{"type":"when","name":"seenByMembers"}"#])
+        let browser = try UIBrowser()
+
+        let outsider = try UIProcess(
+            daemon, as: ["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
+        try browser.get(outsider.url)
+        let refused =
+            try browser.wait(
+                "const t = document.getElementById('live-status').textContent; return t.includes('forbidden') && t")
+            as? String ?? ""
+        #expect(refused.contains("subscribe"), "\(refused)")
+        #expect(try browser.texts("#live-list .record").isEmpty)
+        try browser.wait("return document.getElementById('daemon').textContent.includes('whend:')")
+        browser.screenshot("14-not-a-subscriber")
+
+        let member = try UIProcess(daemon, as: ["/usr/bin/setpriv", "--reuid=65534", "--regid=100", "--clear-groups"])
+        try browser.get(member.url)
+        try browser.wait(
+            "return [...document.querySelectorAll('#live-list .record')].some(r => r.textContent.includes('seenByMembers'))"
+        )
+        let header =
+            try browser.wait(
+                "const t = document.getElementById('daemon').textContent; return t.includes('whend:') && t") as? String
+            ?? ""
+        #expect(header.contains("control.sock"), "\(header)")
+        browser.screenshot("15-a-subscriber-not-an-operator")
+    }
+
     /// An event `whenctl emit` sends is on the live view within a second of being sent.
     @Test func anEmittedEventAppearsOnTheLiveViewWithinASecond() throws {
         let rig = try Rig("live")

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import WhendControl
 import WhendWire
 
 /// `whenctl ui`: the debugger page, served on the loopback interface to whoever has its token.
@@ -37,8 +38,20 @@ struct UI: ParsableCommand {
     func run() throws {
         let eventSocket = options.socket ?? SocketLocation.eventSocket()
         try refuseUnsafeSocketDirectory(eventSocket)
-        // whend must be there to start with: a page that can show nothing helps nobody.
-        let status = try options.request(.status, as: "ui").status
+        // whend must be there to start with: a page that can show nothing helps nobody. A user
+        // the control socket refuses (a member of subscribe_group, not an operator) still gets
+        // the records.
+        var status: StatusAnswer?
+        do {
+            let answer = try options.answer(.status, timeout: 10)
+            guard answer.ok else { throw Failure("whend refused status: \(answer.error ?? "it did not say why")") }
+            status = answer.status
+        } catch let failure as Failure {
+            guard (try? BlockingSocket(path: eventSocket)) != nil else { throw failure }
+            printError(
+                "whenctl ui: warning: \(failure); the page shows records, but not whend's status, pipelines, rates or rejected events"
+            )
+        }
         let token = UIToken.make()
         let sampler = UISampler(control: options)
         sampler.start()

@@ -63,6 +63,9 @@ final class UISampler: @unchecked Sendable {
         }
     }
 
+    /// The journal's last `_seq` at the last sample; nil when whend has not answered status.
+    var lastSeq: UInt64? { lock.withLock { latest?.journal.lastSeq } }
+
     /// `{"status": …, "problem": …, "interval": s, "samples": [{"t","received","rejected","last_seq","pipelines":{name:{cursor,lag}}}]}`.
     func overview() -> [String: Any] {
         let (status, problem, samples) = lock.withLock { (latest, self.problem, self.samples) }

@@ -104,6 +104,20 @@ struct UISource: Sendable {
         return foundationObject(data)
     }
 
+    /// The journal's last `_seq`: as whend's status said it lately, else as a subscription from
+    /// now says where it starts (for a user the control socket does not serve).
+    func lastSeq() async throws -> UInt64 {
+        if let last = sampler.lastSeq { return last }
+        var last: UInt64 = 0
+        try await UISubscription.read(socket: eventSocket, request: SubscribeRequest()) { item in
+            if case .line(let line) = item, case .subscribed(let after) = UISubscription.event(line) {
+                last = after ?? 0
+            }
+            return false
+        }
+        return last
+    }
+
     enum RecordLookup {
         case found([UInt8])
         case missing(String)

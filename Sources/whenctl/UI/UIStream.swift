@@ -8,7 +8,8 @@ import WhendWire
 /// reconnects sends the last as `Last-Event-ID`, and the subscription resumes with `after` set to
 /// it, every record the filters pass exactly once (PROTOCOL.md §9).
 ///
-/// Query: where to start — `after=SEQ`, `since=RFC3339`, `from=now|oldest` (default now); the
+/// Query: where to start — `recent=N` (the last N records), `after=SEQ`, `since=RFC3339`,
+/// `from=now|oldest` (default now); the
 /// filters — `app`, `session`, `type` and `name` (comma-separated lists), `derived=true|false`,
 /// `pipeline`. Events: records (the default event type, data as stored), `subscribed`,
 /// `caught_up`, `checkpoint`, `gap`, and `problem` (`{"code","message"}`: whend's error, or whend
@@ -22,9 +23,16 @@ enum UIStream {
             return UIServer.text(.badRequest, "whenctl ui: \(error)")
         }
         let socket = source.eventSocket
+        // `recent=N`: the last N records, wherever the journal is now (unless resuming).
+        let recent = lastEventID.flatMap { $0.isEmpty ? nil : $0 } == nil ? query["recent"].flatMap(UInt64.init) : nil
         let body = ResponseBody { writer in
             try await writer.write(ByteBuffer(string: "retry: 2000\n\n"))
+            var subscription = subscription
             do {
+                if let recent {
+                    let last = try await source.lastSeq()
+                    subscription.start = .after(last > recent ? last - recent : 0)
+                }
                 try await UISubscription.read(socket: socket, request: subscription) { item in
                     let (out, goOn): (ByteBuffer, Bool)
                     switch item {

@@ -218,7 +218,7 @@ function liveStatus() {
   W.setStatus("live-status", `${live.state || ""} · ${live.shown} shown${held}`, live.stateKind);
 }
 
-async function startLive() {
+function startLive() {
   if (live.es) live.es.close();
   W.clear(W.$("live-list"));
   live.held = [];
@@ -231,20 +231,8 @@ async function startLive() {
     derived: W.$("f-derived").value,
   };
   const start = W.$("f-start").value;
-  if (start === "recent") {
-    let last = W.overview && W.overview.status ? W.overview.status.journal.last_seq : null;
-    if (last === null) {
-      try {
-        await refreshHeader();
-        last = W.overview.status.journal.last_seq;
-      } catch (e) {
-        last = 0;
-      }
-    }
-    params.after = Math.max(0, (last || 0) - 500);
-  } else {
-    params.from = start;
-  }
+  if (start === "recent") params.recent = 500;
+  else params.from = start;
   live.es = W.stream(params, {
     record: (r, raw) => {
       if (live.paused) {
