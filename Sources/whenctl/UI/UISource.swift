@@ -152,7 +152,7 @@ struct UISource: Sendable {
 
     /// The screen flow of `app` (every app's when nil), as `whenctl flow` builds it: screen-tracking's
     /// views, each naming its previous screen; a session without any, from the app's own screen
-    /// events in order. `{"apps", "nodes": [{name, views}], "edges": [{from, to, count}], "problem"?}`.
+    /// events in order. `{"apps", "app_views": {app: screen records}, "nodes": [{name, views}], "edges": [{from, to, count}], "problem"?}`.
     func flow(app: String?) async throws -> [String: Any] {
         struct Edge: Hashable {
             var from: String
@@ -161,7 +161,7 @@ struct UISource: Sendable {
         var derived: [Edge: Int] = [:]
         var derivedSessions: Set<String> = []
         var appViews: [String: [String]] = [:]
-        var apps: Set<String> = []
+        var apps: [String: Int] = [:]
         var problem: String?
         var request = SubscribeRequest()
         request.start = .oldest
@@ -176,7 +176,7 @@ struct UISource: Sendable {
                         let name = r["name"] as? String
                     else { return true }
                     let recordApp = r["app"] as? String ?? ""
-                    apps.insert(recordApp)
+                    apps[recordApp, default: 0] += 1
                     let session = recordApp + "\u{0}" + (r["session"] as? String ?? "")
                     if r["_origin"] as? String == "screen-tracking" {
                         derived[Edge(from: r["previous"] as? String ?? "(start)", to: name), default: 0] += 1
@@ -207,7 +207,7 @@ struct UISource: Sendable {
         for (edge, count) in edges { views[edge.to, default: 0] += count }
         if edges.keys.contains(where: { $0.from == "(start)" }) { views["(start)", default: 0] += 0 }
         var out: [String: Any] = [
-            "apps": apps.sorted(),
+            "apps": apps.keys.sorted(), "app_views": apps,
             "nodes": views.sorted { $0.key < $1.key }.map { ["name": $0.key, "views": $0.value] },
             "edges": edges.sorted { $0.value > $1.value }.map {
                 ["from": $0.key.from, "to": $0.key.to, "count": $0.value]

@@ -156,6 +156,8 @@
 
   // --- The screen flow: screens as nodes, transitions as edges with counts ------------------
 
+  // An app's flow, the busiest app's until another (or every app) is chosen.
+  let flowChosen = false;
   async function loadFlow() {
     const app = $("flow-app").value;
     setStatus("flow-status", "reading the journal's screen views…");
@@ -164,6 +166,12 @@
       const select = $("flow-app");
       for (const a of f.apps) {
         if (![...select.options].some((o) => o.value === a)) select.append(new Option(a, a));
+      }
+      if (!flowChosen && !app && f.apps.length > 1) {
+        flowChosen = true;
+        // The app with the most screen views.
+        select.value = f.apps.reduce((a, b) => ((f.app_views[b] || 0) > (f.app_views[a] || 0) ? b : a));
+        return loadFlow();
       }
       if (f.problem) setStatus("flow-status", f.problem, "bad");
       else setStatus("flow-status", f.edges.length ? `${f.nodes.length} screens, ${f.edges.length} transitions` : "no screen views (is the screens pipeline running?)", f.edges.length ? "" : "warn");
@@ -223,8 +231,9 @@
       if (layer[e.to] > layer[e.from]) {
         const x1 = a.x + BW, y1 = a.y + BH / 2, x2 = b.x, y2 = b.y + BH / 2;
         d = `M ${x1} ${y1} C ${x1 + 30} ${y1}, ${x2 - 30} ${y2}, ${x2} ${y2}`;
-        lx = (x1 + x2) / 2;
-        ly = (y1 + y2) / 2 - 4;
+        // By the arrowhead: edges leaving one node keep their counts apart.
+        lx = x2 - 16;
+        ly = y2 - 6;
       } else {
         const x1 = a.x + BW / 2 + 12, x2 = b.x + BW / 2 - 12, y = Math.min(a.y, b.y);
         const lift = 30 + Math.abs(layer[e.from] - layer[e.to]) * 10;
@@ -422,7 +431,10 @@
     $("rejections-refresh").addEventListener("click", loadRejections);
     $("sessions-app").addEventListener("change", loadSessions);
     $("flow-refresh").addEventListener("click", loadFlow);
-    $("flow-app").addEventListener("change", loadFlow);
+    $("flow-app").addEventListener("change", () => {
+      flowChosen = true;
+      loadFlow();
+    });
     $("metrics-details").addEventListener("toggle", async () => {
       if (!$("metrics-details").open) return;
       try {
