@@ -9,7 +9,7 @@ output, so that the test (Swift) decides what to do and what to expect:
   {"op": "click", "css": C}                    click the first element C selects
   {"op": "type", "css": C, "text": T}          clear the field C and type T into it
   {"op": "screenshot", "path": P}              save the window as a PNG
-  {"op": "log"}                                the browser console's messages
+  {"op": "log"}                                the browser console's messages since the last, "LEVEL text"
   {"op": "quit"}
 
 Each answer is {"ok": true, "value": …} or {"ok": false, "error": "…"}.
@@ -93,7 +93,7 @@ def run(driver, op, command):
         os.makedirs(os.path.dirname(command["path"]), exist_ok=True)
         return driver.save_screenshot(command["path"])
     if op == "log":
-        return [entry.get("message") for entry in driver.get_log("browser")]
+        return [f"{entry.get('level')} {entry.get('message')}" for entry in driver.get_log("browser")]
     raise ValueError(f"unknown op {op}")
 
 

@@ -150,6 +150,9 @@ final class UIBrowser {
 
     func type(_ css: String, _ text: String) throws { try send(["op": "type", "css": css, "text": text]) }
 
+    /// The console's messages since the last call, each "LEVEL text".
+    func consoleLog() throws -> [String] { try send(["op": "log"]) as? [String] ?? [] }
+
     /// The texts of the elements `css` selects, in document order.
     func texts(_ css: String) throws -> [String] {
         try js("return [...document.querySelectorAll(arguments[0])].map(e => e.textContent)", [css]) as? [String] ?? []

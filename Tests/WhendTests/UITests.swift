@@ -328,5 +328,8 @@ import Testing
         #expect(cells.count == 7 && cells[1] == "missing_field" && cells[2] == "com.example.mail", "\(cells)")
         #expect(cells.count == 7 && cells[5].contains("status") && cells[6].contains(#""screen":"Detail""#), "\(cells)")
         rig.browser.screenshot("11-rejections")
+        // Every view was drawn without a script error or a refused script, style or request.
+        let errors = try rig.browser.consoleLog().filter { $0.hasPrefix("SEVERE") }
+        #expect(errors.isEmpty, "\(errors)")
     }
 }

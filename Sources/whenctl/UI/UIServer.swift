@@ -23,6 +23,8 @@ struct UIServer {
         router.get("/views.js") { _, _ in
             Self.asset(PackageResources.views_js, type: "text/javascript; charset=utf-8")
         }
+        // The page has no icon; a browser asks all the same.
+        router.get("/favicon.ico") { _, _ in Response(status: .noContent) }
         router.get("/style.css") { _, _ in Self.asset(PackageResources.style_css, type: "text/css; charset=utf-8") }
         let source = self.source
         router.get("/api/stream") { request, _ in
