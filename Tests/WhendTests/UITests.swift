@@ -62,6 +62,9 @@ import Testing
     @Test func thePageNeedsItsTokenAndItsOwnHostName() throws {
         let rig = try Rig("guard")
         defer { rig.stop() }
+        // 32 bytes, in hex, and another for another run.
+        #expect(rig.ui.token.count == 64 && rig.ui.token.allSatisfy(\.isHexDigit), "\(rig.ui.token)")
+        #expect(try UIProcess(rig.daemon).token != rig.ui.token)
         let host = "127.0.0.1:\(rig.ui.port)"
         let cookie = "Cookie: whenctl_ui_\(rig.ui.port)=\(rig.ui.token)"
 
