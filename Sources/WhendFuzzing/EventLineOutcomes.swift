@@ -46,8 +46,6 @@ public func eventLineOutcomes(_ input: UnsafeBufferPointer<UInt8>) -> [String] {
             let app = hello.app.map { String(decoding: $0, as: UTF8.self) } ?? "-"
             let session = hello.session.map { String(decoding: $0, as: UTF8.self) } ?? "-"
             outcomes.append("hello \(hello.acks) \(app.debugDescription) \(session.debugDescription)")
-        case .subscribe(let request):
-            outcomes.append("subscribe \(request)")
         case .event(let event):
             stored = Array("{\"_seq\":1,".utf8)
             let key = encoder.appendBody(of: event, line: line, to: &stored)
@@ -63,6 +61,10 @@ public func eventLineOutcomes(_ input: UnsafeBufferPointer<UInt8>) -> [String] {
                 keys.append(key)
             }
             outcomes.append("event \(resendOf) \(String(decoding: withoutReceivedTime(stored), as: UTF8.self))")
+        default:
+            // A subscription (PROTOCOL.md §9). Not named: the differential target builds this file
+            // against an earlier scanner, which has no such case.
+            outcomes.append("subscribe \(scanned)")
         }
         first = false
     }
