@@ -75,8 +75,10 @@ package final class SubscriptionReader: @unchecked Sendable {
             if ended { return nil }
             let chunk = try socket.receive()
             if chunk.isEmpty {
+                // What came after the last newline is a line whend did not finish (it closed,
+                // or was killed, mid-write): not a record, which a reader would take and resume
+                // after. It comes whole on the next subscription.
                 ended = true
-                framer.finish { piece in take(piece) }
             } else {
                 chunk.withUnsafeBufferPointer { buffer in framer.feed(buffer) { piece in take(piece) } }
             }

@@ -254,6 +254,9 @@ struct Tail: ParsableCommand {
         // files.
         if socket != nil || (location.stateDir == nil && location.journal == nil) {
             let path = socket ?? SocketLocation.eventSocket()
+            // Not a socket in a directory another user owns: what it sent would be taken for
+            // whend's records (as emit and the control commands refuse it).
+            try refuseUnsafeSocketDirectory(path)
             if followSubscription(
                 path, after: newest.lastSeq ?? start.flatMap { $0 > 0 ? $0 - 1 : nil }, filter, format, out)
             {

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import WhenClient
+import WhendWire
 
 /// The subscription's two clients: `whenctl tail -f` and WhenClient's `WhendSubscription`.
 @Suite(.serialized) struct SubscriptionClientTests {
@@ -76,5 +77,34 @@ import WhenClient
                 .init(start: .after(1), app: String(repeating: "x", count: 300)), socketPath: daemon.socketPath)
             {}
         }
+    }
+}
+
+/// whend closed (or was killed) in the middle of a record: the piece that came is not a record.
+/// A reader that took it would resume after it, and the record would never be shown.
+@Suite struct SubscriptionReaderTests {
+    @Test func aLineCutByTheEndOfTheConnectionIsNotARecord() throws {
+        let path = scratchDirectory("reader-cut") + "/events.sock"
+        let listener = try UnixTestListener(path: path)
+        let served = listener.serveOne { fd in
+            var request = [UInt8](repeating: 0, count: 4096)
+            _ = recv(fd, &request, request.count, 0)
+            let answer =
+                Array(#"{"subscribed":{"protocol":1,"after":4}}"#.utf8) + [0x0A]
+                + Array(#"{"_seq":5,"type":"when","name":"whole"}"#.utf8) + [0x0A]
+                + Array(#"{"_seq":6,"type":"when","na"#.utf8)
+            _ = answer.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            close(fd)
+        }
+        var request = SubscribeRequest()
+        request.start = .after(4)
+        let reader = try SubscriptionReader(path: path, request: request)
+        var events: [SubscriptionReader.Event] = []
+        while let event = try reader.next() { events.append(event) }
+        served.wait()
+        #expect(
+            events == [
+                .subscribed(after: 4), .record(seq: 5, line: Array(#"{"_seq":5,"type":"when","name":"whole"}"#.utf8)),
+            ])
     }
 }
