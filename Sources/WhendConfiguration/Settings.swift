@@ -409,8 +409,13 @@ package enum Settings {
         settings(of: configuration).map { setting in
             let value = Secrets.shown(
                 key: setting.key, value: setting.value(configuration), hiding: configuration.secretValues)
+            // Quoted when a bare value would not read back: a `#`, a quote, a backslash, blanks
+            // at either end, or a control character (a CR before the line's end is read as the
+            // CRLF that ends it).
             let plain =
-                !value.unicodeScalars.contains { $0 == "#" || $0 == "\"" || $0 == "\\" }
+                !value.unicodeScalars.contains {
+                    $0 == "#" || $0 == "\"" || $0 == "\\" || $0.properties.generalCategory == .control
+                }
                 && value == value.trimmingCharacters(in: .whitespaces)
             let spelled =
                 plain
