@@ -95,24 +95,30 @@ final class ResultSlots: @unchecked Sendable {
 /// Sends `lines` on one connection at a steady `rate` (events/s) in 1 ms ticks, with acks, and
 /// measures each event's latency from its send to the ack that covers it.
 func pacedLatency(socket: String, lines: [[UInt8]], rate: Int) throws -> (latenciesMicros: [Double], seconds: Double) {
+    let paced = try pacedSend(socket: socket, lines: lines, rate: rate)
+    return (zip(paced.acked, paced.sent).map { ($0 - $1) * 1e6 }, paced.seconds)
+}
+
+/// Sends `lines` on one connection at a steady `rate` (events/s) in 1 ms ticks, with acks: when
+/// each line went out, when the ack that covers it came, and how long it all took.
+func pacedSend(socket: String, lines: [[UInt8]], rate: Int) throws -> (sent: [Double], acked: [Double], seconds: Double)
+{
     let fd = try connectUnix(socket)
     let count = lines.count
     let slots = LatencySlots(count: count + 1)
     let sentAt = slots.sentAt
-    let latencies = slots.latencies
     let done = DispatchSemaphore(value: 0)
-    let reader = Thread {
+    Thread {
         var covered: UInt64 = 0
         _ = drainAnswers(fd) { ack in
             let now = monotonicSeconds()
             while covered < ack {
                 covered += 1
-                slots.latencies[Int(covered)] = (now - slots.sentAt[Int(covered)]) * 1e6
+                slots.ackedAt[Int(covered)] = now
             }
         }
         done.signal()
-    }
-    reader.start()
+    }.start()
     Array(#"{"hello":{"protocol":1,"app":"bench","acks":true}}"#.utf8 + [0x0A]).withUnsafeBytes { sendAll(fd, $0) }
     let perTick = max(1, rate / 1000)
     var next = monotonicSeconds()
@@ -138,7 +144,10 @@ func pacedLatency(socket: String, lines: [[UInt8]], rate: Int) throws -> (latenc
     done.wait()
     close(fd)
     let seconds = monotonicSeconds() - start
-    return (Array(UnsafeBufferPointer(start: latencies + 1, count: count)), seconds)
+    return (
+        Array(UnsafeBufferPointer(start: sentAt + 1, count: count)),
+        Array(UnsafeBufferPointer(start: slots.ackedAt + 1, count: count)), seconds
+    )
 }
 
 func percentile(_ sorted: [Double], _ p: Double) -> Double {
@@ -146,22 +155,22 @@ func percentile(_ sorted: [Double], _ p: Double) -> Double {
     return sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))]
 }
 
-/// Send times and latencies by line number.
+/// Send and ack times by line number.
 final class LatencySlots: @unchecked Sendable {
     // Unchecked: slot k is written by the sender before line k goes out, and read by the reader
     // only once an ack covers line k, which the daemon sends after it has read that line.
     let sentAt: UnsafeMutablePointer<Double>
-    let latencies: UnsafeMutablePointer<Double>
+    let ackedAt: UnsafeMutablePointer<Double>
 
     init(count: Int) {
         sentAt = .allocate(capacity: count)
-        latencies = .allocate(capacity: count)
+        ackedAt = .allocate(capacity: count)
         sentAt.initialize(repeating: 0, count: count)
-        latencies.initialize(repeating: 0, count: count)
+        ackedAt.initialize(repeating: 0, count: count)
     }
 
     deinit {
         sentAt.deallocate()
-        latencies.deallocate()
+        ackedAt.deallocate()
     }
 }

@@ -91,7 +91,7 @@ final class TimedSubscriber: @unchecked Sendable {
     // Clients' events only: the k-th such record is the k-th line sent (one connection).
     let subscriber = try TimedSubscriber(socket: socket, request: #"{"from":"now","derived":false}"#, keepTimes: true)
     let lines = Array(allLines.prefix(count))
-    let acked = try pacedAckTimes(socket: socket, lines: lines, rate: rate)
+    let acked = try pacedSend(socket: socket, lines: lines, rate: rate).acked
     let deadline = Date().addingTimeInterval(30)
     while subscriber.arrivals.count < count && Date() < deadline { usleep(10_000) }
     subscriber.close()
@@ -115,45 +115,4 @@ final class TimedSubscriber: @unchecked Sendable {
     let result = try blast(socket: socket, parts: parts(4), hello: #"{"hello":{"protocol":1,"acks":true}}"#)
     for s in subscribers { s.close() }
     return Double(corpusEvents) / result.seconds
-}
-
-/// When each line's ack came: sends `lines` on one connection at a steady `rate` in 1 ms ticks.
-func pacedAckTimes(socket: String, lines: [[UInt8]], rate: Int) throws -> [Double] {
-    let fd = try connectUnix(socket)
-    let slots = LatencySlots(count: lines.count + 1)
-    let acked = slots.latencies
-    let done = DispatchSemaphore(value: 0)
-    Thread {
-        var covered: UInt64 = 0
-        _ = drainAnswers(fd) { ack in
-            let now = monotonicSeconds()
-            while covered < ack {
-                covered += 1
-                slots.latencies[Int(covered)] = now
-            }
-        }
-        done.signal()
-    }.start()
-    Array(#"{"hello":{"protocol":1,"app":"bench","acks":true}}"#.utf8 + [0x0A]).withUnsafeBytes { sendAll(fd, $0) }
-    let perTick = max(1, rate / 1000)
-    var next = monotonicSeconds()
-    var i = 0
-    var chunk: [UInt8] = []
-    while i < lines.count {
-        chunk.removeAll(keepingCapacity: true)
-        let end = min(lines.count, i + perTick)
-        for k in i..<end {
-            chunk += lines[k]
-            chunk.append(0x0A)
-        }
-        chunk.withUnsafeBytes { sendAll(fd, $0) }
-        i = end
-        next += 0.001
-        let wait = next - monotonicSeconds()
-        if wait > 0 { usleep(useconds_t(wait * 1e6)) }
-    }
-    shutdown(fd, Int32(SHUT_WR))
-    done.wait()
-    close(fd)
-    return Array(UnsafeBufferPointer(start: acked + 1, count: lines.count))
 }
