@@ -22,10 +22,13 @@ final class RecentRejections: Sendable {
         let kept = line.map { UnsafeBufferPointer(rebasing: $0.prefix(Rejection.lineLimit)) }
         // The line's own app when it is an object whend can read, else the connection's.
         let app = line.flatMap { try? StoredRecord.scan($0).app } ?? helloApp
+        // The message quotes what the line held (a key, a type): cut like the line, so that
+        // each entry stays within its bound whatever a client sends.
+        let message = String(decoding: error.message.utf8.prefix(Rejection.lineLimit), as: UTF8.self)
         let rejection = Rejection(
-            time: Self.now(), code: error.code.rawValue, message: error.message,
+            time: Self.now(), code: error.code.rawValue, message: message,
             line: kept.map { String(decoding: $0, as: UTF8.self) }, truncated: (line?.count ?? 0) > Rejection.lineLimit,
-            app: app.map { String(decoding: $0, as: UTF8.self) }, pid: sender.pid, uid: sender.uid)
+            app: app.map { String(decoding: $0.prefix(255), as: UTF8.self) }, pid: sender.pid, uid: sender.uid)
         ring.withLock { r in
             if r.entries.count < Self.capacity {
                 r.entries.append(rejection)

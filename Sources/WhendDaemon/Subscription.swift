@@ -87,9 +87,16 @@ final class Subscription: Sendable {
         var lastCheckpoint = Date()
         var ok = true
 
+        /// Sends what is gathered, a chunk at a time: what the hub hands at once (up to its
+        /// 4 MiB) waits for room like the rest, and never lies in NIO's buffers beyond
+        /// `maxUnread` and a chunk.
         func send() {
-            guard !out.isEmpty, ok else { return }
-            ok = write(out)
+            var start = 0
+            while ok && start < out.count {
+                let end = min(out.count, start + Self.chunkBytes)
+                ok = write(Array(out[start..<end]))
+                start = end
+            }
             out.removeAll(keepingCapacity: true)
         }
         func checkpoint(force: Bool) {

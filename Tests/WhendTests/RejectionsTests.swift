@@ -53,4 +53,19 @@ import Testing
         #expect(kept.count == 100)
         #expect(kept.first?["line"] as? String == lines[150] && kept.last?["line"] as? String == lines[249])
     }
+
+    /// What a refusal's message quotes from the line (a key, here) is cut like the line: an
+    /// entry stays within its bound whatever a client sends.
+    @Test func aMessageQuotingAHugeKeyIsCut() throws {
+        let daemon = TestDaemon("rejections-message")
+        try daemon.start()
+        defer { daemon.stop() }
+        let key = "_" + String(repeating: "k", count: 20_000)
+        let answers = try exchange(daemon.socketPath, [#"{"type":"when","name":"n","\#(key)":1}"#])
+        #expect(answers.errors.map(\.code) == ["reserved_field"])
+        #expect((answers.errors.first?.message.utf8.count ?? 0) > 20_000, "the sender is told in full")
+        let kept = try rejections(daemon)
+        #expect(kept.count == 1)
+        #expect(((kept.first?["message"] as? String)?.utf8.count ?? .max) <= 1024)
+    }
 }
