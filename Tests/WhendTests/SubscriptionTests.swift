@@ -102,8 +102,18 @@ func seenThrough(_ line: [String: Any]) -> Int? {
     /// resumes with `after` set to the last `_seq` it was told of gets every record its filter
     /// passes, exactly once, in order.
     @Test(arguments: [UInt64(1), 2, 3]) func resumingFromTheLastSeqSeenMissesAndRepeatsNothing(seed: UInt64) throws {
+        try resumeSchedule(seed: seed, killed: false)
+    }
+
+    /// The same across a SIGKILL of whend: a record sent to a subscriber was acknowledged,
+    /// so the journal whend recovers still holds it, and the numbering goes on after it.
+    @Test(arguments: [UInt64(4), 5]) func resumingAcrossASIGKILLMissesAndRepeatsNothing(seed: UInt64) throws {
+        try resumeSchedule(seed: seed, killed: true)
+    }
+
+    func resumeSchedule(seed: UInt64, killed: Bool) throws {
         var rng = SplitMix64(state: seed &* 0x9E37_79B9_7F4A_7C15)
-        let daemon = TestDaemon("subscribe-resume-\(seed)")
+        let daemon = TestDaemon("subscribe-resume-\(seed)", killed ? .live : .inProcess)
         try daemon.start()
         defer { daemon.stop() }
         let sessions = ["s1", "s2", "s3"]
@@ -138,7 +148,7 @@ func seenThrough(_ line: [String: Any]) -> Int? {
                 if let seen = seenThrough(line) { after = max(after, seen) }
             }
             if round == 6 && !restarted {
-                daemon.stop()
+                if killed { daemon.crash() } else { daemon.stop() }
                 try daemon.start()
                 restarted = true
             }
