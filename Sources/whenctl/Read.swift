@@ -321,6 +321,8 @@ struct Tail: ParsableCommand {
                     case .caughtUp(let seq), .checkpoint(let seq):
                         seen = max(seen ?? 0, seq)
                         out.flush()
+                        // Everything through --to examined, whether or not the filters passed any.
+                        if let toSeq = filter.toSeq, seq >= toSeq { return true }
                     case .gap(let from, let through):
                         out.flush()
                         printError("whenctl tail: warning: _seq \(from)…\(through) are gone (retention deleted them)")

@@ -46,6 +46,33 @@ import WhendWire
         #expect(said.contains("resuming after _seq 50"), "\(said)")
     }
 
+    /// `tail -f --to N` ends once whend has examined N, even when the filters pass nothing
+    /// after it (as it ends reading the files).
+    @Test func tailToEndsThroughASubscription() throws {
+        let daemon = TestDaemon("tail-subscribe-to")
+        try daemon.start()
+        defer { daemon.stop() }
+        try sendSession(daemon, app: "a", session: "s", (1...3).map { #"{"type":"when","name":"n\#($0)"}"# })
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: executable("whenctl"))
+        p.arguments = [
+            "tail", "-f", "-n", "10", "--to", "6", "--type", "when", "--state-dir", daemon.stateDirectory, "--socket",
+            daemon.socketPath,
+        ]
+        let out = Pipe()
+        p.standardOutput = out
+        p.standardError = FileHandle.nullDevice
+        try p.run()
+        defer { if p.isRunning { p.terminate() } }
+        usleep(300_000)
+        try sendSession(
+            daemon, app: "a", session: "s",
+            [#"{"type":"when","name":"n4"}"#] + (1...5).map { _ in #"{"type":"error","message":"m"}"# })
+        #expect(eventually(10) { !p.isRunning }, "tail -f --to 6 ended once _seq 6 was examined")
+        let text = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        #expect(text.split(separator: "\n").count == 4)
+    }
+
     /// An app's tool reads records with `for try await`: the journal, caught up, then live.
     @Test func whenClientReadsTheJournalThenLiveRecords() async throws {
         let daemon = TestDaemon("whenclient-subscribe")
