@@ -192,7 +192,8 @@ let package = Package(
         // Where the tests keep their files (one directory a run; earlier runs' are removed).
         .target(name: "TestScratch", path: "Tests/Scratch"),
         .testTarget(
-            name: "WhendJournalTests", dependencies: ["WhendJournal", "WhendWire", "WhendRecord", "TestScratch"]),
+            name: "WhendJournalTests",
+            dependencies: ["WhendJournal", "WhendWire", "WhendRecord", "TestScratch", "SeededRandom"]),
         .testTarget(name: "WhendPluginSDKTests", dependencies: ["WhendPluginSDK"]),
         .testTarget(name: "WhendControlTests", dependencies: ["WhendControl", propertyBased]),
         // End to end: whend on real sockets, in the test's own process (`TestDaemon`) or as a

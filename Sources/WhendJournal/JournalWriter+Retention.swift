@@ -32,6 +32,8 @@ extension JournalWriter {
         for (index, file) in segments.enumerated() {
             // A sealed segment's records end where the next segment's begin.
             let lastSeq = (all.first { $0.firstSeq > file.firstSeq }?.firstSeq).map { $0 - 1 } ?? nextSeq - 1
+            // The empty segment that keeps where `_seq` goes on holds nothing to delete.
+            guard lastSeq >= file.firstSeq else { return }
             var st = stat()
             let age = stat(file.path, &st) == 0 ? now.timeIntervalSince1970 - TimeInterval(st.st_mtim.tv_sec) : 0
             let oldest = RetentionPolicy.Segment(
@@ -52,6 +54,20 @@ extension JournalWriter {
                 }
                 return
             case .delete(let reason, let losses):
+                if file.firstSeq == all.last?.firstSeq {
+                    // The last records go: an empty segment named by the next `_seq` keeps it
+                    // for the next start, or `_seq`s would begin again at 1 and name new
+                    // records as the deleted ones were named (to pipelines' cursors, to
+                    // subscribers resuming, to dedup).
+                    do {
+                        try SegmentWriter.writeEmpty(directory: configuration.directory, firstSeq: nextSeq)
+                    } catch {
+                        log(
+                            "retention: keeping \(file.path): cannot write the segment that keeps _seq \(nextSeq): \(error)"
+                        )
+                        return
+                    }
+                }
                 guard unlink(file.path) == 0 else {
                     log("retention: cannot delete \(file.path): \(String(cString: strerror(errno)))")
                     return

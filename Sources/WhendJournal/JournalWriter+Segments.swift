@@ -4,9 +4,11 @@ import WhendWire
 extension JournalWriter {
     func activeSegment() throws -> SegmentWriter {
         if let active { return active }
+        let directory = configurationInUse.directory
         let segment = try SegmentWriter(
-            directory: configurationInUse.directory, firstSeq: nextSeq, compressor: compressor,
-            frameBytes: configurationInUse.frameBytes, openedAt: now())
+            directory: directory, firstSeq: nextSeq, compressor: compressor,
+            frameBytes: configurationInUse.frameBytes, openedAt: now(),
+            replacingEmpty: SegmentWriter.isEmptySealed(directory.segmentPath(firstSeq: nextSeq), firstSeq: nextSeq))
         active = segment
         return segment
     }

@@ -96,7 +96,9 @@ package final class JournalWriter: EventJournal, @unchecked Sendable {
         let directory = configuration.directory
         try directory.create()
         if let leftovers = try? FileManager.default.contentsOfDirectory(atPath: directory.path) {
-            for name in leftovers where name.hasSuffix(".recovering") { unlink(directory.path + "/" + name) }
+            for name in leftovers where name.hasSuffix(".recovering") || name.hasSuffix(SegmentWriter.replacingSuffix) {
+                unlink(directory.path + "/" + name)
+            }
         }
         let dedup = DedupWindow(window: configuration.dedupWindow)
         var lastSeq: UInt64 = 0
@@ -133,6 +135,11 @@ package final class JournalWriter: EventJournal, @unchecked Sendable {
             } onProblem: { problem in
                 log("while rebuilding the de-duplication window: \(problem)")
             }
+        }
+        if lastSeq > 0, directory.segments().isEmpty {
+            // Retention deleted every record, and a crash took the empty segment that said
+            // where `_seq` goes on as it was being replaced: say it again.
+            try SegmentWriter.writeEmpty(directory: directory, firstSeq: lastSeq + 1)
         }
         self.dedup = dedup
         self.nextSeq = lastSeq + 1

@@ -22,14 +22,30 @@ final class SegmentWriter {
 
     var recordCount: UInt64 { lastSeq + 1 - file.firstSeq }
 
-    /// Creates the segment file (it must not exist) and makes its name durable.
+    /// Creates the segment file and makes its name durable. The file must not exist, unless
+    /// `replacingEmpty`: then it is the empty sealed segment that keeps where `_seq` goes on
+    /// (`JournalWriter.keepNextSeq`), and the new file is renamed over it. So a crash at any
+    /// moment leaves a file of that name, and a reader that has the old one open sees it
+    /// replaced (a new inode), as after a repair.
     init(
         directory: JournalDirectory, firstSeq: UInt64, compressor: ZstdCompressor, frameBytes: Int,
-        openedAt: Date = Date()
+        openedAt: Date = Date(), replacingEmpty: Bool = false
     ) throws {
         let path = directory.segmentPath(firstSeq: firstSeq)
         file = SegmentFile(firstSeq: firstSeq, path: path)
-        fd = try FileIO.open(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND)
+        if replacingEmpty {
+            let temporary = path + Self.replacingSuffix
+            unlink(temporary)
+            fd = try FileIO.open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_APPEND)
+            guard rename(temporary, path) == 0 else {
+                let e = errno
+                close(fd)
+                unlink(temporary)
+                throw JournalIOError(operation: "rename", path: temporary, errno: e)
+            }
+        } else {
+            fd = try FileIO.open(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND)
+        }
         do {
             try FileIO.syncDirectory(directory.path)
         } catch {
@@ -46,6 +62,23 @@ final class SegmentWriter {
     }
 
     deinit { close(fd) }
+
+    /// A segment being created over the empty one it replaces; a leftover is removed at start.
+    static let replacingSuffix = ".replacing"
+
+    /// Writes the empty sealed segment named `firstSeq`: no records, only the index saying
+    /// so. It keeps where `_seq` goes on when retention has deleted every record.
+    static func writeEmpty(directory: JournalDirectory, firstSeq: UInt64) throws {
+        let segment = try SegmentWriter(
+            directory: directory, firstSeq: firstSeq, compressor: ZstdCompressor(level: 1), frameBytes: 1 << 16)
+        try segment.seal(sync: true)
+    }
+
+    /// Whether `path` holds an empty sealed segment whose first `_seq` is `firstSeq`.
+    static func isEmptySealed(_ path: String, firstSeq: UInt64) -> Bool {
+        guard let index = SegmentIndex.read(fromFileAt: path) else { return false }
+        return index.firstSeq == firstSeq && index.lastSeq < index.firstSeq
+    }
 
     /// Compresses and writes complete record lines `firstSeq…lastSeq`.
     ///
