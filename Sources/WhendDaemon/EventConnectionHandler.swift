@@ -183,6 +183,9 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     // MARK: Lines
 
     private func handle(_ piece: LineFramer.Piece, context: ChannelHandlerContext) {
+        // A subscriber's later lines, even those that came in the read of its first, are no
+        // events (PROTOCOL.md §9): nothing it sends after that line is stored.
+        guard !subscribing else { return }
         switch stage.take(piece) {
         case nil:
             return

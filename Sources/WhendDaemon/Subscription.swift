@@ -34,6 +34,7 @@ final class Subscription: Sendable {
     private let channel: Channel
     private let onEnd: @Sendable () -> Void
     private let cancelled = Atomic<Bool>(false)
+    private let toldTooSlow = Atomic<Bool>(false)
     private let unread = Mutex<Int>(0)
     private let taken = NSCondition()
 
@@ -85,20 +86,30 @@ final class Subscription: Sendable {
         var committedThrough = committed()
         var caughtUp = false
         var lastCheckpoint = Date()
+        var lastSent = Date()
         var ok = true
 
         /// Sends what is gathered, a chunk at a time: what the hub hands at once (up to its
         /// 4 MiB) waits for room like the rest, and never lies in NIO's buffers beyond
-        /// `maxUnread` and a chunk.
+        /// `maxUnread` and a chunk. Each piece ends at a line's end, so that what a stalled
+        /// subscriber is sent last (`too_slow`) never follows half a record.
         func send() {
             var start = 0
             while ok && start < out.count {
-                let end = min(out.count, start + Self.chunkBytes)
+                var end = min(out.count, start + Self.chunkBytes)
+                if end < out.count {
+                    end =
+                        (out[start..<end].lastIndex(of: 0x0A) ?? out[end...].firstIndex(of: 0x0A) ?? out.count - 1)
+                        + 1
+                }
                 ok = write(Array(out[start..<end]))
                 start = end
             }
             out.removeAll(keepingCapacity: true)
+            lastSent = Date()
         }
+        // Told at once, before any reading: a long catch-up must not look like no answer.
+        send()
         func checkpoint(force: Bool) {
             guard examined > told, force || Date().timeIntervalSince(lastCheckpoint) >= Self.checkpointEvery
             else { return }
@@ -137,7 +148,14 @@ final class Subscription: Sendable {
                     } else {
                         checkpoint(force: false)
                     }
-                    if out.count >= Self.chunkBytes { send() }
+                    // Gathered for a chunk, but never held back longer than a checkpoint's
+                    // interval: a sparse filter over a long catch-up still sees its records,
+                    // and its checkpoints, as they are found.
+                    if out.count >= Self.chunkBytes
+                        || (!out.isEmpty && Date().timeIntervalSince(lastSent) >= Self.checkpointEvery)
+                    {
+                        send()
+                    }
                     return ok && !isCancelled
                 },
                 onCaughtUp: {
@@ -180,8 +198,9 @@ final class Subscription: Sendable {
         }
         while readAlone() {}
         if ok && !isCancelled { send() }
-        // Reached only when the subscriber is gone, whend stops, or it could not keep up.
-        if !isCancelled { channel.close(promise: nil) }
+        // Reached only when the subscriber is gone, whend stops, or it could not keep up (then
+        // the connection closes once it has been told so).
+        if !isCancelled && !toldTooSlow.load(ordering: .acquiring) { channel.close(promise: nil) }
     }
 
     /// Sends `bytes`, first waiting while the subscriber has `maxUnread` bytes not yet taken;
@@ -200,8 +219,14 @@ final class Subscription: Sendable {
                     .tooSlow,
                     "the subscriber took nothing for \(Int(Self.stallLimit)) s while records waited; resume with \"after\" set to the last _seq it saw",
                     isAboutConnection: true), event: nil)
+            // After what it has not read, so closed once that is taken, or after another
+            // `stallLimit` at most: closing at once would drop the line that says why.
             let channel = self.channel
+            toldTooSlow.store(true, ordering: .releasing)
             channel.writeAndFlush(channel.allocator.buffer(bytes: line)).whenComplete { _ in
+                channel.close(promise: nil)
+            }
+            channel.eventLoop.scheduleTask(in: .milliseconds(Int64(Self.stallLimit * 1000))) {
                 channel.close(promise: nil)
             }
             return false

@@ -17,6 +17,11 @@ final class Subscriber {
         try socket.send(#"{"subscribe":"# + request + "}\n")
     }
 
+    /// Reads a connection whose subscribe line the test sent itself.
+    init(reading socket: BlockingSocket) {
+        self.socket = socket
+    }
+
     /// The next line, parsed; nil if none came within `timeout` or the connection ended.
     func next(timeout: TimeInterval = 10) throws -> [String: Any]? {
         let deadline = Date().addingTimeInterval(timeout)
@@ -96,6 +101,27 @@ func seenThrough(_ line: [String: Any]) -> Int? {
         try sendSession(daemon, app: "mail", session: "other", (0..<5).map { #"{"type":"when","name":"x\#($0)"}"# })
         let checkpoint = try subscriber.lines(until: { $0["checkpoint"] != nil }, timeout: 5).last
         #expect(seenThrough(checkpoint ?? [:]) == (got.last?["_seq"] as? Int ?? 0) + 5)
+    }
+
+    /// What a subscriber sends after its first line is ignored, even when it came in the same
+    /// write: an event there is not stored (it once was, as the rest of that read was taken
+    /// as events), and the subscription is served as asked.
+    @Test func linesAfterTheSubscribeLineAreNotStored() throws {
+        let daemon = TestDaemon("subscribe-smuggle")
+        try daemon.start()
+        defer { daemon.stop() }
+        try sendSession(daemon, app: "mail", session: "s1", [#"{"type":"when","name":"before"}"#])
+        let socket = try BlockingSocket(path: daemon.socketPath)
+        try socket.send(
+            #"{"subscribe":{"from":"oldest"}}"# + "\n" + #"{"type":"when","name":"smuggled","app":"x"}"# + "\n")
+        let subscriber = Subscriber(reading: socket)
+        let caughtUp = try subscriber.lines { $0["caught_up"] != nil }
+        #expect(caughtUp.compactMap { $0["name"] as? String } == ["before"])
+        try socket.send(#"{"type":"when","name":"later","app":"x"}"# + "\n")
+        try sendSession(daemon, app: "mail", session: "s1", [#"{"type":"when","name":"after"}"#])
+        let live = try subscriber.lines { $0["name"] as? String == "after" }
+        #expect(live.compactMap { $0["name"] as? String } == ["after"])
+        #expect(daemon.records().compactMap { $0["name"] as? String } == ["before", "after"])
     }
 
     /// For any schedule of disconnects (and a restart of whend among them), a subscriber that
@@ -190,12 +216,17 @@ func seenThrough(_ line: [String: Any]) -> Int? {
         sleep(12)
         var lines = 0
         var caughtUp = false
+        var last: [String: Any]?
         while let line = try subscriber.next(timeout: 3) {
             lines += 1
             if line["caught_up"] != nil { caughtUp = true }
+            last = line
         }
         #expect(subscriber.closed, "the stalled subscriber was disconnected")
         #expect(!caughtUp && lines < 8000, "it was let go before the end (\(lines) lines)")
+        // After what it had not read, the line that says why: it was not dropped by the close.
+        let error = last?["error"] as? [String: Any]
+        #expect(error?["code"] as? String == "too_slow", "the last line: \(String(describing: last))")
     }
 
     /// Errors about the subscription itself, on its first line.
