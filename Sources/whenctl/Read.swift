@@ -103,7 +103,7 @@ func currentMicros() -> Int64 {
 /// The short human form: time, _seq, app, session, type and what happened.
 func shortForm(_ line: UnsafeBufferPointer<UInt8>) -> String {
     guard let object = try? JSONSerialization.jsonObject(with: Data(buffer: line)) as? [String: Any] else {
-        return String(decoding: line, as: UTF8.self)
+        return printable(String(decoding: line, as: UTF8.self), limit: .max)
     }
     func s(_ key: String) -> String { (object[key] as? String) ?? (object[key] as? NSNumber)?.stringValue ?? "" }
     let what: String
@@ -135,8 +135,10 @@ func shortForm(_ line: UnsafeBufferPointer<UInt8>) -> String {
                 String(decoding: $0, as: UTF8.self)
             } ?? ""
     }
-    return
-        "\(s("_rt")) #\(s("_seq")) \(s("app"))\(object["session"] != nil ? "/" + s("session") : "") \(s("type")): \(what)"
+    // Clients' text, shown on a terminal: its control characters must not act on it.
+    return printable(
+        "\(s("_rt")) #\(s("_seq")) \(s("app"))\(object["session"] != nil ? "/" + s("session") : "") \(s("type")): \(what)",
+        limit: .max)
 }
 
 func emit(_ record: JournalRecord, format: RecordFilterOptions.OutputFormat, to out: Output) {
@@ -200,10 +202,25 @@ struct Tail: ParsableCommand {
     var socket: String?
 
     func run() throws {
-        let directory = try location.existingDirectory()
         let filter = try filters.filter()
         let format = filters.output  // once, not per record (see `Cat`)
         let out = Output()
+        let journalNamed = location.stateDir != nil || location.journal != nil
+        if follow, !journalNamed, socket != nil || !location.isReadable {
+            // A socket names a daemon, not its journal; and a member of subscribe_group may not
+            // read the files. So everything comes from whend: the last matches of its catch-up,
+            // then the live records.
+            let path = socket ?? SocketLocation.eventSocket()
+            try refuseUnsafeSocketDirectory(path)
+            let after = filter.fromSeq.flatMap { $0 > 0 ? $0 - 1 : nil }
+            guard followSubscription(path, after: after, keepLast: lines, filter, format, out) else {
+                throw Failure(
+                    "whend does not answer at \(path), and no journal is named to read instead: start whend, or name its journal with --state-dir or --journal"
+                )
+            }
+            return
+        }
+        let directory = try location.existingDirectory()
         let reader = JournalReader(directory: directory)
         let warn: (JournalProblem) -> Void = { problem in
             out.flush()
@@ -258,7 +275,8 @@ struct Tail: ParsableCommand {
             // whend's records (as emit and the control commands refuse it).
             try refuseUnsafeSocketDirectory(path)
             if followSubscription(
-                path, after: newest.lastSeq ?? start.flatMap { $0 > 0 ? $0 - 1 : nil }, filter, format, out)
+                path, after: newest.lastSeq ?? start.flatMap { $0 > 0 ? $0 - 1 : nil }, keepLast: nil, filter, format,
+                out)
             {
                 return
             }
@@ -281,10 +299,18 @@ struct Tail: ParsableCommand {
     /// Follows whend's records through a subscription (PROTOCOL.md §9) until interrupted,
     /// resuming after the last `_seq` seen whenever the connection ends (a restart of whend).
     /// False when whend cannot be reached at all: the caller follows the files.
+    /// - Parameter keepLast: print only this many of the catch-up's last matches (the history
+    ///   was not read from the files), then every live one.
     private func followSubscription(
-        _ path: String, after: UInt64?, _ filter: RecordFilter, _ format: RecordFilterOptions.OutputFormat,
-        _ out: Output
+        _ path: String, after: UInt64?, keepLast: Int?, _ filter: RecordFilter,
+        _ format: RecordFilterOptions.OutputFormat, _ out: Output
     ) -> Bool {
+        var held: [[UInt8]]? = keepLast.map { _ in [] }
+        func release() {
+            guard let lines = held else { return }
+            held = nil
+            printRecent(lines, out)
+        }
         var request = SubscribeRequest()
         request.app = filter.app
         request.session = filter.session
@@ -308,9 +334,16 @@ struct Tail: ParsableCommand {
                     case .subscribed: connected = true
                     case .record(let seq, let line):
                         seen = seq
-                        if let toSeq = filter.toSeq, seq > toSeq { return true }
+                        if let toSeq = filter.toSeq, seq > toSeq {
+                            release()
+                            out.flush()
+                            return true
+                        }
                         let wanted = line.withUnsafeBufferPointer { (try? StoredRecord.scan($0)).map(filter.matches) }
-                        if wanted == true {
+                        if wanted == true, held != nil, let keep = keepLast {
+                            held!.append(line)
+                            if held!.count > keep { held!.removeFirst() }
+                        } else if wanted == true {
                             line.withUnsafeBufferPointer {
                                 switch format {
                                 case .json: out.write($0)
@@ -318,11 +351,20 @@ struct Tail: ParsableCommand {
                                 }
                             }
                         }
-                    case .caughtUp(let seq), .checkpoint(let seq):
+                    case .caughtUp(let seq):
+                        seen = max(seen ?? 0, seq)
+                        release()
+                        out.flush()
+                        if let toSeq = filter.toSeq, seq >= toSeq { return true }
+                    case .checkpoint(let seq):
                         seen = max(seen ?? 0, seq)
                         out.flush()
                         // Everything through --to examined, whether or not the filters passed any.
-                        if let toSeq = filter.toSeq, seq >= toSeq { return true }
+                        if let toSeq = filter.toSeq, seq >= toSeq {
+                            release()
+                            out.flush()
+                            return true
+                        }
                     case .gap(let from, let through):
                         out.flush()
                         printError("whenctl tail: warning: _seq \(from)…\(through) are gone (retention deleted them)")

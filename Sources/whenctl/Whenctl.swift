@@ -110,6 +110,9 @@ struct JournalLocationOptions: ParsableArguments {
         return JournalDirectory(stateDirectory: stateDir ?? SocketLocation.readerStateDirectory())
     }
 
+    /// Whether the journal exists and this user may read it.
+    var isReadable: Bool { access(directory.path, R_OK | X_OK) == 0 }
+
     func existingDirectory() throws -> JournalDirectory {
         let directory = self.directory
         var isDirectory: ObjCBool = false

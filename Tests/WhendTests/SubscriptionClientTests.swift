@@ -1,4 +1,5 @@
 import Foundation
+import TestScratch
 import Testing
 import WhenClient
 import WhendWire
@@ -71,6 +72,41 @@ import WhendWire
         #expect(eventually(10) { !p.isRunning }, "tail -f --to 6 ended once _seq 6 was examined")
         let text = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         #expect(text.split(separator: "\n").count == 4)
+    }
+
+    /// `tail -f --socket` with no journal named takes everything from that whend: the last
+    /// matches of its catch-up, then the live ones. It used to read the last ones from the
+    /// default journal, another daemon's or none ("no journal at …"). And its short form shows
+    /// a client's control characters escaped, never as a terminal would act on them.
+    @Test func tailFollowsThroughTheSocketAloneAndEscapesControlCharacters() throws {
+        let daemon = TestDaemon("tail-socket-only")
+        try daemon.start()
+        defer { daemon.stop() }
+        try sendSession(daemon, app: "a", session: "s", (1...10).map { #"{"type":"when","name":"n\#($0)"}"# })
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: executable("whenctl"))
+        p.arguments = ["tail", "-f", "-n", "3", "--to", "14", "-o", "short", "--socket", daemon.socketPath]
+        // No journal where whenctl would look by default.
+        let elsewhere = ScratchDirectory.make("tail-socket-only-home")
+        p.environment = ["HOME": elsewhere, "XDG_STATE_HOME": elsewhere + "/state", "PATH": "/usr/bin:/bin"]
+        let out = Pipe()
+        let err = Pipe()
+        p.standardOutput = out
+        p.standardError = err
+        try p.run()
+        defer { if p.isRunning { p.terminate() } }
+        usleep(300_000)
+        try sendSession(
+            daemon, app: "a", session: "s",
+            (11...13).map { #"{"type":"when","name":"n\#($0)"}"# } + [#"{"type":"error","message":"\u001b[2Jgone"}"#])
+        #expect(eventually(10) { !p.isRunning }, "tail -f --to 14 ended once _seq 14 was examined")
+        let text = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        let problems = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        let lines = text.split(separator: "\n")
+        #expect(
+            lines.map { $0.split(separator: " ").last.map(String.init) ?? "" }
+                == ["n8", "n9", "n10", "n11", "n12", "n13", #"\x1b[2Jgone"#], "\(text)\(problems)")
+        #expect(!text.utf8.contains(0x1B))
     }
 
     /// An app's tool reads records with `for try await`: the journal, caught up, then live.
