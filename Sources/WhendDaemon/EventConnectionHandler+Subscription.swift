@@ -1,5 +1,6 @@
 import CLinux
 import Foundation
+import NIOConcurrencyHelpers
 import NIOCore
 import WhendJournal
 import WhendWire
@@ -48,10 +49,28 @@ extension EventConnectionHandler {
             }
             let writer = handler.writer
             let subscribers = handler.subscribers
+            let live = handler.live
+            let credentials = handler.credentials
+            let checkedAt = NIOLockedValueBox((generation: live.generation, group: configuration.subscribeGroup))
             let subscription = Subscription(
                 request, journal: configuration.journal.directory, hub: handler.hub,
                 committed: { writer.statistics.lastSeq },
-                channel: channel, onEnd: { subscribers.release() })
+                channel: channel,
+                revoked: {
+                    // A reload that changes subscribe_group applies to open subscriptions too.
+                    let generation = live.generation
+                    let group: String? = checkedAt.withLockedValue { seen in
+                        guard seen.generation != generation else { return nil }
+                        let group = live.current.subscribeGroup
+                        defer { seen = (generation, group) }
+                        return group == seen.group ? nil : group
+                    }
+                    guard let group else { return nil }
+                    return SubscriberAccess.refusal(
+                        uid: credentials.uid, gid: credentials.gid, supplementary: supplementary, group: group
+                    ).map { "subscribe_group is now \(group.isEmpty ? "unset" : group): \($0)" }
+                },
+                onEnd: { subscribers.release() })
             handler.subscription = subscription
             subscription.start()
         }

@@ -28,6 +28,9 @@ final class Subscription: Sendable {
     static let checkpointEvery: TimeInterval = 1
 
     private let request: SubscribeRequest
+    /// Why the subscriber may no longer subscribe (a reload changed `subscribe_group`), or
+    /// nil; asked about once a second.
+    private let revoked: @Sendable () -> String?
     private let journal: JournalDirectory
     private let hub: SubscriptionHub
     private let committed: @Sendable () -> UInt64
@@ -40,9 +43,11 @@ final class Subscription: Sendable {
 
     init(
         _ request: SubscribeRequest, journal: JournalDirectory, hub: SubscriptionHub,
-        committed: @escaping @Sendable () -> UInt64, channel: Channel, onEnd: @escaping @Sendable () -> Void
+        committed: @escaping @Sendable () -> UInt64, channel: Channel,
+        revoked: @escaping @Sendable () -> String? = { nil }, onEnd: @escaping @Sendable () -> Void
     ) {
         self.request = request
+        self.revoked = revoked
         self.journal = journal
         self.hub = hub
         self.committed = committed
@@ -93,7 +98,19 @@ final class Subscription: Sendable {
         /// 4 MiB) waits for room like the rest, and never lies in NIO's buffers beyond
         /// `maxUnread` and a chunk. Each piece ends at a line's end, so that what a stalled
         /// subscriber is sent last (`too_slow`) never follows half a record.
+        var lastAccessCheck = Date()
+        var revokedNow = false
         func send() {
+            if Date().timeIntervalSince(lastAccessCheck) >= Self.checkpointEvery {
+                lastAccessCheck = Date()
+                if let why = revoked() {
+                    // What is gathered was read while it still might: it goes, then the refusal.
+                    out.append(
+                        contentsOf: ServerMessage.error(WireError(.forbidden, why, isAboutConnection: true), event: nil))
+                    revokedNow = true
+                }
+            }
+            defer { if revokedNow { ok = false } }
             var start = 0
             while ok && start < out.count {
                 var end = min(out.count, start + Self.chunkBytes)
@@ -273,13 +290,28 @@ enum SubscriberAccess {
         guard !group.isEmpty else {
             return "\(how) only (subscribe_group is not set); uid \(uid) is neither"
         }
-        guard let entry = getgrnam(group) else {
+        guard let wanted = groupID(group) else {
             return "\(how) and the group \(group) (subscribe_group), which does not exist on this system"
         }
-        let wanted = entry.pointee.gr_gid
         // The zeroes after the kernel's list are not groups: root's group counts only as the
         // peer's primary group.
         if gid == wanted || (wanted != 0 && supplementary?.contains(wanted) == true) { return nil }
         return "\(how) and members of \(group) (subscribe_group); uid \(uid) is not one"
+    }
+
+    /// The group's id, by `getgrnam_r`: connections are checked on several threads at once,
+    /// and `getgrnam`'s answer lives in one static buffer they would share.
+    static func groupID(_ name: String) -> gid_t? {
+        var entry = group()
+        var found: UnsafeMutablePointer<group>?
+        var buffer = [CChar](repeating: 0, count: 1024)
+        while true {
+            let status = getgrnam_r(name, &entry, &buffer, buffer.count, &found)
+            if status == ERANGE && buffer.count < 1 << 20 {
+                buffer = [CChar](repeating: 0, count: buffer.count * 4)
+                continue
+            }
+            return status == 0 ? found?.pointee.gr_gid : nil
+        }
     }
 }

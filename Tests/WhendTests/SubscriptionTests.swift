@@ -275,6 +275,54 @@ func seenThrough(_ line: [String: Any]) -> Int? {
         return result.output.trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
+    /// A reload that takes a subscriber's group out of `subscribe_group` ends its open
+    /// subscription with `forbidden` within about a second: access is not kept for as long as
+    /// the connection lasts.
+    @Test func aReloadThatRemovesTheGroupEndsItsOpenSubscriptions() throws {
+        let file = scratchDirectory("subscribe-revoke-conf") + "/whend.conf"
+        try "subscribe_group = users\n".write(toFile: file, atomically: true, encoding: .utf8)
+        let daemon = TestDaemon("subscribe-revoke", arguments: ["--config", file])
+        try daemon.start()
+        defer { daemon.stop() }
+        chmod(daemon.directory, 0o755)
+        let client = """
+            import socket, sys
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(sys.argv[1])
+            s.sendall(b'{"subscribe":{"from":"oldest"}}\\n')
+            while True:
+                chunk = s.recv(65536)
+                if not chunk: break
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+            """
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+        p.arguments = [
+            "--reuid=65534", "--regid=100", "--clear-groups", "/usr/bin/python3", "-c", client, daemon.socketPath,
+        ]
+        let out = Pipe()
+        p.standardOutput = out
+        try p.run()
+        defer { if p.isRunning { p.terminate() } }
+        try sendSession(daemon, app: "a", session: "s", [#"{"type":"when","name":"n"}"#])
+        usleep(500_000)
+        #expect(p.isRunning, "the member's subscription is open")
+        try "subscribe_group = \n".write(toFile: file, atomically: true, encoding: .utf8)
+        #expect(try daemon.whenctl(["reload"]).status == 0)
+        #expect(eventually(5) { !p.isRunning }, "the subscription ended after the reload")
+        if p.isRunning {
+            kill(p.processIdentifier, SIGKILL)
+            p.waitUntilExit()
+        }
+        let lines = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            .split(separator: "\n")
+        #expect(lines.first?.contains(#""subscribed""#) == true, "\(lines)")
+        #expect(lines.contains { $0.contains(#""name":"n""#) })
+        #expect(lines.last?.contains(#""code":"forbidden""#) == true, "\(lines)")
+        #expect(lines.last?.contains("subscribe_group is now unset") == true, "\(lines)")
+    }
+
     @Test func onlyWhendsUserRootAndTheGroupMaySubscribe() throws {
         // The sockets' directory must let other users reach the socket.
         let closed = TestDaemon("subscribe-access")
