@@ -106,7 +106,8 @@ final class Subscription: Sendable {
                 if let why = revoked() {
                     // What is gathered was read while it still might: it goes, then the refusal.
                     out.append(
-                        contentsOf: ServerMessage.error(WireError(.forbidden, why, isAboutConnection: true), event: nil))
+                        contentsOf: ServerMessage.error(WireError(.forbidden, why, isAboutConnection: true), event: nil)
+                    )
                     revokedNow = true
                 }
             }
