@@ -34,6 +34,18 @@ extension EventConnectionHandler {
                     context: context)
                 return
             }
+            if case .after(let seq) = request.start, seq > handler.writer.statistics.lastSeq {
+                // A _seq this journal never acknowledged: another journal's, or one lost with
+                // its tail (durability = none). Waiting for it would skip every record up to it.
+                let last = handler.writer.statistics.lastSeq
+                handler.refuse(
+                    ServerMessage.error(
+                        WireError(
+                            .invalidField,
+                            "subscribe \"after\" is \(seq), past the last _seq this journal holds (\(last)): is it another whend's? Resume with \"after\":\(last), or \"from\":\"oldest\"",
+                            isAboutConnection: true), event: nil), context: context)
+                return
+            }
             guard handler.subscribers.take(limit: configuration.maxSubscribers) else {
                 handler.refuse(
                     ServerMessage.error(

@@ -36,6 +36,7 @@ package struct SubscribeRequest: Sendable, Equatable {
         }
         var request = SubscribeRequest()
         var starts: [String] = []
+        var named: Set<String> = []
         var s = JSONScanner(bytes)
         s.position = member.valueRange.lowerBound
         try s.scanObject(depth: 1) { m throws(WireError) in
@@ -43,6 +44,10 @@ package struct SubscribeRequest: Sendable, Equatable {
                 m.keyHasEscapes
                 ? String(decoding: decodeJSONString(UnsafeBufferPointer(rebasing: bytes[m.key])), as: UTF8.self)
                 : EventScanner.text(bytes, m.key)
+            // Which of two would count is no one's guess to make: a filter given twice is refused.
+            guard named.insert(key).inserted else {
+                throw WireError(.invalidField, "a subscription names \"\(key)\" twice; give it once")
+            }
             let value = EventScanner.text(bytes, m.value)
             func string(max: Int) throws(WireError) -> [UInt8] {
                 try EventScanner.stringValue(bytes, m.kind, m.value, field: "subscribe \(key)", max: max)
@@ -72,7 +77,8 @@ package struct SubscribeRequest: Sendable, Equatable {
                 request.start = .after(seq)
             case "since":
                 starts.append(key)
-                guard let instant = RFC3339.parse(try string(max: 64)) else {
+                let text = try string(max: 64)
+                guard isRFC3339(text), let instant = RFC3339.parse(text) else {
                     throw WireError(
                         .invalidField, "subscribe \"since\" must be an RFC 3339 time like 2026-11-21T13:35:00Z")
                 }
@@ -118,6 +124,12 @@ package struct SubscribeRequest: Sendable, Equatable {
         try s.scanArray(depth: 1) { kind, range throws(WireError) in
             guard out.count < 256 else { throw wrong }
             out.append(try one(kind, range))
+        }
+        // An empty list would pass nothing, and no filter at all passes everything: neither is
+        // what a sender of [] is likely to mean, so it is told.
+        guard !out.isEmpty else {
+            throw WireError(
+                .invalidField, "subscribe \"\(field)\" is an empty list, which passes nothing; leave it out for any")
         }
         return out
     }

@@ -240,6 +240,13 @@ func seenThrough(_ line: [String: Any]) -> Int? {
             (#"{"subscribe":{"after":1,"from":"now"}}"#, "invalid_field"),
             (#"{"subscribe":{"protocol":2}}"#, "unsupported_protocol"),
             (#"{"subscribe":[]}"#, "invalid_field"),
+            // A filter given twice, an empty list (which would pass nothing), a day the
+            // calendar has not, a _seq this journal never acknowledged: each was taken.
+            (#"{"subscribe":{"app":"a","app":"b"}}"#, "invalid_field"),
+            (#"{"subscribe":{"type":[]}}"#, "invalid_field"),
+            (#"{"subscribe":{"name":[]}}"#, "invalid_field"),
+            (#"{"subscribe":{"since":"2024-02-30T00:00:00Z"}}"#, "invalid_field"),
+            (#"{"subscribe":{"after":1000}}"#, "invalid_field"),
         ] {
             let answers = try exchange(daemon.socketPath, [request])
             #expect(answers.errors.map(\.code) == [code], "\(request)")
