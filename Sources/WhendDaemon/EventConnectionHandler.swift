@@ -104,10 +104,14 @@ final class EventConnectionHandler: ChannelDuplexHandler {
             closeIfDone(context: context)
             flushIfNeeded(context: context)
         } else if event is DrainRequest, subscribing {
-            // Stopping: the subscriber resumes from its last _seq at the next start.
+            // Stopping: the subscriber resumes from its last _seq at the next start. What it
+            // has not read goes out if it reads within a second; a stalled one does not hold
+            // the stop until shutdown_timeout.
             subscription?.cancel()
             closing = true
             flushThenClose(context: context)
+            let channel = context.channel
+            context.eventLoop.scheduleTask(in: .seconds(1)) { channel.close(promise: nil) }
         } else if event is DrainRequest {
             submitBatch(context: context)
             inputClosed = true

@@ -195,6 +195,27 @@ func seenThrough(_ line: [String: Any]) -> Int? {
 
     /// A subscriber that reads nothing never holds ingest: events are acknowledged as ever
     /// while it lags, and after the stall limit it is disconnected.
+    /// A subscriber that reads nothing does not hold a stop for `shutdown_timeout`: what it
+    /// has not read is given up after a second (it resumes from its last `_seq`). It held the
+    /// stop for the whole timeout, as its connection waited for a flush that never ended.
+    @Test func aStalledSubscriberDoesNotHoldTheStop() throws {
+        let daemon = TestDaemon("subscribe-stall-stop", arguments: ["--shutdown-timeout", "60"])
+        try daemon.start()
+        let pad = String(repeating: "x", count: 900)
+        for part in 0..<4 {
+            try sendSession(
+                daemon, app: "app", session: "p\(part)",
+                (0..<1000).map { #"{"type":"when","name":"n\#($0)","context":{"pad":"\#(pad)"}}"# })
+        }
+        let subscriber = try Subscriber(daemon, #"{"from":"oldest"}"#)
+        usleep(1_000_000)
+        let started = Date()
+        #expect(daemon.stop() == 0)
+        let took = Date().timeIntervalSince(started)
+        #expect(took < 20, "the stop took \(took) s of its 60 s timeout")
+        _ = subscriber
+    }
+
     @Test func aSubscriberThatReadsNothingHoldsNoIngestAndIsDisconnected() throws {
         let daemon = TestDaemon("subscribe-slow")
         try daemon.start()
