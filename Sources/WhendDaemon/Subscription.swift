@@ -65,10 +65,16 @@ final class Subscription: Sendable {
         }.start()
     }
 
-    /// The subscriber is gone, or whend is stopping: the reader ends within its poll interval.
+    /// The member the hub reads for, while it does: woken by `cancel` so that the thread ends
+    /// (and frees its `max_subscribers` place) at once, not at its next checkpoint.
+    private let hubMember = Mutex<SubscriptionHub.Member?>(nil)
+
+    /// The subscriber is gone, or whend is stopping: the reader ends at once, or within its
+    /// journal poll interval while it reads alone.
     func cancel() {
         cancelled.store(true, ordering: .releasing)
         taken.broadcast()
+        if let member = hubMember.withLock({ $0 }) { member.changed.withLock { member.changed.broadcast() } }
     }
 
     private var isCancelled: Bool { cancelled.load(ordering: .acquiring) }
@@ -194,10 +200,12 @@ final class Subscription: Sendable {
                 onProblem: { _ in })
             guard joined else { return false }
             joined = false
+            hubMember.withLock { $0 = member }
+            defer { hubMember.withLock { $0 = nil } }
             // What the hub hands it, until it is let go (it fell behind) or it ends.
             while ok && !isCancelled {
                 member.changed.withLock {
-                    if member.queued.isEmpty && member.releasedAt == nil {
+                    if member.queued.isEmpty && member.releasedAt == nil && !isCancelled {
                         _ = member.changed.wait(until: Date().addingTimeInterval(Self.checkpointEvery))
                     }
                 }

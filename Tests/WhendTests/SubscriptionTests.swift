@@ -195,6 +195,39 @@ func seenThrough(_ line: [String: Any]) -> Int? {
 
     /// A subscriber that reads nothing never holds ingest: events are acknowledged as ever
     /// while it lags, and after the stall limit it is disconnected.
+    /// A subscriber that leaves frees its `max_subscribers` place at once: the next one is
+    /// served, not told `unavailable` (the place was held until the reader's next checkpoint,
+    /// about a second).
+    @Test func aSubscriberThatLeavesFreesItsPlaceAtOnce() throws {
+        let daemon = TestDaemon("subscribe-place", arguments: ["--max-subscribers", "1"])
+        try daemon.start()
+        defer { daemon.stop() }
+        try sendSession(daemon, app: "a", session: "s", [#"{"type":"when","name":"n"}"#])
+        /// Subscribes as soon as a place is free; how long that took.
+        func subscribeWhenFree() throws -> (Subscriber, TimeInterval) {
+            let started = Date()
+            while true {
+                let subscriber = try Subscriber(daemon, #"{"from":"oldest"}"#)
+                if try subscriber.next()?["subscribed"] != nil {
+                    return (subscriber, Date().timeIntervalSince(started))
+                }
+                guard Date().timeIntervalSince(started) < 10 else { throw TestFailure(description: "no place in 10 s") }
+                usleep(5000)
+            }
+        }
+        var subscriber: Subscriber? = try subscribeWhenFree().0
+        var waits: [TimeInterval] = []
+        for _ in 0..<8 {
+            // Caught up (the hub reads for it), then gone: its connection closed.
+            _ = try subscriber?.lines { $0["caught_up"] != nil }
+            subscriber = nil
+            let (next, waited) = try subscribeWhenFree()
+            waits.append(waited)
+            subscriber = next
+        }
+        #expect(waits.allSatisfy { $0 < 0.5 }, "seconds until the place was free: \(waits)")
+    }
+
     /// A subscriber that reads nothing does not hold a stop for `shutdown_timeout`: what it
     /// has not read is given up after a second (it resumes from its last `_seq`). It held the
     /// stop for the whole timeout, as its connection waited for a flush that never ended.
