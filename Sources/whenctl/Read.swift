@@ -367,7 +367,9 @@ struct Tail: ParsableCommand {
                         }
                     case .gap(let from, let through):
                         out.flush()
-                        printError("whenctl tail: warning: _seq \(from)…\(through) are gone (retention deleted them)")
+                        printError(
+                            "whenctl tail: warning: _seq \(from)…\(through) are gone from the journal (deleted by retention, or damaged: whenctl verify says which)"
+                        )
                     case .error(let code, let message):
                         why = "\(code): \(message)"
                     }
