@@ -142,6 +142,11 @@ package struct ScannedEvent: Sendable {
 package struct StringValue: Sendable {
     package var contents: Range<Int>
     package var escaped: Bool
+
+    package init(contents: Range<Int>, escaped: Bool) {
+        self.contents = contents
+        self.escaped = escaped
+    }
 }
 
 /// What one non-empty line turned out to be.
