@@ -39,7 +39,8 @@ final class Pattern: @unchecked Sendable {
 
     /// Whether the pattern occurs in `bytes`, which need not end in a NUL (`REG_STARTEND`).
     func matches(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
-        // On the stack: a search allocates nothing.
+        // On the stack: the search allocates nothing of ours (regexec allocates, and frees, its
+        // own matching state).
         var match = regmatch_t(rm_so: 0, rm_eo: regoff_t(bytes.count))
         guard let base = bytes.baseAddress else { return regexec(regex, "", 1, &match, 0) == 0 }
         return base.withMemoryRebound(to: CChar.self, capacity: bytes.count) {

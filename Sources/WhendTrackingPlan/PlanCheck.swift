@@ -107,8 +107,8 @@ extension TrackingPlan {
     /// The rules for `app` (the event's own, else `defaultApp`: the hello's or the sender's).
     private func rules(
         for subject: PlanSubject, _ line: UnsafeBufferPointer<UInt8>, defaultApp: UnsafeBufferPointer<UInt8>?
-    ) -> Rules {
-        guard !apps.isEmpty else { return rules }
+    ) -> UnsafePointer<Rules> {
+        guard ruleStorage.count > 1 else { return baseRules }
         if let app = subject.app {
             let raw = UnsafeBufferPointer(rebasing: line[app.contents])
             if app.escaped {
@@ -117,16 +117,18 @@ extension TrackingPlan {
             }
             return rulesOf(app: raw)
         }
-        return defaultApp.map { rulesOf(app: $0) } ?? rules
+        return defaultApp.map { rulesOf(app: $0) } ?? baseRules
     }
 
-    private func rulesOf(app: UnsafeBufferPointer<UInt8>) -> Rules {
-        for entry in apps where entry.name.withUnsafeBufferPointer({ JSONBytes.equal($0, app) }) { return entry.rules }
-        return rules
+    private func rulesOf(app: UnsafeBufferPointer<UInt8>) -> UnsafePointer<Rules> {
+        for (i, name) in appNames.enumerated() where name.withUnsafeBufferPointer({ JSONBytes.equal($0, app) }) {
+            return UnsafePointer(ruleStorage.baseAddress! + 1 + i)
+        }
+        return baseRules
     }
 
-    /// Checks one event; nil when it keeps to the plan. Allocates nothing then (a field with
-    /// escapes aside).
+    /// Checks one event; nil when it keeps to the plan. Allocates nothing of its own then (a
+    /// field with escapes aside; glibc's regexec allocates for each `pattern` it searches).
     package func check(
         _ subject: PlanSubject, in line: UnsafeBufferPointer<UInt8>, defaultApp: UnsafeBufferPointer<UInt8>? = nil
     ) -> PlanViolation? {
@@ -134,7 +136,7 @@ extension TrackingPlan {
         if subject.type == .when, let name = subject.name {
             if let violation = checkWhen(name, subject.params, line, rules) { return violation }
         }
-        guard rules.checksScreens, let screen = subject.screen else { return nil }
+        guard rules.pointee.checksScreens, let screen = subject.screen else { return nil }
         let raw = UnsafeBufferPointer(rebasing: line[screen.contents])
         let known =
             screen.escaped
@@ -147,20 +149,21 @@ extension TrackingPlan {
             detail: "the screen \"\(shown)\" is not in the plan's screens")
     }
 
-    private static func knows(_ screen: UnsafeBufferPointer<UInt8>, _ rules: Rules) -> Bool {
-        if rules.screens?.contains(screen) == true { return true }
-        return rules.screenPatterns.contains { $0.matches(screen) }
+    private static func knows(_ screen: UnsafeBufferPointer<UInt8>, _ rules: UnsafePointer<Rules>) -> Bool {
+        if rules.pointee.screens?.contains(screen) == true { return true }
+        return rules.pointee.screenPatterns.contains { $0.matches(screen) }
     }
 
     private func checkWhen(
-        _ name: StringValue, _ params: Range<Int>?, _ line: UnsafeBufferPointer<UInt8>, _ rules: Rules
+        _ name: StringValue, _ params: Range<Int>?, _ line: UnsafeBufferPointer<UInt8>, _ rules: UnsafePointer<Rules>
     ) -> PlanViolation? {
         let raw = UnsafeBufferPointer(rebasing: line[name.contents])
         let node =
             name.escaped
-            ? decodeJSONString(raw).withUnsafeBufferPointer { rules.events.find($0) } : rules.events.find(raw)
+            ? decodeJSONString(raw).withUnsafeBufferPointer { rules.pointee.events.find($0) }
+            : rules.pointee.events.find(raw)
         guard let node else {
-            guard !rules.unplannedEvents else { return nil }
+            guard !rules.pointee.unplannedEvents else { return nil }
             return PlanViolation(
                 event: Self.text(name, line), rule: .event, path: "$.name",
                 detail: "\"\(Self.text(name, line))\" is not an event of the plan")
@@ -185,7 +188,7 @@ extension TrackingPlan {
 
     /// Checks one JSON value against the schema of `event` alone (for tests and tools).
     package func check(params: UnsafeBufferPointer<UInt8>, event: String) -> PlanViolation? {
-        guard let node = Array(event.utf8).withUnsafeBufferPointer({ rules.events.find($0) }) else {
+        guard let node = Array(event.utf8).withUnsafeBufferPointer({ baseRules.pointee.events.find($0) }) else {
             return PlanViolation(event: event, rule: .event, path: "$.name", detail: "not an event of the plan")
         }
         guard let failure = schemas.check(node, params, 0..<params.count) else { return nil }

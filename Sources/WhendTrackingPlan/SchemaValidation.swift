@@ -55,10 +55,21 @@ struct SchemaFailure {
 /// The compiled schemas of one plan, and the check of a JSON value against one of them, read
 /// straight from the line's bytes: no tree is built, and a value that passes costs no
 /// allocation (a key or a string with escapes, rare, is decoded to be compared).
-final class SchemaTable: Sendable {
-    let nodes: [SchemaNode]
+final class SchemaTable: @unchecked Sendable {
+    // Unchecked: written once here, only read after. Every connection's thread reads these
+    // nodes; held as raw storage, visiting one borrows it where it lies instead of copying it
+    // (and counting references to its arrays on a cache line all threads share).
+    private let nodes: UnsafeMutableBufferPointer<SchemaNode>
 
-    init(_ nodes: [SchemaNode]) { self.nodes = nodes }
+    init(_ nodes: [SchemaNode]) {
+        self.nodes = .allocate(capacity: nodes.count)
+        _ = self.nodes.initialize(from: nodes)
+    }
+
+    deinit {
+        _ = nodes.deinitialize()
+        nodes.deallocate()
+    }
 
     /// Checks the value at `range` of `bytes` (already valid JSON: the event scanner read it).
     func check(_ node: Int, _ bytes: UnsafeBufferPointer<UInt8>, _ range: Range<Int>) -> SchemaFailure? {
@@ -74,15 +85,15 @@ final class SchemaTable: Sendable {
     }
 
     private func check(_ index: Int, _ s: inout JSONScanner) throws(WireError) -> SchemaFailure? {
-        let node = nodes[index]
+        let node = UnsafePointer(nodes.baseAddress! + index)
         s.skipWhitespace()
-        guard !node.never else { return SchemaFailure(rule: .falseSchema, detail: "no value is allowed here") }
+        guard !node.pointee.never else { return SchemaFailure(rule: .falseSchema, detail: "no value is allowed here") }
         guard let first = s.peek() else { throw s.syntaxError("a value was expected") }
         switch first {
         case UInt8(ascii: "{"):
             if let failure = typeFailure(node, .object) { return failure }
             if let failure = valueFailure(node, "an object", { _ in false }) { return failure }
-            guard node.readsMembers || node.requiredCount > 0 else {
+            guard node.pointee.readsMembers || node.pointee.requiredCount > 0 else {
                 _ = try s.scanValue()
                 return nil
             }
@@ -90,7 +101,7 @@ final class SchemaTable: Sendable {
         case UInt8(ascii: "["):
             if let failure = typeFailure(node, .array) { return failure }
             if let failure = valueFailure(node, "an array", { _ in false }) { return failure }
-            guard let items = node.items else {
+            guard let items = node.pointee.items else {
                 _ = try s.scanValue()
                 return nil
             }
@@ -115,8 +126,8 @@ final class SchemaTable: Sendable {
     }
 
     @inline(__always)
-    private func typeFailure(_ node: SchemaNode, _ type: TypeSet) -> SchemaFailure? {
-        guard let types = node.types, !types.contains(type) else { return nil }
+    private func typeFailure(_ node: UnsafePointer<SchemaNode>, _ type: TypeSet) -> SchemaFailure? {
+        guard let types = node.pointee.types, !types.contains(type) else { return nil }
         return SchemaFailure(rule: .type, detail: "\(Self.article(type)) is not allowed; expected \(types.described)")
     }
 
@@ -132,19 +143,21 @@ final class SchemaTable: Sendable {
     /// What `enum` and `const` say of a value, `equals` telling whether it is a given scalar.
     @inline(__always)
     private func valueFailure(
-        _ node: SchemaNode, _ shown: @autoclosure () -> String, _ equals: (Scalar) -> Bool
+        _ node: UnsafePointer<SchemaNode>, _ shown: @autoclosure () -> String, _ equals: (Scalar) -> Bool
     ) -> SchemaFailure? {
-        if let allowed = node.allowed, !allowed.contains(where: equals) {
+        if let allowed = node.pointee.allowed, !allowed.contains(where: equals) {
             let list = allowed.prefix(10).map(\.described).joined(separator: ", ") + (allowed.count > 10 ? ", …" : "")
             return SchemaFailure(rule: .enum, detail: "\(shown()) is not one of \(list)")
         }
-        if let constant = node.constant, !equals(constant) {
+        if let constant = node.pointee.constant, !equals(constant) {
             return SchemaFailure(rule: .const, detail: "\(shown()) is not \(constant.described)")
         }
         return nil
     }
 
-    private func checkObject(_ node: SchemaNode, _ s: inout JSONScanner) throws(WireError) -> SchemaFailure? {
+    private func checkObject(_ node: UnsafePointer<SchemaNode>, _ s: inout JSONScanner) throws(WireError)
+        -> SchemaFailure?
+    {
         // Which required names were seen, a bit each.
         var seen: UInt64 = 0
         s.position += 1
@@ -159,16 +172,18 @@ final class SchemaTable: Sendable {
                 let raw = UnsafeBufferPointer(rebasing: s.bytes[keyRange])
                 let key = escaped ? nil : raw
                 let decoded = escaped ? decodeJSONString(raw) : nil
-                let entry = decoded.map { d in node.keys.firstIndex { $0.name == d } } ?? find(key!, in: node.keys)
-                var schema = node.additional
+                let entry =
+                    decoded.map { d in node.pointee.keys.firstIndex { $0.name == d } }
+                    ?? find(key!, in: node.pointee.keys)
+                var schema = node.pointee.additional
                 if let entry {
-                    if let r = node.keys[entry].required { seen |= 1 << UInt64(r) }
-                    schema = node.keys[entry].schema
-                    if schema == nil && node.keys[entry].required != nil { schema = node.additional }
+                    if let r = node.pointee.keys[entry].required { seen |= 1 << UInt64(r) }
+                    schema = node.pointee.keys[entry].schema
+                    if schema == nil && node.pointee.keys[entry].required != nil { schema = node.pointee.additional }
                 }
                 if let schema {
                     if var failure = try check(schema, &s) {
-                        if entry == nil || node.keys[entry!].schema == nil, nodes[schema].never {
+                        if entry == nil || node.pointee.keys[entry!].schema == nil, nodes[schema].never {
                             failure.rule = .additionalProperties
                             failure.detail = "the key is not allowed here (additionalProperties)"
                         }
@@ -185,10 +200,10 @@ final class SchemaTable: Sendable {
             }
         }
         // At most 64 required names (SchemaCompiler): one bit each.
-        guard node.requiredCount > 0 else { return nil }
-        let all: UInt64 = node.requiredCount == 64 ? .max : (1 << UInt64(node.requiredCount)) - 1
+        guard node.pointee.requiredCount > 0 else { return nil }
+        let all: UInt64 = node.pointee.requiredCount == 64 ? .max : (1 << UInt64(node.pointee.requiredCount)) - 1
         if seen == all { return nil }
-        for key in node.keys {
+        for key in node.pointee.keys {
             guard let r = key.required, seen & (1 << UInt64(r)) == 0 else { continue }
             return SchemaFailure(
                 rule: .required, detail: "\"\(String(decoding: key.name, as: UTF8.self))\" is required")
@@ -226,24 +241,30 @@ final class SchemaTable: Sendable {
         }
     }
 
-    private func checkString(_ node: SchemaNode, _ raw: UnsafeBufferPointer<UInt8>, escaped: Bool) -> SchemaFailure? {
-        if node.minLength != nil || node.maxLength != nil {
+    private func checkString(_ node: UnsafePointer<SchemaNode>, _ raw: UnsafeBufferPointer<UInt8>, escaped: Bool)
+        -> SchemaFailure?
+    {
+        if node.pointee.minLength != nil || node.pointee.maxLength != nil {
             let length = Self.codePoints(raw, escaped: escaped)
-            if let min = node.minLength, length < min {
+            if let min = node.pointee.minLength, length < min {
                 return SchemaFailure(rule: .minLength, detail: "\(length) characters; at least \(min) are required")
             }
-            if let max = node.maxLength, length > max {
+            if let max = node.pointee.maxLength, length > max {
                 return SchemaFailure(rule: .maxLength, detail: "\(length) characters; at most \(max) are allowed")
             }
         }
-        guard node.pattern != nil || node.allowed != nil || node.constant != nil else { return nil }
+        guard node.pointee.pattern != nil || node.pointee.allowed != nil || node.pointee.constant != nil else {
+            return nil
+        }
         if !escaped { return checkDecodedString(node, raw) }
         let decoded = decodeJSONString(raw)
         return decoded.withUnsafeBufferPointer { checkDecodedString(node, $0) }
     }
 
-    private func checkDecodedString(_ node: SchemaNode, _ text: UnsafeBufferPointer<UInt8>) -> SchemaFailure? {
-        if let pattern = node.pattern, !pattern.matches(text) {
+    private func checkDecodedString(_ node: UnsafePointer<SchemaNode>, _ text: UnsafeBufferPointer<UInt8>)
+        -> SchemaFailure?
+    {
+        if let pattern = node.pointee.pattern, !pattern.matches(text) {
             return SchemaFailure(rule: .pattern, detail: "does not match \"\(pattern.source)\"")
         }
         return valueFailure(node, "\"\(String(decoding: text.prefix(64), as: UTF8.self))\"") { v in
@@ -296,7 +317,7 @@ final class SchemaTable: Sendable {
         return count
     }
 
-    private func checkNumber(_ node: SchemaNode, _ text: UnsafeBufferPointer<UInt8>) -> SchemaFailure? {
+    private func checkNumber(_ node: UnsafePointer<SchemaNode>, _ text: UnsafeBufferPointer<UInt8>) -> SchemaFailure? {
         let plainInteger = !text.contains { $0 == UInt8(ascii: ".") || $0 | 0x20 == UInt8(ascii: "e") }
         var parsed: Double?
         func value() -> Double {
@@ -305,7 +326,7 @@ final class SchemaTable: Sendable {
             parsed = v
             return v
         }
-        if let types = node.types, !types.contains(.number) {
+        if let types = node.pointee.types, !types.contains(.number) {
             let integral =
                 plainInteger
                 || {
@@ -317,15 +338,15 @@ final class SchemaTable: Sendable {
                     detail: "\(integral ? "an integer" : "a number") is not allowed; expected \(types.described)")
             }
         }
-        if let min = node.minimum, !(value() >= min) {
+        if let min = node.pointee.minimum, !(value() >= min) {
             return SchemaFailure(
                 rule: .minimum, detail: "\(Self.shown(text)) is less than \(Scalar.number(min).described)")
         }
-        if let max = node.maximum, !(value() <= max) {
+        if let max = node.pointee.maximum, !(value() <= max) {
             return SchemaFailure(
                 rule: .maximum, detail: "\(Self.shown(text)) is more than \(Scalar.number(max).described)")
         }
-        guard node.allowed != nil || node.constant != nil else { return nil }
+        guard node.pointee.allowed != nil || node.pointee.constant != nil else { return nil }
         let v = value()
         return valueFailure(node, Self.shown(text)) { $0 == .number(v) }
     }

@@ -4,7 +4,7 @@ import WhendWire
 /// A tracking plan (docs/tracking-plan.md): the schema of each `When` event's params, the
 /// screen names apps may use, and per app what differs. Compiled once when it is loaded; a
 /// check reads the event's bytes where they lie.
-package final class TrackingPlan: Sendable {
+package final class TrackingPlan: @unchecked Sendable {
     /// What applies to one app (or to all): events, and screens if they are checked.
     struct Rules: Sendable {
         var events = EventTable()
@@ -18,17 +18,29 @@ package final class TrackingPlan: Sendable {
     }
 
     let schemas: SchemaTable
-    let rules: Rules
-    let apps: [(name: [UInt8], rules: Rules)]
+    /// The plan's rules, then each app's, in `appNames`' order. Unchecked Sendable: written
+    /// once here, only read after; raw storage, so that a check borrows them where they lie
+    /// rather than copying them (and counting references every connection's thread shares).
+    let ruleStorage: UnsafeMutableBufferPointer<Rules>
+    let appNames: [[UInt8]]
     /// How many `When` names the plan lists, all apps together (for status lines).
     package let eventCount: Int
 
     private init(schemas: SchemaTable, rules: Rules, apps: [(name: [UInt8], rules: Rules)], eventCount: Int) {
         self.schemas = schemas
-        self.rules = rules
-        self.apps = apps
+        ruleStorage = .allocate(capacity: 1 + apps.count)
+        _ = ruleStorage.initialize(from: [rules] + apps.map(\.rules))
+        appNames = apps.map(\.name)
         self.eventCount = eventCount
     }
+
+    deinit {
+        _ = ruleStorage.deinitialize()
+        ruleStorage.deallocate()
+    }
+
+    /// The plan's own rules (those of an app it does not name).
+    var baseRules: UnsafePointer<Rules> { UnsafePointer(ruleStorage.baseAddress!) }
 
     /// Reads and compiles a plan file; an error names the line and the reason.
     package static func load(path: String) throws(PlanError) -> TrackingPlan {
@@ -176,47 +188,73 @@ package final class TrackingPlan: Sendable {
 }
 
 /// The `When` names of a plan and their schemas: open addressing over a hash of the name's
-/// bytes, so that finding an event's schema builds no key.
+/// bytes, the names in one byte arena, so that finding an event's schema builds no key and
+/// touches no reference count (every connection's thread reads the one table).
 struct EventTable: Sendable {
-    private var slots: [(name: [UInt8], node: Int)?] = []
+    private struct Slot {
+        /// 0: empty.
+        var hash: UInt64 = 0
+        var start: Int32 = 0
+        var length: Int32 = 0
+        var node: Int32 = 0
+    }
+    private var slots: [Slot] = []
+    private var arena: [UInt8] = []
     private(set) var count = 0
 
     /// False if the name is there already.
     mutating func insert(_ name: [UInt8], _ node: Int) -> Bool {
+        if name.withUnsafeBufferPointer({ find($0) }) != nil { return false }
         if (count + 1) * 2 > slots.count { grow() }
-        var i = Self.hash(name) & (slots.count - 1)
-        while let slot = slots[i] {
-            if slot.name == name { return false }
-            i = (i + 1) & (slots.count - 1)
-        }
-        slots[i] = (name, node)
+        let start = arena.count
+        arena.append(contentsOf: name)
+        place(Slot(hash: Self.hash(name), start: Int32(start), length: Int32(name.count), node: Int32(node)))
         count += 1
         return true
     }
 
+    private mutating func place(_ slot: Slot) {
+        var i = Int(truncatingIfNeeded: slot.hash) & (slots.count - 1)
+        while slots[i].hash != 0 { i = (i + 1) & (slots.count - 1) }
+        slots[i] = slot
+    }
+
     private mutating func grow() {
         let old = slots
-        slots = Array(repeating: nil, count: max(16, old.count * 2))
-        count = 0
-        for case let slot? in old { _ = insert(slot.name, slot.node) }
+        slots = Array(repeating: Slot(), count: max(16, old.count * 2))
+        for slot in old where slot.hash != 0 { place(slot) }
     }
 
     func find(_ name: UnsafeBufferPointer<UInt8>) -> Int? {
         guard !slots.isEmpty else { return nil }
-        var i = Self.hash(name) & (slots.count - 1)
-        while let slot = slots[i] {
-            if slot.name.withUnsafeBufferPointer({ JSONBytes.equal($0, name) }) { return slot.node }
-            i = (i + 1) & (slots.count - 1)
+        let hash = Self.hash(name)
+        return slots.withUnsafeBufferPointer { slots in
+            arena.withUnsafeBufferPointer { arena in
+                var i = Int(truncatingIfNeeded: hash) & (slots.count - 1)
+                while slots[i].hash != 0 {
+                    let slot = slots[i]
+                    if slot.hash == hash, Int(slot.length) == name.count,
+                        JSONBytes.equal(
+                            UnsafeBufferPointer(rebasing: arena[Int(slot.start)..<Int(slot.start + slot.length)]), name)
+                    {
+                        return Int(slot.node)
+                    }
+                    i = (i + 1) & (slots.count - 1)
+                }
+                return nil
+            }
         }
-        return nil
     }
 
-    /// FNV-1a: names are short, and the table is the plan author's, not an attacker's.
-    static func hash<C: Collection<UInt8>>(_ bytes: C) -> Int {
+    /// FNV-1a, never 0 (the empty slot): names are short, and the table is the plan author's,
+    /// not an attacker's.
+    static func hash(_ bytes: UnsafeBufferPointer<UInt8>) -> UInt64 {
         var h: UInt64 = 0xCBF2_9CE4_8422_2325
         for b in bytes { h = (h ^ UInt64(b)) &* 0x100_0000_01B3 }
-        return Int(truncatingIfNeeded: h >> 1)
+        return h | 1
     }
+
+    static func hash(_ bytes: [UInt8]) -> UInt64 { bytes.withUnsafeBufferPointer { hash($0) } }
 }
 
 /// The exact screen names of a plan, found the same way.
