@@ -23,13 +23,15 @@ package struct PlanSubject {
         self.app = app
     }
 
-    /// From an event line the scanner passed.
-    package init(event: ScannedEvent, line: UnsafeBufferPointer<UInt8>) {
-        let fields = event.planFields
-        self.init(type: event.type, app: fields.app)
-        switch event.type {
+    /// From an event line the scanner passed: its type, the fields it found and, for a `when`
+    /// in the Codable form, where its case name and params are.
+    package init(
+        type: EventType, fields: PlanFields, codableWhen: (member: Int, name: Range<Int>, params: Range<Int>)?
+    ) {
+        self.init(type: type, app: fields.app)
+        switch type {
         case .when:
-            if let codable = event.codableWhen {
+            if let codable = codableWhen {
                 name = StringValue(contents: codable.name, escaped: false)
                 params = codable.params
             } else {

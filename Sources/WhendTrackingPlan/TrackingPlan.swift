@@ -246,12 +246,23 @@ struct EventTable: Sendable {
         }
     }
 
-    /// FNV-1a, never 0 (the empty slot): names are short, and the table is the plan author's,
-    /// not an attacker's.
+    /// The length and the first and last eight bytes (names that share a prefix, like
+    /// `userTaps…`, differ at their end), mixed; never 0 (the empty slot). Equal hashes are
+    /// told apart by the bytes; the table is the plan author's, not an attacker's.
     static func hash(_ bytes: UnsafeBufferPointer<UInt8>) -> UInt64 {
-        var h: UInt64 = 0xCBF2_9CE4_8422_2325
-        for b in bytes { h = (h ^ UInt64(b)) &* 0x100_0000_01B3 }
-        return h | 1
+        let n = bytes.count
+        guard let base = bytes.baseAddress, n > 0 else { return 1 }
+        var head: UInt64 = 0
+        var tail: UInt64 = 0
+        if n >= 8 {
+            head = UnsafeRawPointer(base).loadUnaligned(as: UInt64.self)
+            tail = UnsafeRawPointer(base + n - 8).loadUnaligned(as: UInt64.self)
+        } else {
+            for i in 0..<n { head = head << 8 | UInt64(base[i]) }
+        }
+        var h = (head ^ UInt64(n) &* 0x9E37_79B9_7F4A_7C15) &* 0xBF58_476D_1CE4_E5B9
+        h = (h ^ (h >> 31) ^ tail) &* 0x94D0_49BB_1331_11EB
+        return (h ^ (h >> 29)) | 1
     }
 
     static func hash(_ bytes: [UInt8]) -> UInt64 { bytes.withUnsafeBufferPointer { hash($0) } }

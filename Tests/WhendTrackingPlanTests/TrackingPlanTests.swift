@@ -33,7 +33,9 @@ import WhendWire
             }
             let defaultApp = app.map { Array($0.utf8) }
             return defaultApp.withUnsafeBufferPointerIfAny {
-                plan.check(PlanSubject(event: event, line: buffer), in: buffer, defaultApp: $0)
+                plan.check(
+                    PlanSubject(type: event.type, fields: event.planFields, codableWhen: event.codableWhen), in: buffer,
+                    defaultApp: $0)
             }
         }
     }
