@@ -77,7 +77,8 @@ soak: test-deps
 # The ingest benchmark: release builds of whend and of Benchmarks/, rsyslog unpacked beside them,
 # one corpus of BENCH_EVENTS events sent to each. Prints the table and the bars, and writes them
 # into BENCHMARKS.md and the headline into the README (Benchmarks/record-report.sh). BENCH_ONLY=shipped
-# runs whend as it ships beside rsyslog and nothing else; BENCH_ONLY=latency, the ack latency.
+# runs whend as it ships beside rsyslog and nothing else; BENCH_ONLY=latency, the ack latency;
+# BENCH_ONLY=plan, ingest with a tracking plan of 100 events beside ingest without one.
 BENCH_EVENTS ?= 1000000
 BENCH_ROUNDS ?= 3
 # The NATS forwarding's peer: libnats alone, publishing what whend's nats pipeline publishes.
