@@ -146,7 +146,7 @@ struct IngestStage {
                 ))
         }
         // 3. The tracking plan: an event that breaks it is counted, and refused if it is enforced.
-        if let plan, let refusal = checkPlan(plan, event, bytes) { return .rejected(line: lineNumber, refusal) }
+        if plan != nil, let refusal = checkPlan(event, bytes) { return .rejected(line: lineNumber, refusal) }
         // 4. The record body, trusted fields stamped.
         let bodyStart = batch.bodies.count
         let key = encoder.appendBody(of: event, line: bytes, to: &batch.bodies)
@@ -162,9 +162,9 @@ struct IngestStage {
     /// Checks an event against the plan; why it is refused (enforce), or nil when it is to be
     /// stored (it keeps to the plan, or the plan is only reported on). A small result, not an
     /// `Answer`: the path every event takes stays as lean as it was without a plan.
-    private func checkPlan(_ plan: TrackingPlan, _ event: ScannedEvent, _ line: UnsafeBufferPointer<UInt8>)
-        -> WireError?
-    {
+    private func checkPlan(_ event: ScannedEvent, _ line: UnsafeBufferPointer<UInt8>) -> WireError? {
+        // Borrowed from the stage, which holds it: no reference count touched per event.
+        guard let plan else { return nil }
         let subject = PlanSubject(type: event.type, fields: event.planFields, codableWhen: event.codableWhen)
         let violation = defaultApp.withUnsafeBufferPointer { plan.check(subject, in: line, defaultApp: $0) }
         guard let violation else { return nil }

@@ -12,6 +12,7 @@ package struct PlanSubject {
     package var screen: StringValue?
     package var app: StringValue?
 
+    @inlinable
     package init(
         type: EventType, name: StringValue? = nil, params: Range<Int>? = nil, screen: StringValue? = nil,
         app: StringValue? = nil
@@ -24,7 +25,9 @@ package struct PlanSubject {
     }
 
     /// From an event line the scanner passed: its type, the fields it found and, for a `when`
-    /// in the Codable form, where its case name and params are.
+    /// in the Codable form, where its case name and params are. Inlinable: built in place at
+    /// ingest, once per event.
+    @inlinable
     package init(
         type: EventType, fields: PlanFields, codableWhen: (member: Int, name: Range<Int>, params: Range<Int>)?
     ) {
