@@ -13,9 +13,10 @@ TEST_PACKAGES := systemd e2fsprogs util-linux binutils nats-server python3-fusep
 	python3-venv chromium chromium-driver
 # Readers of whend's formats that nobody here wrote, from PyPI, in a virtual environment of the
 # tests' own: pyzstd's seekable-format reader, Segment's own Python library, OpenTelemetry's
-# generated protobuf code (the OTLP decoder), and Selenium, which drives the browser.
+# generated protobuf code (the OTLP decoder), Selenium, which drives the browser, and jsonschema,
+# the validator the tracking plan's verdicts are compared with.
 TEST_VENV := .build/test-venv
-TEST_PYTHON_PACKAGES := pyzstd==0.20.0 segment-analytics-python==2.4.0 opentelemetry-proto==1.45.2 selenium==4.51.0
+TEST_PYTHON_PACKAGES := pyzstd==0.20.0 segment-analytics-python==2.4.0 opentelemetry-proto==1.45.2 selenium==4.51.0 jsonschema==4.26.0
 
 .PHONY: deps test-deps build release run test soak strict lint docs bench bench-client fuzz fuzz-differential harnesses deb package-check system-test clean
 
@@ -37,7 +38,7 @@ deps:
 test-deps:
 	$(call install_missing,$(DEBIAN_PACKAGES) $(TEST_PACKAGES))
 	@test -x $(TEST_VENV)/bin/python || /usr/bin/python3 -m venv $(TEST_VENV)
-	@$(TEST_VENV)/bin/python -c "import pyzstd, segment.analytics, opentelemetry.proto, selenium" 2>/dev/null || \
+	@$(TEST_VENV)/bin/python -c "import pyzstd, segment.analytics, opentelemetry.proto, selenium, jsonschema" 2>/dev/null || \
 		$(TEST_VENV)/bin/pip install -q $(TEST_PYTHON_PACKAGES)
 
 build: deps
@@ -76,7 +77,8 @@ soak: test-deps
 # The ingest benchmark: release builds of whend and of Benchmarks/, rsyslog unpacked beside them,
 # one corpus of BENCH_EVENTS events sent to each. Prints the table and the bars, and writes them
 # into BENCHMARKS.md and the headline into the README (Benchmarks/record-report.sh). BENCH_ONLY=shipped
-# runs whend as it ships beside rsyslog and nothing else; BENCH_ONLY=latency, the ack latency.
+# runs whend as it ships beside rsyslog and nothing else; BENCH_ONLY=latency, the ack latency;
+# BENCH_ONLY=plan, ingest with a tracking plan of 100 events beside ingest without one.
 BENCH_EVENTS ?= 1000000
 BENCH_ROUNDS ?= 3
 # The NATS forwarding's peer: libnats alone, publishing what whend's nats pipeline publishes.

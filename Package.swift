@@ -132,6 +132,9 @@ let package = Package(
         // What whend asks of the operating system beyond Foundation: durable files, signals, its
         // own executable.
         .target(name: "WhendSystem"),
+        // Tracking plans: the plan file, its schemas compiled once, and the check of an event
+        // against them (whend at ingest, whenctl plan over the journal).
+        .target(name: "WhendTrackingPlan", dependencies: ["WhendWire"]),
         // The append-only zstd journal: writer, recovery, reader, index, verify. No NIO.
         .target(name: "WhendJournal", dependencies: ["WhendWire", "WhendRecord", "WhendSystem", "CZstd", "CScan"]),
         // whend's settings: one table for the file, the environment and the flags, and how a
@@ -159,7 +162,7 @@ let package = Package(
             name: "WhendDaemon",
             dependencies: [
                 "WhendWire", "WhendRecord", "WhendSystem", "WhendJournal", "WhendConfiguration", "WhendControl",
-                "WhendPluginHost", "WhendPipelines", "CSystemd",
+                "WhendPluginHost", "WhendPipelines", "WhendTrackingPlan", "CSystemd",
                 "CWhendPlugin", "CLinux",
                 nioCore,
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -179,7 +182,7 @@ let package = Package(
             name: "whenctl",
             dependencies: [
                 "WhendWire", "WhendRecord", "WhendSystem", "WhendJournal", "WhendConfiguration", "WhendControl",
-                "WhendPluginHost", "BuiltinPluginSupport", argumentParser, nioCore,
+                "WhendPluginHost", "WhendTrackingPlan", "BuiltinPluginSupport", argumentParser, nioCore,
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HTTPTypes", package: "swift-http-types"), logging,
@@ -196,6 +199,9 @@ let package = Package(
             dependencies: ["WhendJournal", "WhendWire", "WhendRecord", "TestScratch", "SeededRandom"]),
         .testTarget(name: "WhendPluginSDKTests", dependencies: ["WhendPluginSDK"]),
         .testTarget(name: "WhendControlTests", dependencies: ["WhendControl", propertyBased]),
+        .testTarget(
+            name: "WhendTrackingPlanTests",
+            dependencies: ["WhendTrackingPlan", "WhendWire", "SeededRandom", "TestScratch"]),
         // End to end: whend on real sockets, in the test's own process (`TestDaemon`) or as a
         // real process where a promise needs one (kills, signals, systemd), with whenctl and the
         // demo as real processes. Depends on the executables so that `swift test` builds them
@@ -204,7 +210,7 @@ let package = Package(
             name: "WhendTests",
             dependencies: [
                 "WhendWire", "WhendRecord", "WhendSystem", "WhendJournal", "WhendConfiguration", "WhendPluginHost",
-                "WhendPipelines", "WhendDaemon", "WhenClient", "BuiltinPluginSupport",
+                "WhendPipelines", "WhendDaemon", "WhendTrackingPlan", "WhenClient", "BuiltinPluginSupport",
                 "WhenTesting", "whend", "whenctl",
                 "whend-demo", "SeededRandom", "TestScratch",
                 // The connection handler alone, on NIO's test channel (ConnectionHandlerTests).

@@ -53,6 +53,9 @@ package struct DaemonConfiguration: Sendable {
     package var pluginDirectories: [String] = DaemonConfiguration.defaultPluginDirectories()
     /// The ingest middleware, in order, by plugin name.
     package var ingestPlugins: [String] = []
+    /// The tracking plan's file (docs/tracking-plan.md); empty: no plan.
+    package var trackingPlan = ""
+    package var trackingPlanMode: TrackingPlanMode = .report
     /// Each plugin's configuration, a JSON object, by plugin name (`plugin.<name>` keys).
     package var pluginConfigurations: [String: String] = [:]
     /// The values read from files and credentials into `pluginConfigurations` (`$file:`,
@@ -140,6 +143,14 @@ package struct DaemonConfiguration: Sendable {
 
 /// Who the rate limit counts events against: every process (`pid`, the default), every user
 /// (`uid`: all of a user's apps share one allowance), or every connection.
+/// What whend does with an event that breaks the tracking plan.
+package enum TrackingPlanMode: String, Sendable {
+    /// Store it, and count it.
+    case report
+    /// Refuse it with `plan_violation`; store nothing of it.
+    case enforce
+}
+
 package enum RateLimitKey: String, Sendable {
     case pid
     case uid

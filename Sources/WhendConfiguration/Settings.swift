@@ -266,6 +266,24 @@ package enum Settings {
             return true
         },
         Setting(
+            key: "tracking_plan", allowed: "an absolute path, or empty for none",
+            help: "the tracking plan events are checked against at ingest (read again at each reload)",
+            reload: .live, value: { $0.trackingPlan }
+        ) { c, v in
+            guard v.isEmpty || v.hasPrefix("/") else { return false }
+            c.trackingPlan = v
+            return true
+        },
+        Setting(
+            key: "tracking_plan_mode", allowed: "report or enforce",
+            help: "an event that breaks the plan is stored and counted (report), or refused (enforce)", reload: .live,
+            value: { $0.trackingPlanMode.rawValue }
+        ) { c, v in
+            guard let mode = TrackingPlanMode(rawValue: v) else { return false }
+            c.trackingPlanMode = mode
+            return true
+        },
+        Setting(
             key: "builtin_pipelines", allowed: "true or false",
             help: "run the built-in plugins in pipelines screens, analytics, crashes and sessions", reload: .live,
             value: { $0.builtinPipelines ? "true" : "false" }

@@ -25,9 +25,13 @@ public enum ControlRequest: Sendable, Equatable {
     case unload(plugin: String)
     /// Restart a pipeline's worker from its cursor.
     case restart(pipeline: String)
+    /// The tracking plan's violations: counts by event and rule, and the latest examples.
+    case planViolations
 
     /// The commands, as sent.
-    public static let commands = ["status", "reload", "metrics", "plugins", "load", "unload", "restart"]
+    public static let commands = [
+        "status", "reload", "metrics", "plugins", "load", "unload", "restart", "plan-violations",
+    ]
 
     public var command: String {
         switch self {
@@ -39,6 +43,7 @@ public enum ControlRequest: Sendable, Equatable {
         case .load: "load"
         case .unload: "unload"
         case .restart: "restart"
+        case .planViolations: "plan-violations"
         }
     }
 
@@ -48,7 +53,7 @@ public enum ControlRequest: Sendable, Equatable {
         switch self {
         case .load(let plugin), .unload(let plugin): arguments["plugin"] = plugin
         case .restart(let pipeline): arguments["pipeline"] = pipeline
-        case .status, .rejections, .reload, .metrics, .plugins: break
+        case .status, .rejections, .reload, .metrics, .plugins, .planViolations: break
         }
         return ControlJSON.encode(Wire(command: command, version: ControlProtocol.version, object: arguments))
     }
@@ -63,6 +68,7 @@ public enum ControlRequest: Sendable, Equatable {
         case "reload": return .reload
         case "metrics": return .metrics
         case "plugins": return .plugins
+        case "plan-violations": return .planViolations
         case "load", "unload":
             guard let plugin = wire.object["plugin"], !plugin.isEmpty else { throw .missing("plugin", wire.command) }
             return wire.command == "load" ? .load(plugin: plugin) : .unload(plugin: plugin)
@@ -158,12 +164,15 @@ public struct ControlAnswer: Codable, Sendable, Equatable {
     public var needRestart: [String]?
     /// `rejections`
     public var rejections: [Rejection]?
+    /// `plan-violations`
+    public var planViolations: PlanViolationReport?
 
     public init(
         ok: Bool = true, error: String? = nil, status: StatusAnswer? = nil, metrics: String? = nil,
         plugins: [PluginStatus]? = nil, pipelines: [PipelineStatus]? = nil, changed: [String]? = nil,
-        needRestart: [String]? = nil, rejections: [Rejection]? = nil
+        needRestart: [String]? = nil, rejections: [Rejection]? = nil, planViolations: PlanViolationReport? = nil
     ) {
+        self.planViolations = planViolations
         self.rejections = rejections
         self.ok = ok
         self.error = error
@@ -191,6 +200,7 @@ public struct ControlAnswer: Codable, Sendable, Equatable {
     enum CodingKeys: String, CodingKey {
         case ok, error, status, metrics, plugins, pipelines, changed, rejections
         case needRestart = "need_restart"
+        case planViolations = "plan_violations"
     }
 
     /// The answer as one line of JSON, without its `\n`.

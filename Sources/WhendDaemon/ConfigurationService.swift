@@ -10,6 +10,7 @@ import WhendControl
 import WhendJournal
 import WhendPipelines
 import WhendPluginHost
+import WhendTrackingPlan
 import WhendWire
 
 /// The configuration in force and the plugins it routes records to, and every change to them:
@@ -79,9 +80,15 @@ final class ConfigurationService: Service, Sendable {
     /// Loads the ingest middleware and starts the pipelines' workers (a step of whend's start).
     func startPlugins() throws(DaemonStartError) {
         let configuration = self.configuration
+        let plan: TrackingPlan?
+        do {
+            plan = try Self.loadPlan(configuration)
+        } catch {
+            throw DaemonStartError.trackingPlanRefused(reason: "\(error)")
+        }
         do {
             let ingest = try buildPluginChain(configuration, reusing: nil)
-            live.replace(configuration, ingest: ingest)
+            live.replace(configuration, ingest: ingest, plan: plan)
             let unloaded = self.unloaded.withLockedValue { $0 }
             pipelines.run(
                 try pipelines.specs(configuration, unloaded: unloaded, create: false), configuration: configuration,
@@ -143,17 +150,29 @@ final class ConfigurationService: Service, Sendable {
                 return record(
                     ReloadOutcome(applied: false, changed: [], needRestart: [], error: message), trigger: trigger)
             }
+            // The plan is read again whether or not its path changed: editing the file and
+            // reloading is how a plan changes. One that does not compile refuses the reload.
+            let plan: TrackingPlan?
+            do {
+                plan = try Self.loadPlan(applied)
+            } catch {
+                return record(
+                    ReloadOutcome(applied: false, changed: [], needRestart: [], error: "\(error)"),
+                    trigger: trigger)
+            }
             for name in pipelines.withReplacedLibraries(specs) {
                 outcome.changed.append("pipeline \(name): a plugin library was replaced; restarted")
             }
-            take(applied, ingest: ingest, from: old)
+            take(applied, ingest: ingest, plan: plan, from: old)
             pipelines.run(specs, configuration: applied, unloaded: unloaded)
             return record(outcome, trigger: trigger)
         }
     }
 
-    private func take(_ new: DaemonConfiguration, ingest: PluginChain, from old: DaemonConfiguration) {
-        live.replace(new, ingest: ingest)
+    private func take(
+        _ new: DaemonConfiguration, ingest: PluginChain, plan: TrackingPlan?, from old: DaemonConfiguration
+    ) {
+        live.replace(new, ingest: ingest, plan: plan)
         writer.reconfigure(new.journal)
         limiter.reconfigure(rate: new.rateLimit, burst: new.rateBurst, by: new.rateLimitBy)
         if new.socketMode != old.socketMode, activation.events == nil {
@@ -210,7 +229,7 @@ final class ConfigurationService: Service, Sendable {
                         "plugin \(name) cannot be loaded: pipeline \(off.keys.sorted().joined(separator: ", ")) is off, its library is not in \(configuration.pluginDirectories.joined(separator: ":")) (see whend's log); install it, or set plugin_dirs, and reload"
                     )
                 }
-                live.replace(configuration, ingest: ingest)
+                live.replace(configuration, ingest: ingest, plan: live.plan)
                 pipelines.run(specs, configuration: configuration, unloaded: stillUnloaded)
             } catch {
                 unloaded.withLockedValue { $0 = before }
@@ -220,6 +239,17 @@ final class ConfigurationService: Service, Sendable {
                 "plugin \(name) \(unload ? "unloaded: no records are routed to it" : "loaded: records are routed to it again")"
             )
             return ControlAnswer()
+        }
+    }
+
+    /// The tracking plan `configuration` names, read and compiled anew; nil when it names none.
+    static func loadPlan(_ configuration: DaemonConfiguration) throws(TrackingPlanError) -> TrackingPlan? {
+        let path = configuration.trackingPlan
+        guard !path.isEmpty else { return nil }
+        do {
+            return try TrackingPlan.load(path: path)
+        } catch {
+            throw TrackingPlanError(path: path, error: error)
         }
     }
 
@@ -262,5 +292,17 @@ final class ConfigurationService: Service, Sendable {
                         + (p.library.roles & WHEND_ROLE_PIPELINE != 0 ? ["pipeline"] : []),
                     routes: ["ingest"], counters: p.counters)
             }
+    }
+}
+
+/// A tracking plan whend cannot take up: its file, its line and why.
+struct TrackingPlanError: Error, CustomStringConvertible {
+    var path: String
+    var error: PlanError
+
+    var description: String {
+        error.line > 0
+            ? "the tracking plan \(path), line \(error.line): \(error.reason)"
+            : "the tracking plan \(path): \(error.reason)"
     }
 }

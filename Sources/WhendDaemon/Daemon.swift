@@ -22,6 +22,7 @@ package enum DaemonStartError: Error, CustomStringConvertible {
     case stateDirectoryInUse(directory: String, lockFile: String, holder: Int32?)
     case journalUnusable(directory: String, reason: String)
     case pluginsFailed(reason: String)
+    case trackingPlanRefused(reason: String)
     case inheritedSocketUnusable(what: String, fd: Int32, reason: String)
     case socketDirectoryUnusable(directory: String, what: String, reason: String)
     case socketDirectoryNotPrivate(reason: String)
@@ -48,6 +49,8 @@ package enum DaemonStartError: Error, CustomStringConvertible {
             return "cannot open the journal in \(directory): \(reason)"
         case .pluginsFailed(let reason):
             return "cannot start the plugins: \(reason)"
+        case .trackingPlanRefused(let reason):
+            return "\(reason); fix the plan, or set tracking_plan to another file or to nothing"
         case .inheritedSocketUnusable(let what, let fd, let reason):
             return "cannot use the \(what) the service manager passed (fd \(fd)): \(reason)"
         case .socketDirectoryUnusable(let directory, let what, let reason):

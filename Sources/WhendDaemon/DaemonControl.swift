@@ -27,6 +27,11 @@ extension Daemon {
             return ControlAnswer(status: status())
         case .rejections:
             return ControlAnswer(rejections: metrics.recentRejections.list)
+        case .planViolations:
+            let configuration = live.current
+            return ControlAnswer(
+                planViolations: metrics.planViolations.report(
+                    plan: configuration.trackingPlan, mode: configuration.trackingPlanMode.rawValue))
         case .metrics:
             let list = pipelines.list()
             var counters = live.ingest.plugins.map {

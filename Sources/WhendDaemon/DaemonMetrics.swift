@@ -3,6 +3,7 @@ import Prometheus
 import WhendConfiguration
 import WhendJournal
 import WhendPluginHost
+import WhendTrackingPlan
 import WhendWire
 
 /// Everything whend counts, kept twice over on purpose: as metrics of a Prometheus registry,
@@ -23,6 +24,9 @@ final class DaemonMetrics: Sendable {
     let registry = PrometheusCollectorRegistry()
     /// The newest refused lines themselves, beside their counts.
     let recentRejections = RecentRejections()
+    /// The tracking plan's violations, counted and the newest kept.
+    let planViolations = PlanViolationLog()
+    private let planViolationCounters = NIOLockedValueBox<[PlanViolationLog.Key: Counter]>([:])
     private let state = NIOLockedValueBox(Snapshot())
 
     private let bytesInCounter: Counter
@@ -64,6 +68,7 @@ final class DaemonMetrics: Sendable {
         case pipelineRestarts = "whend_pipeline_restarts"
         case pipelineLostToRetention = "whend_pipeline_records_lost_to_retention_total"
         case pluginCount = "whend_plugin_counts"
+        case planViolations = "whend_plan_violations_total"
 
         var help: String {
             switch self {
@@ -90,6 +95,9 @@ final class DaemonMetrics: Sendable {
             case .pipelineRestarts: return "Restarts of a pipeline's worker, since whend started."
             case .pipelineLostToRetention:
                 return "Records retention deleted before a pipeline read them."
+            case .planViolations:
+                return
+                    "Events that broke the tracking plan, by When name (empty for a name the plan does not list) and rule, stored or refused."
             case .pluginCount:
                 return
                     "A plugin's own counter (host.count), since whend started; pipeline is empty for an ingest stage."
@@ -192,6 +200,21 @@ final class DaemonMetrics: Sendable {
             known[pipeline] = c
             return c
         }
+    }
+
+    /// An event broke the tracking plan (from a connection's thread; never for an event that
+    /// keeps to it).
+    func planViolation(_ violation: PlanViolation, stored: Bool, line: UnsafeBufferPointer<UInt8>, app: [UInt8]?) {
+        planViolations.add(violation, stored: stored, line: line, app: app)
+        let key = PlanViolationLog.key(violation)
+        let counter = planViolationCounters.withLockedValue { known in
+            if let c = known[key] { return c }
+            let c = registry.makeCounter(
+                descriptor: Family.planViolations.descriptor, labels: [("event", key.event), ("rule", key.rule)])
+            known[key] = c
+            return c
+        }
+        counter.increment()
     }
 
     func committed(records: Int, bytes: Int, seconds: Double) {

@@ -63,10 +63,10 @@ final class EventConnectionHandler: ChannelDuplexHandler {
         self.live = live
         self.generation = live.generation
         self.counters = counters
-        let configuration = live.current
+        let (configuration, ingest, plan) = live.snapshot
         self.stage = IngestStage(
-            configuration: configuration, ingest: live.ingest, limiter: limiter, credentials: credentials,
-            connectionID: connectionID)
+            configuration: configuration, ingest: ingest, plan: plan, limiter: limiter, credentials: credentials,
+            connectionID: connectionID, metrics: counters)
         // The line limit stays what the welcome told this client; new connections take up a
         // changed max_event_bytes.
         self.framer = LineFramer(maxLineBytes: configuration.maxEventBytes)
@@ -79,7 +79,8 @@ final class EventConnectionHandler: ChannelDuplexHandler {
         guard !closing, !subscribing else { return }
         if live.generation != generation {
             generation = live.generation
-            stage.reconfigure(live.current, ingest: live.ingest)
+            let now = live.snapshot
+            stage.reconfigure(now.configuration, ingest: now.ingest, plan: now.plan)
         }
         counters.add(bytesIn: buffer.readableBytes)
         stage.beginRead(bytes: buffer.readableBytes)

@@ -2,13 +2,15 @@ import WhendConfiguration
 import WhendJournal
 import WhendPluginHost
 import WhendRecord
+import WhendTrackingPlan
 import WhendWire
 
 /// The ingest path of one connection, without the socket: each line a client sent is scanned
-/// and validated, rate limited, encoded as a record body with its trusted fields, passed
-/// through the ingest middleware, and added to the batch for the journal — or answered. Reads
-/// top to bottom in `take(_:)`. The connection handler (`EventConnectionHandler`) keeps the
-/// transport: framing, batching per read, acks, back-pressure and drain.
+/// and validated, rate limited, checked against the tracking plan, encoded as a record body
+/// with its trusted fields, passed through the ingest middleware, and added to the batch for
+/// the journal — or answered. Reads top to bottom in `take(_:)`. The connection handler
+/// (`EventConnectionHandler`) keeps the transport: framing, batching per read, acks,
+/// back-pressure and drain.
 struct IngestStage {
     /// What the client must be told about a line.
     enum Answer {
@@ -24,6 +26,12 @@ struct IngestStage {
 
     private(set) var configuration: DaemonConfiguration
     private var ingest: PluginChain
+    private var plan: TrackingPlan?
+    /// Where violations of the plan are counted (nil: nowhere, as in tests of the stage alone).
+    private let metrics: DaemonMetrics?
+    /// The app of an event without its own: the hello's, else the sender's process name (as the
+    /// encoder stores it), for a plan's per-app rules.
+    private var defaultApp: [UInt8]
     private let limiter: SenderRateLimiter
     private let credentials: PeerCredentials
     private let connectionID: UInt64
@@ -43,23 +51,27 @@ struct IngestStage {
     private(set) var batchLines: [UInt64] = []
 
     init(
-        configuration: DaemonConfiguration, ingest: PluginChain, limiter: SenderRateLimiter,
-        credentials: PeerCredentials, connectionID: UInt64
+        configuration: DaemonConfiguration, ingest: PluginChain, plan: TrackingPlan? = nil,
+        limiter: SenderRateLimiter, credentials: PeerCredentials, connectionID: UInt64, metrics: DaemonMetrics? = nil
     ) {
         self.configuration = configuration
         self.ingest = ingest
+        self.plan = plan
+        self.metrics = metrics
+        self.defaultApp = credentials.comm.isEmpty ? Array("unknown".utf8) : Array(credentials.comm.utf8)
         self.limiter = limiter
         self.credentials = credentials
         self.connectionID = connectionID
         self.encoder = RecordEncoder(credentials: credentials)
     }
 
-    /// A reload: the new settings and middleware, except the line limit the client was told.
-    mutating func reconfigure(_ new: DaemonConfiguration, ingest: PluginChain) {
+    /// A reload: the new settings, middleware and plan, except the line limit the client was told.
+    mutating func reconfigure(_ new: DaemonConfiguration, ingest: PluginChain, plan: TrackingPlan?) {
         let lineLimit = configuration.maxEventBytes
         configuration = new
         configuration.maxEventBytes = lineLimit
         self.ingest = ingest
+        self.plan = plan
     }
 
     /// A read begins: its lines all arrived at this moment (one `_rt` for them), and the batch
@@ -111,6 +123,7 @@ struct IngestStage {
             sawFirstLine = true
             acks = hello.acks
             helloApp = hello.app
+            if let app = hello.app { defaultApp = app }
             encoder = encoder.with(hello: hello)
             return .welcome(
                 ServerMessage.welcome(
@@ -132,16 +145,39 @@ struct IngestStage {
                     "over the limit of \(Settings.number(configuration.rateLimit)) events/s per \(configuration.rateLimitBy.rawValue) (burst \(Settings.number(configuration.rateBurst))); the event was not stored; slow down and send it again"
                 ))
         }
-        // 3. The record body, trusted fields stamped.
+        // 3. The tracking plan: an event that breaks it is counted, and refused if it is enforced.
+        if plan != nil, let refusal = checkPlan(event, bytes) { return .rejected(line: lineNumber, refusal) }
+        // 4. The record body, trusted fields stamped.
         let bodyStart = batch.bodies.count
         let key = encoder.appendBody(of: event, line: bytes, to: &batch.bodies)
-        // 4. The ingest middleware.
+        // 5. The ingest middleware.
         if !ingest.isEmpty, case .discard(let answer) = passIngest(bodyFrom: bodyStart) { return answer }
-        // 5. Into the batch for the journal.
+        // 6. Into the batch for the journal.
         batch.ends.append(batch.bodies.count)
         if let key { batch.keys.append((batch.ends.count - 1, key)) }
         batchLines.append(lineNumber)
         return nil
+    }
+
+    /// Checks an event against the plan; why it is refused (enforce), or nil when it is to be
+    /// stored (it keeps to the plan, or the plan is only reported on). A small result, not an
+    /// `Answer`: the path every event takes stays as lean as it was without a plan.
+    private func checkPlan(_ event: ScannedEvent, _ line: UnsafeBufferPointer<UInt8>) -> WireError? {
+        // Borrowed from the stage, which holds it: no reference count touched per event.
+        guard let plan else { return nil }
+        let subject = PlanSubject(type: event.type, fields: event.planFields, codableWhen: event.codableWhen)
+        let violation = defaultApp.withUnsafeBufferPointer { plan.check(subject, in: line, defaultApp: $0) }
+        guard let violation else { return nil }
+        let enforced = configuration.trackingPlanMode == .enforce
+        let app = subject.app.map { app in
+            let raw = UnsafeBufferPointer(rebasing: line[app.contents])
+            return app.escaped ? decodeJSONString(raw) : Array(raw)
+        }
+        metrics?.planViolation(violation, stored: !enforced, line: line, app: app ?? defaultApp)
+        guard enforced else { return nil }
+        return WireError(
+            .planViolation,
+            "\(violation); the event was not stored (tracking_plan_mode = enforce); see whenctl plan violations")
     }
 
     /// The batch so far, and its lines; the stage starts a new one.

@@ -136,12 +136,19 @@ package struct ScannedEvent: Sendable {
     package var codableWhen: (member: Int, name: Range<Int>, params: Range<Int>)?
     /// True for a plain-form `when` without `params`: the stored record gains `"params":{}`.
     package var needsEmptyParams: Bool
+    /// Where `name`, `params`, `screen` and `app` lie, for a tracking plan.
+    package var planFields = PlanFields()
 }
 
 /// A string value in a line: its contents between the quotes, and whether they hold escapes.
 package struct StringValue: Sendable {
     package var contents: Range<Int>
     package var escaped: Bool
+
+    package init(contents: Range<Int>, escaped: Bool) {
+        self.contents = contents
+        self.escaped = escaped
+    }
 }
 
 /// What one non-empty line turned out to be.

@@ -91,6 +91,7 @@ extension EventScanner {
             type: type, members: members, hasApp: hasApp, hasSession: hasSession, app: id == nil ? nil : app,
             session: id == nil ? nil : session, id: id,
             codableWhen: nil, needsEmptyParams: false)
+        event.planFields = planFields(members, index)
         switch type {
         case .lifecycle:
             try requirePresent(.screen, "lifecycle")

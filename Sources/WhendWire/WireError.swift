@@ -17,6 +17,8 @@ package enum WireErrorCode: String, Sendable, CaseIterable {
     case forbidden = "forbidden"
     /// A subscriber that did not read what it was sent (§9).
     case tooSlow = "too_slow"
+    /// An event that breaks the tracking plan, refused under `tracking_plan_mode = enforce`.
+    case planViolation = "plan_violation"
 }
 
 /// Why one line was refused: a protocol code and a message a person can act on.

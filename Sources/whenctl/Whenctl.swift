@@ -28,7 +28,7 @@ struct Whenctl: ParsableCommand {
         subcommands: [
             Emit.self, Cat.self, Tail.self, Verify.self, Status.self, Reload.self, Metrics.self, Rejections.self,
             Plugins.self,
-            Sessions.self, Crashes.self, Replay.self, Export.self, Flow.self, UI.self,
+            Sessions.self, Crashes.self, Replay.self, Export.self, Flow.self, Plan.self, UI.self,
         ]
     )
 

@@ -9,8 +9,9 @@ import WhendWire
 /// where the reader presses Ctrl-C.
 @Suite(.serialized) struct TourTests {
     /// Runs the tour with `runtimeDirectory` as $XDG_RUNTIME_DIR (nil: without one) in a fresh
-    /// home, and checks each step.
-    func runTour(runtimeDirectory: Bool) throws {
+    /// home, and checks each step; returns the home.
+    @discardableResult
+    func runTour(runtimeDirectory: Bool) throws -> String {
         let tour = try RunnableDocument("README.md", section: "## A five-minute tour", markerPrefix: "tour")
         #expect(tour.steps.contains { $0.command == "make run" })
         #expect(tour.steps.contains { $0.marker == "the daemon stops here" })
@@ -42,10 +43,29 @@ import WhendWire
             }
             return step.marker == "the daemon stops here" ? "kill -INT \"$daemon\"; wait \"$daemon\"" : nil
         }
+        return home
     }
 
+    /// The tour, then a tracking plan inferred from the journal it left: the plan passes a check
+    /// over that same journal, and names what the tour sent.
     @Test func theTourRunsAsWrittenWithAnXDGRuntimeDirectory() throws {
-        try runTour(runtimeDirectory: true)
+        let home = try runTour(runtimeDirectory: true)
+        let state = ["--state-dir", home + "/.local/state/whend"]
+        let plan = home + "/plan.json"
+        let infer = try whenctl(["plan", "infer", "--write", plan] + state)
+        #expect(infer.status == 0, "\(infer.error)")
+        // The statistics: each event with its count, each param with how often and which types.
+        #expect(infer.error.contains("userTapsCharacter: "), "\(infer.error)")
+        #expect(infer.error.contains("  on: present 100 %; boolean 100 %"), "\(infer.error)")
+        let text = try String(contentsOfFile: plan, encoding: .utf8)
+        #expect(text.contains("\"userTapsCharacter\"") && text.contains("\"Characters\""), "\(text)")
+        let check = try whenctl(["plan", "check", plan] + state)
+        #expect(check.status == 0, "\(check.output)\(check.error)")
+        #expect(check.output.contains("would be flagged") && check.output.contains(", 0 would be flagged"))
+        // The check is not vacuous: a plan without the tour's events flags them.
+        try #"{"events":{}}"#.write(toFile: plan, atomically: true, encoding: .utf8)
+        let strict = try whenctl(["plan", "check", "--summary", plan] + state)
+        #expect(strict.status == 1 && strict.output.contains("event: "), "\(strict.output)")
     }
 
     /// As root in a container or over ssh: no $XDG_RUNTIME_DIR, so the sockets are in

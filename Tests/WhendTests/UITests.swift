@@ -11,8 +11,8 @@ import Testing
         let ui: UIProcess
         let browser: UIBrowser
 
-        init(_ name: String) throws {
-            daemon = TestDaemon("ui-\(name)", arguments: ["--builtin-pipelines", "true"])
+        init(_ name: String, arguments: [String] = []) throws {
+            daemon = TestDaemon("ui-\(name)", arguments: ["--builtin-pipelines", "true"] + arguments)
             try daemon.start()
             ui = try UIProcess(daemon)
             browser = try UIBrowser()
@@ -332,6 +332,28 @@ import Testing
         #expect(cells.count == 7 && cells[5].contains("status") && cells[6].contains(#""screen":"Detail""#), "\(cells)")
         rig.browser.screenshot("11-rejections")
         // Every view was drawn without a script error or a refused script, style or request.
+        let errors = try rig.browser.consoleLog().filter { $0.hasPrefix("SEVERE") }
+        #expect(errors.isEmpty, "\(errors)")
+    }
+
+    /// The tracking plan's violations, below the rejected events: the counts and the latest,
+    /// stored in report mode.
+    @Test func planViolationsBesideTheRejections() throws {
+        let plan = scratchDirectory("ui-plan") + "/plan.json"
+        try #"{"events":{"userTapsCharacter":{"type":"object","required":["characterId"]}}}"#.write(
+            toFile: plan, atomically: true, encoding: .utf8)
+        let rig = try Rig("plan", arguments: ["--tracking-plan", plan])
+        defer { rig.stop() }
+        try rig.emit(
+            app: "com.example.marvel", session: "p1",
+            [#"{"type":"when","name":"userTapsCharacter","params":{"id":7}}"#])
+        try rig.open("#rejections")
+        try rig.browser.wait("return document.querySelectorAll('#violations-latest tbody tr').length == 1")
+        let counts = try rig.browser.texts("#violations-counts tbody tr td")
+        #expect(counts == ["1", "userTapsCharacter", "required"], "\(counts)")
+        let cells = try rig.browser.texts("#violations-latest tbody tr td")
+        #expect(cells.count == 8 && cells[1] == "stored" && cells[5] == "$.params", "\(cells)")
+        rig.browser.screenshot("12-plan-violations")
         let errors = try rig.browser.consoleLog().filter { $0.hasPrefix("SEVERE") }
         #expect(errors.isEmpty, "\(errors)")
     }

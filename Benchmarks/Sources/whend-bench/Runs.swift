@@ -69,9 +69,9 @@ func storedRecords(_ dir: String) throws -> Int {
     return (object?["records"] as? Int) ?? 0
 }
 
-func runWhend(connections: Int, acks: Bool, durability: String) throws -> Run {
+func runWhend(connections: Int, acks: Bool, durability: String, extra: [String] = []) throws -> Run {
     let dir = "\(work)/whend-\(connections)-\(acks ? "acks" : "noacks")-\(durability)"
-    let (daemon, sock) = try startWhend(dir, ["--durability", durability])
+    let (daemon, sock) = try startWhend(dir, ["--durability", durability] + extra)
     let hello = acks ? #"{"hello":{"protocol":1,"acks":true}}"# : nil
     let start = monotonicSeconds()
     let result = try blast(socket: sock, parts: parts(connections), hello: hello)

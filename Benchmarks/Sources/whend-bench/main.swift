@@ -45,6 +45,8 @@ let onlySubscriptions = options["only"] == "subscriptions"
 // `--only ingest`: the ingest rows (rsyslog, whend with and without acks, 1 and 4 connections),
 // nothing else, for working on the ingest path.
 let onlyIngest = options["only"] == "ingest"
+// `--only plan`: whend with a tracking plan of 100 events beside whend without, nothing else.
+let onlyPlan = options["only"] == "plan"
 let work = options["work"] ?? "/tmp/whend-bench-\(getpid())"
 try? FileManager.default.removeItem(atPath: work)
 try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
@@ -99,6 +101,12 @@ let zstdBytesPerEvent = Double(fileSize(work + "/corpus.zst")) / Double(corpusEv
 
 if onlyLatency {
     printLatencies(try measureLatencies())
+    exit(0)
+}
+
+if onlyPlan {
+    print("whend with a tracking plan — \(corpusEvents) events, medians of \(rounds) rounds")
+    printPlan(try measurePlan())
     exit(0)
 }
 

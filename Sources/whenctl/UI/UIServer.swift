@@ -39,6 +39,9 @@ struct UIServer {
             return Self.text(.ok, text)
         }
         router.get("/api/rejections") { _, _ in Self.json(try await blocking { Self.encode(source.rejections()) }) }
+        router.get("/api/plan-violations") { _, _ in
+            Self.json(try await blocking { Self.encode(source.planViolations()) })
+        }
         router.get("/api/sessions") { request, _ in
             let app = request.uri.queryParameters.get("app")
             return Self.json(try await blocking { Self.encode(source.sessions(app: app)) })

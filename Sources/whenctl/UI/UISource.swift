@@ -44,6 +44,25 @@ struct UISource: Sendable {
         return ["available": true, "rejections": list]
     }
 
+    /// The tracking plan's violations (`whenctl plan violations`), or why they cannot be shown.
+    func planViolations() -> [String: Any] {
+        let answer: ControlAnswer
+        do {
+            answer = try control.answer(.planViolations, timeout: 10)
+        } catch {
+            return ["available": false, "reason": "\(error)"]
+        }
+        guard answer.ok, let report = answer.planViolations else {
+            let error = answer.error ?? ""
+            if error.contains("unknown command") || answer.ok {
+                return ["available": false, "reason": "not available from this whend (it has no tracking plan)"]
+            }
+            return ["available": false, "reason": error.isEmpty ? "whend refused plan-violations" : error]
+        }
+        let object = (try? JSONEncoder().encode(report)).flatMap { try? JSONSerialization.jsonObject(with: $0) }
+        return ["available": true, "report": object ?? [:]]
+    }
+
     /// session-recorder's sessions, most recent first (at most 500), or why there are none.
     func sessions(app: String?) -> [String: Any] {
         let index: SessionIndex

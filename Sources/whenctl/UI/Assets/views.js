@@ -32,10 +32,42 @@
       setStatus("rejections-status", e.message, "bad");
     }
   }
+  // The tracking plan's violations, beside the rejections: counts by event and rule, and the
+  // latest examples, stored (report) or refused (enforce).
+  async function loadViolations() {
+    const counts = $("violations-counts").tBodies[0];
+    const latest = $("violations-latest").tBodies[0];
+    try {
+      const r = await getJSON("/api/plan-violations");
+      clear(counts);
+      clear(latest);
+      if (!r.available) {
+        setStatus("violations-status", "Plan violations are not available from this whend: " + r.reason, "warn");
+        return;
+      }
+      const report = r.report || {};
+      if (!report.plan) {
+        setStatus("violations-status", "whend has no tracking plan (tracking_plan is not set)");
+        return;
+      }
+      const list = (report.latest || []).slice().reverse();
+      setStatus("violations-status", `plan ${report.plan}, mode ${report.mode}: ` + (list.length ? `${list.length} most recent, newest first` : "no violation since whend started"));
+      for (const c of report.counts || []) counts.append(row(String(c.count), c.event || el("em", null, "(not in the plan)"), el("span", "code", c.rule)));
+      for (const x of list) {
+        latest.append(row(time(x.time), x.stored ? "stored" : "refused", x.app || "", x.event, el("span", "code", x.rule), el("code", null, x.path), x.message, el("code", "raw", x.line)));
+      }
+    } catch (e) {
+      setStatus("violations-status", e.message, "bad");
+    }
+  }
   views.rejections = {
     enter() {
       loadRejections();
-      rejectionsTimer = setInterval(loadRejections, 5000);
+      loadViolations();
+      rejectionsTimer = setInterval(() => {
+        loadRejections();
+        loadViolations();
+      }, 5000);
     },
     leave() {
       clearInterval(rejectionsTimer);
@@ -428,7 +460,10 @@
   };
 
   document.addEventListener("DOMContentLoaded", () => {
-    $("rejections-refresh").addEventListener("click", loadRejections);
+    $("rejections-refresh").addEventListener("click", () => {
+      loadRejections();
+      loadViolations();
+    });
     $("sessions-app").addEventListener("change", loadSessions);
     $("flow-refresh").addEventListener("click", loadFlow);
     $("flow-app").addEventListener("change", () => {

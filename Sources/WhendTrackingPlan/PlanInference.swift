@@ -1,0 +1,128 @@
+import WhendWire
+
+/// A plan proposed from records already stored (`whenctl plan infer`): for each `When` name,
+/// how often each top-level param was present and with which types, and a schema that every
+/// one of those records keeps to; the screen names seen. A starting point for a person to
+/// tighten (patterns, bounds, enums), not a contract by itself.
+package struct PlanInference {
+    package struct Property {
+        package var present = 0
+        /// By JSON Schema type name: integer, number (with a fraction), string, boolean, null,
+        /// object, array.
+        package var types: [String: Int] = [:]
+    }
+
+    package struct Event {
+        package var count = 0
+        package var properties: [String: Property] = [:]
+    }
+
+    package private(set) var events: [String: Event] = [:]
+    package private(set) var screens: [String: Int] = [:]
+
+    package init() {}
+
+    /// Takes one stored record; records of other types than a plan covers are left aside.
+    package mutating func add(record line: UnsafeBufferPointer<UInt8>) {
+        guard let subject = PlanSubject(record: line) else { return }
+        if let screen = subject.screen { screens[TrackingPlan.text(screen, line), default: 0] += 1 }
+        guard subject.type == .when, let name = subject.name else { return }
+        let eventName = TrackingPlan.text(name, line)
+        var event = events[eventName] ?? Event()
+        event.count += 1
+        if let params = subject.params {
+            var s = JSONScanner(UnsafeBufferPointer(rebasing: line[..<params.upperBound]))
+            s.position = params.lowerBound
+            try? s.scanObject { m throws(WireError) in
+                let raw = UnsafeBufferPointer(rebasing: line[m.key])
+                let key = String(decoding: m.keyHasEscapes ? decodeJSONString(raw) : Array(raw), as: UTF8.self)
+                let type = Self.typeName(m.kind, UnsafeBufferPointer(rebasing: line[m.value]))
+                event.properties[key, default: Property()].present += 1
+                event.properties[key]!.types[type, default: 0] += 1
+            }
+        }
+        events[eventName] = event
+    }
+
+    static func typeName(_ kind: JSONKind, _ raw: UnsafeBufferPointer<UInt8>) -> String {
+        switch kind {
+        case .string: "string"
+        case .bool: "boolean"
+        case .null: "null"
+        case .object: "object"
+        case .array: "array"
+        case .number:
+            !raw.contains { $0 == UInt8(ascii: ".") || $0 | 0x20 == UInt8(ascii: "e") }
+                || JSONValue(raw: raw).double.map { $0.rounded(.towardZero) == $0 } == true ? "integer" : "number"
+        }
+    }
+
+    /// The proposed plan, as JSON text a plan file can hold (names sorted, two-space indents).
+    package func plan() -> String {
+        var out = "{\n  \"events\": {"
+        for (i, name) in events.keys.sorted().enumerated() {
+            let event = events[name]!
+            out += (i == 0 ? "\n" : ",\n") + "    \(Self.quoted(name)): {\n      \"type\": \"object\",\n"
+            out += "      \"properties\": {"
+            for (j, key) in event.properties.keys.sorted().enumerated() {
+                out +=
+                    (j == 0 ? "\n" : ",\n")
+                    + "        \(Self.quoted(key)): {\"type\": \(Self.types(event.properties[key]!))}"
+            }
+            out += event.properties.isEmpty ? "},\n" : "\n      },\n"
+            let required = event.properties.filter { $0.value.present == event.count }.keys.sorted()
+            out += "      \"required\": [\(required.map(Self.quoted).joined(separator: ", "))],\n"
+            out += "      \"additionalProperties\": false\n    }"
+        }
+        out += events.isEmpty ? "}" : "\n  }"
+        if !screens.isEmpty {
+            out += ",\n  \"screens\": {\"names\": [\n"
+            out += screens.keys.sorted().map { "    " + Self.quoted($0) }.joined(separator: ",\n")
+            out += "\n  ]}"
+        }
+        return out + "\n}\n"
+    }
+
+    /// The types seen, as a schema's `type`: integer is dropped where number is there (it
+    /// covers it).
+    private static func types(_ property: Property) -> String {
+        var names = Set(property.types.keys)
+        if names.contains("number") { names.remove("integer") }
+        let sorted = names.sorted()
+        return sorted.count == 1 ? quoted(sorted[0]) : "[" + sorted.map(quoted).joined(separator: ", ") + "]"
+    }
+
+    /// Per event and param: how often present, and which types how often.
+    package func statistics() -> String {
+        var out = ""
+        for name in events.keys.sorted() {
+            let event = events[name]!
+            out += "\(name): \(event.count) event\(event.count == 1 ? "" : "s")\n"
+            for key in event.properties.keys.sorted() {
+                let p = event.properties[key]!
+                let types = p.types.sorted { ($1.value, $0.key) < ($0.value, $1.key) }
+                    .map { "\($0.key) \(Self.percent($0.value, of: p.present))" }.joined(separator: ", ")
+                out += "  \(key): present \(Self.percent(p.present, of: event.count)); \(types)\n"
+            }
+        }
+        if !screens.isEmpty {
+            out += "screens: \(screens.count) name\(screens.count == 1 ? "" : "s")\n"
+            for (screen, count) in screens.sorted(by: { ($1.value, $0.key) < ($0.value, $1.key) }) {
+                out += "  \(screen): \(count)\n"
+            }
+        }
+        return out
+    }
+
+    static func percent(_ part: Int, of whole: Int) -> String {
+        guard whole > 0 else { return "0 %" }
+        let p = Double(part) * 100 / Double(whole)
+        return p == p.rounded() || p >= 10 ? "\(Int(p.rounded())) %" : "\((p * 10).rounded() / 10) %"
+    }
+
+    static func quoted(_ s: String) -> String {
+        var out: [UInt8] = []
+        appendJSONString(s.utf8, to: &out)
+        return String(decoding: out, as: UTF8.self)
+    }
+}

@@ -1,0 +1,222 @@
+/// The JSON types a schema's `type` names, as bits: a node checks an instance's type with one
+/// AND.
+struct TypeSet: OptionSet, Sendable {
+    let rawValue: UInt8
+    static let null = TypeSet(rawValue: 1)
+    static let boolean = TypeSet(rawValue: 2)
+    static let object = TypeSet(rawValue: 4)
+    static let array = TypeSet(rawValue: 8)
+    static let number = TypeSet(rawValue: 16)
+    static let string = TypeSet(rawValue: 32)
+    /// A number without a fractional part, 1.0 included (JSON Schema 2020-12).
+    static let integer = TypeSet(rawValue: 64)
+
+    static let names: [(String, TypeSet)] = [
+        ("null", .null), ("boolean", .boolean), ("object", .object), ("array", .array), ("number", .number),
+        ("string", .string), ("integer", .integer),
+    ]
+
+    var described: String {
+        Self.names.filter { contains($0.1) }.map(\.0).joined(separator: " or ")
+    }
+}
+
+/// A value `enum` or `const` may hold: whend compares scalars only (documented), so that
+/// comparing one costs no allocation.
+enum Scalar: Sendable, Equatable {
+    case null
+    case bool(Bool)
+    /// Numbers compare by value, as JSON Schema says: 1 and 1.0 are equal.
+    case number(Double)
+    /// The decoded UTF-8 bytes.
+    case string([UInt8])
+
+    var described: String {
+        switch self {
+        case .null: "null"
+        case .bool(let b): b ? "true" : "false"
+        case .number(let n): n == n.rounded() && abs(n) < 1e15 ? String(Int(n)) : String(n)
+        case .string(let s): "\"\(String(decoding: s, as: UTF8.self))\""
+        }
+    }
+}
+
+/// A name an object schema knows: a property with its schema, a required key, or both.
+struct SchemaKey: Sendable {
+    var name: [UInt8]
+    /// Its schema under `properties`, if it has one.
+    var schema: Int?
+    /// Its place among the required names, if it is required.
+    var required: Int?
+}
+
+/// One compiled schema: what its keywords ask, ready to be checked without a lookup by name.
+/// Children are indices into the plan's node table.
+struct SchemaNode: Sendable {
+    /// The schema `false`: nothing is valid.
+    var never = false
+    /// Nil: any type.
+    var types: TypeSet?
+    var keys: [SchemaKey] = []
+    var requiredCount = 0
+    /// `additionalProperties`: nil allows any other key.
+    var additional: Int?
+    /// `enum`: the values allowed.
+    var allowed: [Scalar]?
+    /// `const`: the one value allowed (both may be there, and both then apply).
+    var constant: Scalar?
+    var pattern: Pattern?
+    var minimum: Double?
+    var maximum: Double?
+    var minLength: Int?
+    var maxLength: Int?
+    var items: Int?
+
+    /// Whether an object's members must be looked at one by one.
+    var readsMembers: Bool { !keys.isEmpty || additional != nil }
+}
+
+/// Turns the schemas of a plan file into nodes, refusing what whend does not implement rather
+/// than ignoring it: a keyword left out would let through what its author meant to refuse.
+struct SchemaCompiler {
+    private(set) var nodes: [SchemaNode] = []
+
+    /// Keywords that describe and never refuse: read and left aside.
+    static let annotations: Set<String> = [
+        "title", "description", "$comment", "examples", "default", "deprecated", "readOnly", "writeOnly",
+    ]
+    static let keywords: [String] = [
+        "type", "properties", "required", "additionalProperties", "enum", "const", "pattern", "minimum", "maximum",
+        "minLength", "maxLength", "items",
+    ]
+
+    /// Compiles one schema; returns its node's index.
+    mutating func compile(_ document: PlanDocument) throws(PlanError) -> Int {
+        let index = nodes.count
+        nodes.append(SchemaNode())
+        var node = SchemaNode()
+        switch document.value {
+        case .bool(let b):
+            node.never = !b
+            nodes[index] = node
+            return index
+        case .object(let members):
+            var seen: Set<String> = []
+            for (key, value) in members {
+                guard seen.insert(key).inserted else {
+                    throw PlanError(offset: value.offset, reason: "\"\(key)\" appears twice in one schema")
+                }
+                try apply(key, value, to: &node)
+            }
+        default:
+            throw PlanError(
+                offset: document.offset, reason: "a schema is an object or true or false, not \(document.described)")
+        }
+        nodes[index] = node
+        return index
+    }
+
+    private mutating func apply(_ key: String, _ value: PlanDocument, to node: inout SchemaNode) throws(PlanError) {
+        func fail(_ reason: String) -> PlanError { PlanError(offset: value.offset, reason: "\(key): \(reason)") }
+        switch key {
+        case "type":
+            node.types = try typeSet(value, fail)
+        case "properties":
+            guard case .object(let members) = value.value else { throw fail("must be an object of schemas") }
+            for (name, schema) in members {
+                let child = try compile(schema)
+                let bytes = Array(name.utf8)
+                if let at = node.keys.firstIndex(where: { $0.name == bytes }) {
+                    node.keys[at].schema = child
+                } else {
+                    node.keys.append(SchemaKey(name: bytes, schema: child))
+                }
+            }
+        case "required":
+            guard case .array(let names) = value.value else { throw fail("must be an array of strings") }
+            for name in names {
+                guard case .string(let s) = name.value else { throw fail("must be an array of strings") }
+                let bytes = Array(s.utf8)
+                if let at = node.keys.firstIndex(where: { $0.name == bytes }) {
+                    guard node.keys[at].required == nil else { throw fail("names \"\(s)\" twice") }
+                    node.keys[at].required = node.requiredCount
+                } else {
+                    node.keys.append(SchemaKey(name: bytes, required: node.requiredCount))
+                }
+                node.requiredCount += 1
+            }
+            // The check keeps one bit per required name.
+            guard node.requiredCount <= 64 else { throw fail("names more than 64 keys; split the object") }
+        case "additionalProperties":
+            node.additional = try compile(value)
+        case "items":
+            guard case .array = value.value else {
+                node.items = try compile(value)
+                return
+            }
+            throw fail("is one schema for every item (2020-12); tuples (prefixItems) are not supported")
+        case "enum":
+            guard case .array(let values) = value.value else { throw fail("must be an array") }
+            node.allowed = try values.map { v throws(PlanError) in try scalar(v, fail) }
+        case "const":
+            node.constant = try scalar(value, fail)
+        case "pattern":
+            guard case .string(let source) = value.value else { throw fail("must be a string") }
+            do {
+                node.pattern = try Pattern(source)
+            } catch {
+                throw fail(error.reason)
+            }
+        case "minimum", "maximum":
+            guard case .number(let text) = value.value, let n = Double(text), n.isFinite else {
+                throw fail("must be a number")
+            }
+            if key == "minimum" { node.minimum = n } else { node.maximum = n }
+        case "minLength", "maxLength":
+            guard case .number(let text) = value.value, let n = Int(text), n >= 0 else {
+                throw fail("must be an integer, 0 or more")
+            }
+            if key == "minLength" { node.minLength = n } else { node.maxLength = n }
+        default:
+            guard Self.annotations.contains(key) else {
+                throw PlanError(
+                    offset: value.offset,
+                    reason:
+                        "\"\(key)\" is not a keyword whend checks; it checks \(Self.keywords.joined(separator: ", ")) (docs/tracking-plan.md)"
+                )
+            }
+        }
+    }
+
+    private func typeSet(_ value: PlanDocument, _ fail: (String) -> PlanError) throws(PlanError) -> TypeSet {
+        func one(_ v: PlanDocument) throws(PlanError) -> TypeSet {
+            guard case .string(let name) = v.value, let t = TypeSet.names.first(where: { $0.0 == name })?.1 else {
+                throw fail(
+                    "\(v.described) is not a type; the types are \(TypeSet.names.map(\.0).joined(separator: ", "))")
+            }
+            return t
+        }
+        guard case .array(let names) = value.value else { return try one(value) }
+        guard !names.isEmpty else { throw fail("an empty list of types allows nothing; name at least one") }
+        var set: TypeSet = []
+        for name in names {
+            let t = try one(name)
+            guard !set.contains(t) else { throw fail("names a type twice") }
+            set.insert(t)
+        }
+        return set
+    }
+
+    private func scalar(_ value: PlanDocument, _ fail: (String) -> PlanError) throws(PlanError) -> Scalar {
+        switch value.value {
+        case .null: return .null
+        case .bool(let b): return .bool(b)
+        case .string(let s): return .string(Array(s.utf8))
+        case .number(let text):
+            guard let n = Double(text), n.isFinite else { throw fail("\(text) is not a number whend can compare") }
+            return .number(n)
+        case .object, .array:
+            throw fail("whend compares strings, numbers, booleans and null; \(value.described) is not one")
+        }
+    }
+}

@@ -1,0 +1,145 @@
+import Foundation
+import Testing
+import WhendWire
+
+/// A tracking plan at ingest, through a daemon on its socket: enforced, an event that breaks it
+/// is refused with `plan_violation` and its path, and the rest of the batch is stored;
+/// reported, it is stored and counted. Both are visible in `whenctl plan violations`, the
+/// rejections (when refused) and the metrics.
+@Suite struct TrackingPlanDaemonTests {
+    static let plan = """
+        {
+          "events": {
+            "userTypesNewEmail": {
+              "type": "object",
+              "properties": {"userEmail": {"type": "string", "pattern": "^[^@]+@[^@]+$"}},
+              "required": ["userEmail"],
+              "additionalProperties": false
+            },
+            "userTapsChangeEmailButton": {"type": "object", "additionalProperties": false}
+          },
+          "screens": {"names": ["ChangeEmail"]}
+        }
+        """
+
+    static let lines = [
+        #"{"hello":{"protocol":1,"app":"com.example.mail","session":"s1","acks":true}}"#,
+        #"{"type":"when","name":"userTapsChangeEmailButton","screen":"ChangeEmail"}"#,
+        #"{"type":"when","when":{"userTypesNewEmail":{"userEmail":"not-an-address"}}}"#,
+        #"{"type":"when","name":"userTypesNewEmail","params":{"userEmail":"a@example.com"}}"#,
+    ]
+
+    func daemon(_ name: String, mode: String) throws -> TestDaemon {
+        let directory = scratchDirectory(name)
+        let planPath = directory + "/plan.json"
+        try Self.plan.write(toFile: planPath, atomically: true, encoding: .utf8)
+        let daemon = TestDaemon(name, arguments: ["--tracking-plan", planPath, "--tracking-plan-mode", mode])
+        try daemon.start()
+        return daemon
+    }
+
+    func violations(_ daemon: TestDaemon) throws -> [String: Any] {
+        let r = try daemon.whenctl(["plan", "violations", "--json"])
+        #expect(r.status == 0, "\(r.error)")
+        return try JSONSerialization.jsonObject(with: Data(r.output.utf8)) as? [String: Any] ?? [:]
+    }
+
+    @Test func enforcedAViolationIsRefusedWithItsPathAndTheRestIsStored() throws {
+        let daemon = try daemon("plan-enforce", mode: "enforce")
+        defer { daemon.stop() }
+        let answers = try exchange(daemon.socketPath, Self.lines)
+        #expect(answers.acks.last == 3)
+        let errors = answers.errors
+        try #require(errors.count == 1, "\(errors)")
+        #expect(errors[0].event == 2 && errors[0].code == "plan_violation")
+        #expect(errors[0].message.contains("$.params.userEmail") && errors[0].message.contains("rule pattern"))
+        let stored = daemon.records().compactMap { $0["name"] as? String }
+        #expect(stored == ["userTapsChangeEmailButton", "userTypesNewEmail"])
+        #expect(
+            !daemon.records().contains { ($0["params"] as? [String: Any])?["userEmail"] as? String == "not-an-address" }
+        )
+
+        let report = try violations(daemon)
+        #expect(report["mode"] as? String == "enforce")
+        let counts = report["counts"] as? [[String: Any]] ?? []
+        #expect(counts.count == 1 && counts[0]["event"] as? String == "userTypesNewEmail")
+        #expect(counts.first?["rule"] as? String == "pattern" && counts.first?["count"] as? Int == 1)
+        let latest = report["latest"] as? [[String: Any]] ?? []
+        #expect(latest.count == 1 && latest[0]["stored"] as? Bool == false)
+        #expect(latest.first?["path"] as? String == "$.params.userEmail")
+        #expect(latest.first?["app"] as? String == "com.example.mail")
+        // Refused, it is among the rejections too.
+        let rejections = try daemon.whenctl(["rejections", "--json"]).output
+        #expect(rejections.contains("plan_violation"))
+        let metrics = try daemon.whenctl(["metrics"]).output
+        #expect(metrics.contains(#"whend_plan_violations_total{event="userTypesNewEmail",rule="pattern"} 1"#))
+        #expect(metrics.contains(#"whend_events_rejected_total{code="plan_violation"} 1"#))
+    }
+
+    @Test func reportedAViolationIsStoredAndCounted() throws {
+        let daemon = try daemon("plan-report", mode: "report")
+        defer { daemon.stop() }
+        let answers = try exchange(
+            daemon.socketPath,
+            Self.lines + [
+                #"{"type":"when","name":"somethingUnplanned","params":{"a":1}}"#,
+                #"{"type":"screen","name":"Elsewhere"}"#,
+            ])
+        #expect(answers.errors.isEmpty, "\(answers.errors)")
+        #expect(answers.acks.last == 5)
+        #expect(daemon.records().count == 5)
+        let report = try violations(daemon)
+        let counts = (report["counts"] as? [[String: Any]] ?? []).map {
+            "\($0["event"] as? String ?? "?") \($0["rule"] as? String ?? "?") \($0["count"] as? Int ?? 0)"
+        }
+        #expect(counts == [" event 1", "screen screen 1", "userTypesNewEmail pattern 1"])
+        let latest = report["latest"] as? [[String: Any]] ?? []
+        #expect(latest.count == 3 && latest.allSatisfy { $0["stored"] as? Bool == true })
+        #expect(latest.map { $0["event"] as? String } == ["userTypesNewEmail", "somethingUnplanned", "screen"])
+        let text = try daemon.whenctl(["plan", "violations"]).output
+        #expect(text.contains("1 userTypesNewEmail pattern") && text.contains("stored app=com.example.mail"), "\(text)")
+        let metrics = try daemon.whenctl(["metrics"]).output
+        #expect(metrics.contains(#"whend_plan_violations_total{event="",rule="event"} 1"#), "\(metrics)")
+        // As Prometheus reads it.
+        let file = daemon.directory + "/metrics.txt"
+        try metrics.write(toFile: file, atomically: true, encoding: .utf8)
+        let check = try runCommand("/bin/sh", ["-c", "exec promtool check metrics < '\(file)'"])
+        #expect(check.status == 0 && check.error.isEmpty, "promtool: \(check.output)\(check.error)")
+    }
+
+    /// A reload reads the plan again: one that does not parse is refused with its line, and the
+    /// one in force stays; a good one is taken up at once, by connections already open too.
+    @Test func aReloadTakesUpANewPlanOrKeepsTheOldOne() throws {
+        let directory = scratchDirectory("plan-reload")
+        let planPath = directory + "/plan.json"
+        let config = directory + "/whend.conf"
+        try Self.plan.write(toFile: planPath, atomically: true, encoding: .utf8)
+        try "tracking_plan = \(planPath)\ntracking_plan_mode = enforce\n".write(
+            toFile: config, atomically: true, encoding: .utf8)
+        let daemon = TestDaemon("plan-reload", arguments: ["--config", config])
+        try daemon.start()
+        defer { daemon.stop() }
+        let bad = Self.lines[2]
+        #expect(try exchange(daemon.socketPath, [Self.lines[0], bad]).errors.first?.code == "plan_violation")
+
+        try "{\n  \"events\": {\n    \"x\": {\"type\": \"strng\"}\n  }\n}\n".write(
+            toFile: planPath, atomically: true, encoding: .utf8)
+        let refused = try daemon.whenctl(["reload"])
+        #expect(refused.status == 1 && refused.error.contains("line 3") && refused.error.contains("not a type"))
+        #expect(try exchange(daemon.socketPath, [Self.lines[0], bad]).errors.first?.code == "plan_violation")
+
+        let connection = try BlockingSocket(path: daemon.socketPath)
+        try connection.send(Self.lines[0] + "\n")
+        try Self.plan.replacingOccurrences(of: "\"pattern\": \"^[^@]+@[^@]+$\"", with: "\"minLength\": 1")
+            .write(toFile: planPath, atomically: true, encoding: .utf8)
+        let applied = try daemon.whenctl(["reload"])
+        #expect(applied.status == 0, "\(applied.error)")
+        try connection.send(bad + "\n")
+        connection.finishSending()
+        var lines: [[String: Any]] = []
+        try connection.receiveLines { line in
+            if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] { lines.append(o) }
+        }
+        #expect(lines.errors.isEmpty && lines.acks.last == 1, "\(lines)")
+    }
+}
