@@ -37,7 +37,7 @@ final class Subscription: Sendable {
     private let channel: Channel
     private let onEnd: @Sendable () -> Void
     private let cancelled = Atomic<Bool>(false)
-    private let toldTooSlow = Atomic<Bool>(false)
+    private let closesOnceFlushed = Atomic<Bool>(false)
     private let unread = Mutex<Int>(0)
     private let taken = NSCondition()
 
@@ -101,7 +101,7 @@ final class Subscription: Sendable {
         var ok = true
 
         /// Sends what is gathered, a chunk at a time: what the hub hands at once (up to its
-        /// 4 MiB) waits for room like the rest, and never lies in NIO's buffers beyond
+        /// 1 MiB) waits for room like the rest, and never lies in NIO's buffers beyond
         /// `maxUnread` and a chunk. Each piece ends at a line's end, so that what a stalled
         /// subscriber is sent last (`too_slow`) never follows half a record.
         var lastAccessCheck = Date()
@@ -117,7 +117,12 @@ final class Subscription: Sendable {
                     revokedNow = true
                 }
             }
-            defer { if revokedNow { ok = false } }
+            defer {
+                if revokedNow {
+                    ok = false
+                    closeOnceFlushed()
+                }
+            }
             var start = 0
             while ok && start < out.count {
                 var end = min(out.count, start + Self.chunkBytes)
@@ -129,7 +134,8 @@ final class Subscription: Sendable {
                 ok = write(Array(out[start..<end]))
                 start = end
             }
-            out.removeAll(keepingCapacity: true)
+            // A chunk's room is kept; a hand-over's megabytes are not, for each subscriber.
+            out.removeAll(keepingCapacity: out.capacity <= 2 * Self.chunkBytes)
             lastSent = Date()
         }
         // Told at once, before any reading: a long catch-up must not look like no answer.
@@ -184,13 +190,24 @@ final class Subscription: Sendable {
                     return ok && !isCancelled
                 },
                 onCaughtUp: {
+                    // Records below the oldest segment are gone. Read to the end, a reader sees
+                    // them missing only when no record follows them yet: retention deleted every
+                    // record, and the empty segment keeps the next _seq (its name says it).
+                    var skipped = false
+                    if let oldest = journal.segments().first?.firstSeq, oldest > examined + 1 {
+                        if fromSeq != nil || examined > 0 {
+                            out.append(contentsOf: ServerMessage.gap(from: examined + 1, through: oldest - 1))
+                        }
+                        examined = oldest - 1
+                        skipped = true
+                    }
                     if !caughtUp {
                         caughtUp = true
                         out.append(contentsOf: ServerMessage.caughtUp(seq: examined))
                         told = examined
                         lastCheckpoint = Date()
                     } else {
-                        checkpoint(force: false)
+                        checkpoint(force: skipped)
                     }
                     send()
                     guard ok, !isCancelled else { return false }
@@ -211,7 +228,7 @@ final class Subscription: Sendable {
                     }
                 }
                 let (handed, through, released) = member.take(position: hub.examined)
-                out += handed
+                if out.isEmpty { out = handed } else { out += handed }
                 examined = through
                 if handed.isEmpty { checkpoint(force: false) }
                 send()
@@ -227,7 +244,20 @@ final class Subscription: Sendable {
         if ok && !isCancelled { send() }
         // Reached only when the subscriber is gone, whend stops, or it could not keep up (then
         // the connection closes once it has been told so).
-        if !isCancelled && !toldTooSlow.load(ordering: .acquiring) { channel.close(promise: nil) }
+        if !isCancelled && !closesOnceFlushed.load(ordering: .acquiring) { channel.close(promise: nil) }
+    }
+
+    /// Closes the connection once what was written is taken, or after another `stallLimit` at
+    /// most: closing at once would drop the last line, which says why (`too_slow`, `forbidden`).
+    private func closeOnceFlushed() {
+        closesOnceFlushed.store(true, ordering: .releasing)
+        let channel = self.channel
+        channel.writeAndFlush(channel.allocator.buffer(capacity: 0)).whenComplete { _ in
+            channel.close(promise: nil)
+        }
+        channel.eventLoop.scheduleTask(in: .milliseconds(Int64(Self.stallLimit * 1000))) {
+            channel.close(promise: nil)
+        }
     }
 
     /// Sends `bytes`, first waiting while the subscriber has `maxUnread` bytes not yet taken;
@@ -246,16 +276,8 @@ final class Subscription: Sendable {
                     .tooSlow,
                     "the subscriber took nothing for \(Int(Self.stallLimit)) s while records waited; resume with \"after\" set to the last _seq it saw",
                     isAboutConnection: true), event: nil)
-            // After what it has not read, so closed once that is taken, or after another
-            // `stallLimit` at most: closing at once would drop the line that says why.
-            let channel = self.channel
-            toldTooSlow.store(true, ordering: .releasing)
-            channel.writeAndFlush(channel.allocator.buffer(bytes: line)).whenComplete { _ in
-                channel.close(promise: nil)
-            }
-            channel.eventLoop.scheduleTask(in: .milliseconds(Int64(Self.stallLimit * 1000))) {
-                channel.close(promise: nil)
-            }
+            channel.write(channel.allocator.buffer(bytes: line), promise: nil)
+            closeOnceFlushed()
             return false
         }
         let count = bytes.count

@@ -37,8 +37,10 @@ final class SubscriptionHub: @unchecked Sendable {
         /// read before the take, so every record through it is in what is taken), or further.
         func take(position: UInt64) -> (lines: [UInt8], examined: UInt64, released: Bool) {
             changed.withLock {
+                // Handed over whole: emptying it while the caller holds the same buffer would
+                // copy it (and keep a second buffer of its size for each member).
                 let lines = queued
-                queued.removeAll(keepingCapacity: true)
+                queued = []
                 // A member let go was handed nothing past where it was let go.
                 return (lines, releasedAt ?? max(position, lastQueued, skipThrough), releasedAt != nil)
             }
@@ -46,7 +48,7 @@ final class SubscriptionHub: @unchecked Sendable {
     }
 
     /// Bytes handed to a member and not yet taken before it is let go.
-    static let maxQueued = 4 << 20
+    static let maxQueued = 1 << 20
     /// The newest records kept for subscribers joining a little behind the hub.
     static let recentBytes = 4 << 20
 

@@ -54,6 +54,11 @@ func printable(_ text: String, limit: Int = 2000) -> String {
     for scalar in text.unicodeScalars.prefix(limit) {
         if scalar.value < 0x20 || scalar.value == 0x7F || (0x80...0x9F).contains(scalar.value) {
             out += String(format: "\\x%02x", scalar.value)
+        } else if [0x200E, 0x200F, 0x2028, 0x2029].contains(scalar.value) || (0x202A...0x202E).contains(scalar.value)
+            || (0x2066...0x2069).contains(scalar.value)
+        {
+            // Marks that reorder or break what follows: a line would read other than it is.
+            out += String(format: "\\u{%04x}", scalar.value)
         } else {
             out.unicodeScalars.append(scalar)
         }

@@ -98,15 +98,17 @@ import WhendWire
         usleep(300_000)
         try sendSession(
             daemon, app: "a", session: "s",
-            (11...13).map { #"{"type":"when","name":"n\#($0)"}"# } + [#"{"type":"error","message":"\u001b[2Jgone"}"#])
+            (11...13).map { #"{"type":"when","name":"n\#($0)"}"# } + [
+                #"{"type":"error","message":"\u001b[2J\u202egone"}"#
+            ])
         #expect(eventually(10) { !p.isRunning }, "tail -f --to 14 ended once _seq 14 was examined")
         let text = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         let problems = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         let lines = text.split(separator: "\n")
         #expect(
             lines.map { $0.split(separator: " ").last.map(String.init) ?? "" }
-                == ["n8", "n9", "n10", "n11", "n12", "n13", #"\x1b[2Jgone"#], "\(text)\(problems)")
-        #expect(!text.utf8.contains(0x1B))
+                == ["n8", "n9", "n10", "n11", "n12", "n13", #"\x1b[2J\u{202e}gone"#], "\(text)\(problems)")
+        #expect(!text.utf8.contains(0x1B) && !text.unicodeScalars.contains("\u{202E}"))
     }
 
     /// An app's tool reads records with `for try await`: the journal, caught up, then live.

@@ -2,6 +2,7 @@ import Foundation
 import SeededRandom
 import Testing
 import WhendJournal
+import WhendSystem
 import WhendWire
 
 @testable import WhendDaemon
@@ -195,6 +196,100 @@ func seenThrough(_ line: [String: Any]) -> Int? {
 
     /// A subscriber that reads nothing never holds ingest: events are acknowledged as ever
     /// while it lags, and after the stall limit it is disconnected.
+    /// Once retention has deleted every record, a subscriber that resumes inside them is told
+    /// they are gone (`gap`), and its catch-up names the last `_seq` whend examined, not 0; it
+    /// used to get `caught_up` where it asked, then later records, and no word of the loss.
+    @Test func aResumeIntoRecordsRetentionDeletedEveryOneOfIsToldOfTheGap() throws {
+        let daemon = TestDaemon("subscribe-gap-empty")
+        // Fifteen records, then retention deletes them all, on a clock 15 years ahead: what is
+        // left is the empty segment that keeps _seq 16.
+        var configuration = JournalConfiguration(directory: daemon.journal)
+        configuration.segmentMaxAge = 1
+        configuration.retentionMaxAge = 60
+        try DurableFile.createDirectory(daemon.journal.path)
+        final class Clock: @unchecked Sendable {
+            let lock = NSLock()
+            var date = Date().addingTimeInterval(15 * 365 * 86400)
+            var now: Date { lock.withLock { date } }
+        }
+        let clock = Clock()
+        let writer = try JournalWriter(configuration: configuration, now: { clock.now })
+        writer.start(heartbeatInterval: 0.01)
+        var batch = JournalBatch()
+        for n in 1...15 {
+            batch.bodies += Array(#""type":"when","name":"n\#(n)","app":"a","_rt":"2026-11-26T10:00:00Z""#.utf8)
+            batch.ends.append(batch.bodies.count)
+        }
+        let done = DispatchSemaphore(value: 0)
+        writer.submit(batch) { _ in done.signal() }
+        done.wait()
+        clock.lock.withLock { clock.date += 2 }
+        #expect(eventually(10) { daemon.journal.segments().map(\.firstSeq) == [16] }, "\(daemon.journal.segments())")
+        writer.shutdown()
+        try daemon.start()
+        defer { daemon.stop() }
+
+        let resumed = try Subscriber(daemon, #"{"after":12}"#)
+        let oldest = try Subscriber(daemon, #"{"from":"oldest"}"#)
+        let first = try resumed.lines { $0["caught_up"] != nil }
+        #expect(first.count == 3, "\(first)")
+        #expect((first[1]["gap"] as? [String: Any])?["from"] as? Int == 13, "\(first)")
+        #expect((first[1]["gap"] as? [String: Any])?["through"] as? Int == 15, "\(first)")
+        #expect(seenThrough(first[2]) == 15)
+        let all = try oldest.lines { $0["caught_up"] != nil }
+        #expect(all.count == 2 && seenThrough(all[1]) == 15, "\(all)")
+        try sendSession(daemon, app: "a", session: "s", [#"{"type":"when","name":"after"}"#])
+        #expect(try resumed.lines { $0["_seq"] != nil }.last?["_seq"] as? Int == 16)
+    }
+
+    /// A busy subscriber whose group a reload takes away gets the whole lines sent before,
+    /// then `forbidden`: the close used to drop what was pending, mid-record, and the reason.
+    @Test func aRevokedBusySubscriberIsToldWhyAfterWholeLines() throws {
+        let file = scratchDirectory("subscribe-revoke-busy-conf") + "/whend.conf"
+        try "subscribe_group = users\n".write(toFile: file, atomically: true, encoding: .utf8)
+        let daemon = TestDaemon("subscribe-revoke-busy", arguments: ["--config", file])
+        try daemon.start()
+        defer { daemon.stop() }
+        chmod(daemon.directory, 0o755)
+        let pad = String(repeating: "x", count: 1500)
+        try sendSession(
+            daemon, app: "a", session: "s",
+            (0..<3000).map { #"{"type":"when","name":"n\#($0)","context":{"pad":"\#(pad)"}}"# })
+        // A member that reads slowly: a busy connection with writes pending when the reload comes.
+        let client = """
+            import socket, sys, time
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(sys.argv[1])
+            s.sendall(b'{"subscribe":{"from":"oldest"}}\\n')
+            while True:
+                chunk = s.recv(16384)
+                if not chunk: break
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+                time.sleep(0.01)
+            """
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+        p.arguments = [
+            "--reuid=65534", "--regid=100", "--clear-groups", "/usr/bin/python3", "-c", client, daemon.socketPath,
+        ]
+        let out = Pipe()
+        p.standardOutput = out
+        try p.run()
+        usleep(500_000)
+        try "subscribe_group = \n".write(toFile: file, atomically: true, encoding: .utf8)
+        #expect(try daemon.whenctl(["reload"]).status == 0)
+        let text = out.fileHandleForReading.readDataToEndOfFile()
+        p.waitUntilExit()
+        let lines = text.split(separator: 0x0A, omittingEmptySubsequences: false)
+        #expect(text.last == 0x0A, "the last line is whole")
+        let parsed = lines.dropLast().map { try? JSONSerialization.jsonObject(with: Data($0)) as? [String: Any] }
+        #expect(parsed.allSatisfy { $0 != nil }, "every line whole")
+        let last = parsed.last.flatMap { $0 }
+        #expect((last?["error"] as? [String: Any])?["code"] as? String == "forbidden", "\(String(describing: last))")
+        #expect(parsed.count < 3000, "ended before the end: \(parsed.count) lines")
+    }
+
     /// A subscriber that leaves frees its `max_subscribers` place at once: the next one is
     /// served, not told `unavailable` (the place was held until the reader's next checkpoint,
     /// about a second).
