@@ -213,12 +213,15 @@ struct Tail: ParsableCommand {
             let path = socket ?? SocketLocation.eventSocket()
             try refuseUnsafeSocketDirectory(path)
             let after = filter.fromSeq.flatMap { $0 > 0 ? $0 - 1 : nil }
-            guard followSubscription(path, after: after, keepLast: lines, filter, format, out) else {
+            switch followSubscription(path, after: after, keepLast: lines, filter, format, out) {
+            case .ended: return
+            case .unreachable:
                 throw Failure(
                     "whend does not answer at \(path), and no journal is named to read instead: start whend, or name its journal with --state-dir or --journal"
                 )
+            case .refused(let why):
+                throw Failure("whend at \(path) refused the subscription: \(why)")
             }
-            return
         }
         let directory = try location.existingDirectory()
         let reader = JournalReader(directory: directory)
@@ -274,11 +277,15 @@ struct Tail: ParsableCommand {
             // Not a socket in a directory another user owns: what it sent would be taken for
             // whend's records (as emit and the control commands refuse it).
             try refuseUnsafeSocketDirectory(path)
-            if followSubscription(
+            switch followSubscription(
                 path, after: newest.lastSeq ?? start.flatMap { $0 > 0 ? $0 - 1 : nil }, keepLast: nil, filter, format,
                 out)
             {
-                return
+            case .ended: return
+            case .unreachable:
+                printError("whenctl tail: whend does not answer at \(path); following the journal's files")
+            case .refused(let why):
+                printError("whenctl tail: whend refused the subscription at \(path) (\(why)); following the journal's files")
             }
         }
         reader.read(fromSeq: newest.lastSeq.map { $0 + 1 } ?? start, sinceMicros: filter.sinceMicros, follow: true) {
@@ -301,10 +308,20 @@ struct Tail: ParsableCommand {
     /// False when whend cannot be reached at all: the caller follows the files.
     /// - Parameter keepLast: print only this many of the catch-up's last matches (the history
     ///   was not read from the files), then every live one.
+    /// How following through a subscription ended.
+    private enum SubscriptionOutcome {
+        /// `--to` was reached (else it follows until interrupted).
+        case ended
+        /// whend could not be reached at all.
+        case unreachable
+        /// whend answered with a refusal before any record.
+        case refused(String)
+    }
+
     private func followSubscription(
         _ path: String, after: UInt64?, keepLast: Int?, _ filter: RecordFilter,
         _ format: RecordFilterOptions.OutputFormat, _ out: Output
-    ) -> Bool {
+    ) -> SubscriptionOutcome {
         var held: [[UInt8]]? = keepLast.map { _ in [] }
         func release() {
             guard let lines = held else { return }
@@ -321,8 +338,7 @@ struct Tail: ParsableCommand {
             request.start = seen.map { .after($0) } ?? .oldest
             guard let subscription = try? SubscriptionReader(path: path, request: request) else {
                 guard connected else {
-                    printError("whenctl tail: whend does not answer at \(path); following the journal's files")
-                    return false
+                    return .unreachable
                 }
                 sleep(1)
                 continue
@@ -337,7 +353,7 @@ struct Tail: ParsableCommand {
                         if let toSeq = filter.toSeq, seq > toSeq {
                             release()
                             out.flush()
-                            return true
+                            return .ended
                         }
                         let wanted = line.withUnsafeBufferPointer { (try? StoredRecord.scan($0)).map(filter.matches) }
                         if wanted == true, held != nil, let keep = keepLast {
@@ -355,7 +371,7 @@ struct Tail: ParsableCommand {
                         seen = max(seen ?? 0, seq)
                         release()
                         out.flush()
-                        if let toSeq = filter.toSeq, seq >= toSeq { return true }
+                        if let toSeq = filter.toSeq, seq >= toSeq { return .ended }
                     case .checkpoint(let seq):
                         seen = max(seen ?? 0, seq)
                         out.flush()
@@ -363,7 +379,7 @@ struct Tail: ParsableCommand {
                         if let toSeq = filter.toSeq, seq >= toSeq {
                             release()
                             out.flush()
-                            return true
+                            return .ended
                         }
                     case .gap(let from, let through):
                         out.flush()
@@ -379,9 +395,7 @@ struct Tail: ParsableCommand {
             }
             out.flush()
             guard connected else {
-                printError(
-                    "whenctl tail: whend refused the subscription at \(path) (\(why)); following the journal's files")
-                return false
+                return .refused(why)
             }
             printError("whenctl tail: \(why); resuming after _seq \(seen ?? 0)")
             sleep(1)
