@@ -285,7 +285,8 @@ struct Tail: ParsableCommand {
             case .unreachable:
                 printError("whenctl tail: whend does not answer at \(path); following the journal's files")
             case .refused(let why):
-                printError("whenctl tail: whend refused the subscription at \(path) (\(why)); following the journal's files")
+                printError(
+                    "whenctl tail: whend refused the subscription at \(path) (\(why)); following the journal's files")
             }
         }
         reader.read(fromSeq: newest.lastSeq.map { $0 + 1 } ?? start, sinceMicros: filter.sinceMicros, follow: true) {
