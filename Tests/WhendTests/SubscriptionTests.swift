@@ -256,26 +256,7 @@ func seenThrough(_ line: [String: Any]) -> Int? {
             daemon, app: "a", session: "s",
             (0..<3000).map { #"{"type":"when","name":"n\#($0)","context":{"pad":"\#(pad)"}}"# })
         // A member that reads slowly: a busy connection with writes pending when the reload comes.
-        let client = """
-            import socket, sys, time
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.connect(sys.argv[1])
-            s.sendall(b'{"subscribe":{"from":"oldest"}}\\n')
-            while True:
-                chunk = s.recv(16384)
-                if not chunk: break
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.flush()
-                time.sleep(0.01)
-            """
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
-        p.arguments = [
-            "--reuid=65534", "--regid=100", "--clear-groups", "/usr/bin/python3", "-c", client, daemon.socketPath,
-        ]
-        let out = Pipe()
-        p.standardOutput = out
-        try p.run()
+        let (p, out) = try memberSubscriber(daemon, pause: 0.01)
         usleep(500_000)
         try "subscribe_group = \n".write(toFile: file, atomically: true, encoding: .utf8)
         #expect(try daemon.whenctl(["reload"]).status == 0)
@@ -408,6 +389,33 @@ func seenThrough(_ line: [String: Any]) -> Int? {
 
 /// Who may subscribe: whend's user, root, and members of `subscribe_group`, as the kernel
 /// tells the peer's user and groups — tried from processes of other users (setpriv).
+/// A subscriber from `oldest` running as nobody in the group `users` (gid 100), writing
+/// what it receives to the pipe, pausing `pause` seconds after each read, until whend closes.
+func memberSubscriber(_ daemon: TestDaemon, pause: Double) throws -> (Process, Pipe) {
+    let client = """
+        import socket, sys, time
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(sys.argv[1])
+        s.sendall(b'{"subscribe":{"from":"oldest"}}\\n')
+        while True:
+            chunk = s.recv(16384)
+            if not chunk: break
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+            time.sleep(float(sys.argv[2]))
+        """
+    let p = Process()
+    p.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+    p.arguments = [
+        "--reuid=65534", "--regid=100", "--clear-groups", "/usr/bin/python3", "-c", client, daemon.socketPath,
+        String(pause),
+    ]
+    let out = Pipe()
+    p.standardOutput = out
+    try p.run()
+    return (p, out)
+}
+
 @Suite struct SubscriberAccessTests {
     /// The first line whend answers a subscription from a process of `uid`, primary group
     /// `gid` and supplementary `groups`.
@@ -441,25 +449,7 @@ func seenThrough(_ line: [String: Any]) -> Int? {
         try daemon.start()
         defer { daemon.stop() }
         chmod(daemon.directory, 0o755)
-        let client = """
-            import socket, sys
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.connect(sys.argv[1])
-            s.sendall(b'{"subscribe":{"from":"oldest"}}\\n')
-            while True:
-                chunk = s.recv(65536)
-                if not chunk: break
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.flush()
-            """
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
-        p.arguments = [
-            "--reuid=65534", "--regid=100", "--clear-groups", "/usr/bin/python3", "-c", client, daemon.socketPath,
-        ]
-        let out = Pipe()
-        p.standardOutput = out
-        try p.run()
+        let (p, out) = try memberSubscriber(daemon, pause: 0)
         defer { if p.isRunning { p.terminate() } }
         try sendSession(daemon, app: "a", session: "s", [#"{"type":"when","name":"n"}"#])
         usleep(500_000)
