@@ -28,7 +28,7 @@ final class PlanViolationLog: Sendable {
 
     /// The key a violation is counted under.
     static func key(_ violation: PlanViolation) -> Key {
-        Key(event: violation.rule == .event ? "" : violation.event, rule: violation.rule.rawValue)
+        Key(event: violation.planned ? violation.event : "", rule: violation.rule.rawValue)
     }
 
     func add(_ violation: PlanViolation, stored: Bool, line: UnsafeBufferPointer<UInt8>, app: [UInt8]?) {

@@ -16,8 +16,22 @@ final class Pattern: @unchecked Sendable {
     private let regex: UnsafeMutablePointer<regex_t>
     let source: String
 
+    /// The most positions a pattern's counted repetitions may expand to. regcomp writes
+    /// `x{m,n}` out as n copies of x, nested ones as the product: `(a{1,1000}){1,1000}` took
+    /// whend's memory at 1 GB/s while it compiled, and `(.{1,1000}){1,100}` held every
+    /// connection's ingest for seconds on a 150-byte string. Real patterns (a UUID, an email,
+    /// `[0-9]{1,255}`) stay far below.
+    static let maxExpandedSize = 1000
+
     init(_ source: String) throws(PatternError) {
         if let unsupported = Self.unsupported(in: source) { throw PatternError(reason: unsupported) }
+        let size = Self.expandedSize(of: source)
+        guard size <= Self.maxExpandedSize else {
+            throw PatternError(
+                reason:
+                    "its counted repetitions ({m,n}) expand to \(size > 1_000_000 ? "over 1000000" : String(size)) positions, over \(Self.maxExpandedSize): a regular expression library writes each repetition out (nested ones multiply); use *, + or smaller bounds, and maxLength for the length"
+            )
+        }
         let compiled = UnsafeMutablePointer<regex_t>.allocate(capacity: 1)
         compiled.initialize(to: regex_t())
         let status = regcomp(compiled, source, REG_EXTENDED | REG_NOSUB)
@@ -46,6 +60,74 @@ final class Pattern: @unchecked Sendable {
         return base.withMemoryRebound(to: CChar.self, capacity: bytes.count) {
             regexec(regex, $0, 1, &match, REG_STARTEND) == 0
         }
+    }
+
+    /// How many positions the pattern is once its counted repetitions are written out: each
+    /// atom one, a group the sum of its contents, `x{m,n}` n times x (m + 1 times for `{m,}`).
+    /// Capped, so that no nesting overflows.
+    static func expandedSize(of source: String) -> Int {
+        let cap = 1 << 40
+        let bytes = Array(source.utf8)
+        var stack: [Int] = [0]  // the size of each open group's contents so far
+        var last = 0  // the size of the last atom, which a quantifier repeats
+        var i = 0
+        while i < bytes.count {
+            let b = bytes[i]
+            switch b {
+            case UInt8(ascii: "\\"):
+                i += 2
+                last = 1
+                stack[stack.count - 1] += 1
+                continue
+            case UInt8(ascii: "["):
+                // To the bracket's end: a ']' right after '[' or '[^' is a member.
+                i += 1
+                if i < bytes.count, bytes[i] == UInt8(ascii: "^") { i += 1 }
+                if i < bytes.count, bytes[i] == UInt8(ascii: "]") { i += 1 }
+                while i < bytes.count, bytes[i] != UInt8(ascii: "]") { i += 1 }
+                last = 1
+                stack[stack.count - 1] += 1
+            case UInt8(ascii: "("):
+                stack.append(0)
+                last = 0
+            case UInt8(ascii: ")"):
+                let inner = stack.count > 1 ? stack.removeLast() : 0
+                last = max(1, inner)
+                stack[stack.count - 1] = min(cap, stack[stack.count - 1] + last)
+            case UInt8(ascii: "{"):
+                var j = i + 1
+                var numbers: [Int] = [0]
+                var sawComma = false
+                while j < bytes.count, bytes[j] != UInt8(ascii: "}") {
+                    if bytes[j] == UInt8(ascii: ",") {
+                        sawComma = true
+                        numbers.append(0)
+                    } else if bytes[j] >= 0x30 && bytes[j] <= 0x39 {
+                        numbers[numbers.count - 1] = min(cap, numbers[numbers.count - 1] * 10 + Int(bytes[j] - 0x30))
+                    }
+                    j += 1
+                }
+                let upper =
+                    sawComma && numbers.count > 1 && j > i + 1 && bytes[j - 1] != UInt8(ascii: ",")
+                    ? numbers[1] : numbers[0] + (sawComma ? 1 : 0)
+                func times(_ a: Int, _ b: Int) -> Int {
+                    let (product, overflow) = a.multipliedReportingOverflow(by: b)
+                    return overflow ? cap : min(cap, product)
+                }
+                // The atom counted once already; written out `upper` times in all.
+                stack[stack.count - 1] = min(cap, stack[stack.count - 1] + times(last, max(0, upper - 1)))
+                last = times(last, max(1, upper))
+                i = j
+            case UInt8(ascii: "|"), UInt8(ascii: "^"), UInt8(ascii: "$"), UInt8(ascii: "*"), UInt8(ascii: "+"),
+                UInt8(ascii: "?"):
+                break
+            default:
+                last = 1
+                stack[stack.count - 1] += 1
+            }
+            i += 1
+        }
+        return min(cap, stack.reduce(0, +))
     }
 
     /// What ERE would read otherwise than ECMA-262, if the pattern holds any.

@@ -102,6 +102,9 @@ package struct PlanViolation: Sendable, Equatable, CustomStringConvertible {
     /// `$.params.cart[2].price`, from the event's root.
     package var path: String
     package var detail: String
+    /// Whether `event` is a name the plan chose (a planned `When` name, or an event type) rather
+    /// than one a client did: only those may label counts, or clients would grow them at will.
+    package var planned = true
 
     package var description: String { "\(event): \(path): \(detail) (rule \(rule.rawValue))" }
 }
@@ -148,10 +151,18 @@ extension TrackingPlan {
             ? decodeJSONString(raw).withUnsafeBufferPointer { Self.knows($0, rules) } : Self.knows(raw, rules)
         guard !known else { return nil }
         let shown = String(decoding: screen.escaped ? decodeJSONString(raw) : Array(raw), as: UTF8.self)
+        var planned = true
+        if subject.type == .when, let name = subject.name {
+            let rawName = UnsafeBufferPointer(rebasing: line[name.contents])
+            planned =
+                (name.escaped
+                    ? decodeJSONString(rawName).withUnsafeBufferPointer { rules.pointee.events.find($0) }
+                    : rules.pointee.events.find(rawName)) != nil
+        }
         return PlanViolation(
             event: subject.type == .when ? Self.text(subject.name, line) : subject.type.rawValue, rule: .screen,
             path: subject.type == .screen ? "$.name" : "$.screen",
-            detail: "the screen \"\(shown)\" is not in the plan's screens")
+            detail: "the screen \"\(shown)\" is not in the plan's screens", planned: planned)
     }
 
     private static func knows(_ screen: UnsafeBufferPointer<UInt8>, _ rules: UnsafePointer<Rules>) -> Bool {
@@ -171,7 +182,7 @@ extension TrackingPlan {
             guard !rules.pointee.unplannedEvents else { return nil }
             return PlanViolation(
                 event: Self.text(name, line), rule: .event, path: "$.name",
-                detail: "\"\(Self.text(name, line))\" is not an event of the plan")
+                detail: "\"\(Self.text(name, line))\" is not an event of the plan", planned: false)
         }
         let failure: SchemaFailure?
         if let params {

@@ -53,7 +53,8 @@ package struct PlanInference {
         case .array: "array"
         case .number:
             !raw.contains { $0 == UInt8(ascii: ".") || $0 | 0x20 == UInt8(ascii: "e") }
-                || JSONValue(raw: raw).double.map { $0.rounded(.towardZero) == $0 } == true ? "integer" : "number"
+                || JSONValue(raw: raw).double.map { $0.isFinite && $0.rounded(.towardZero) == $0 } == true
+                ? "integer" : "number"
         }
     }
 
@@ -70,7 +71,8 @@ package struct PlanInference {
                     + "        \(Self.quoted(key)): {\"type\": \(Self.types(event.properties[key]!))}"
             }
             out += event.properties.isEmpty ? "},\n" : "\n      },\n"
-            let required = event.properties.filter { $0.value.present == event.count }.keys.sorted()
+            // A plan's `required` names at most 64 (TrackingPlan); more would make a plan whend refuses.
+            let required = event.properties.filter { $0.value.present == event.count }.keys.sorted().prefix(64)
             out += "      \"required\": [\(required.map(Self.quoted).joined(separator: ", "))],\n"
             out += "      \"additionalProperties\": false\n    }"
         }

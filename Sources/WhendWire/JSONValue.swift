@@ -60,7 +60,9 @@ public struct JSONValue {
     public var uint64: UInt64? { kind == .number ? JSONBytes.parseUInt(raw) : nil }
 
     public var double: Double? {
-        guard kind == .number, raw.count < 64 else { return nil }
+        // Any length: a literal of 64 digits is as much a number as one of 6 (the buffer is on
+        // the heap past the stack's share).
+        guard kind == .number else { return nil }
         return withUnsafeTemporaryAllocation(of: CChar.self, capacity: raw.count + 1) { buffer in
             for i in 0..<raw.count { buffer[i] = CChar(bitPattern: raw[i]) }
             buffer[raw.count] = 0

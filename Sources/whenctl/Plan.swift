@@ -43,7 +43,10 @@ struct Plan: ParsableCommand {
                 problems += 1
                 printError("whenctl plan infer: warning: \(problem)")
             }
-            FileHandle.standardError.write(Data(inference.statistics().utf8))
+            // Names clients chose, on the operator's terminal: escaped, line by line.
+            let statistics = inference.statistics().split(separator: "\n", omittingEmptySubsequences: false)
+                .map { printable(String($0), limit: .max) }.joined(separator: "\n")
+            FileHandle.standardError.write(Data(statistics.utf8))
             let plan = inference.plan()
             if let write {
                 guard FileManager.default.createFile(atPath: write, contents: Data(plan.utf8)) else {

@@ -1,0 +1,77 @@
+import Testing
+import WhendTrackingPlan
+import WhendWire
+
+@testable import WhendTrackingPlan
+
+/// What an outside attack on the plan found: patterns that cost whend its memory or every
+/// connection's ingest, counts labelled by names clients choose, long number literals judged
+/// as NaN, and generated names that all collided in the event table.
+@Suite struct HostilePlanTests {
+    let check = TrackingPlanTests().check
+
+    @Test func patternsWhoseRepetitionsExpandPastTheBoundAreRefused() throws {
+        for pattern in [#"(a{1,1000}){1,1000}"#, #"(.{1,1000}){1,100}$"#, #"x{5000}"#, #"((a{100}){100}){100}"#] {
+            let plan = #"{"events":{"e":{"properties":{"p":{"type":"string","pattern":"\#(pattern)"}}}}}"#
+            #expect(throws: PlanError.self, "\(pattern)") { try TrackingPlan.parse(Array(plan.utf8)) }
+            let screens = #"{"events":{},"screens":{"patterns":["\#(pattern)"]}}"#
+            #expect(throws: PlanError.self, "\(pattern)") { try TrackingPlan.parse(Array(screens.utf8)) }
+        }
+        // What real plans write stays well inside it.
+        for pattern in [
+            #"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"#, #"^[0-9]{1,255}$"#,
+            #"^[^@]{1,64}@[^@]{1,255}$"#, #"^(ab){2,}$"#, #"a{,3}"#,
+        ] {
+            let plan = #"{"events":{"e":{"properties":{"p":{"type":"string","pattern":"\#(pattern)"}}}}}"#
+            _ = try TrackingPlan.parse(Array(plan.utf8))
+        }
+        #expect(Pattern.expandedSize(of: "(a{1,1000}){1,1000}") == 1_000_000)
+        #expect(Pattern.expandedSize(of: "^[0-9]{3}-[0-9]{4}$") == 8)
+        // Capped, however deep: no overflow.
+        #expect(Pattern.expandedSize(of: "(((((a{1000}){1000}){1000}){1000}){1000}){1000}") == 1 << 40)
+    }
+
+    @Test func countsAreLabelledOnlyByNamesThePlanChose() throws {
+        let plan = #"{"events":{"known":{}},"unplannedEvents":"allow","screens":{"names":["Inbox"]}}"#
+        let unplanned = try #require(
+            try check(#"{"type":"when","name":"anyName123","screen":"Nope"}"#, plan, nil))
+        #expect(unplanned.rule == .screen && !unplanned.planned)
+        let known = try #require(try check(#"{"type":"when","name":"known","screen":"Nope"}"#, plan, nil))
+        #expect(known.planned && known.event == "known")
+        let event = try #require(try check(#"{"type":"when","name":"other"}"#, #"{"events":{}}"#, nil))
+        #expect(event.rule == .event && !event.planned)
+    }
+
+    @Test func longNumberLiteralsAreNumbers() throws {
+        let plan = #"{"events":{"e":{"properties":{"x":{"type":"number","minimum":0},"i":{"type":"integer"}}}}}"#
+        let pi = "3.14159265358979323846264338327950288419716939937510582097494459230781640628620899"
+        #expect(try check(#"{"type":"when","name":"e","params":{"x":\#(pi)}}"#, plan, nil) == nil)
+        let one = "1." + String(repeating: "0", count: 70)
+        #expect(try check(#"{"type":"when","name":"e","params":{"i":\#(one)}}"#, plan, nil) == nil)
+        let big = "1" + String(repeating: "0", count: 299)
+        #expect(try check(#"{"type":"when","name":"e","params":{"x":\#(big)}}"#, plan, nil) == nil)
+        #expect(try check(#"{"type":"when","name":"e","params":{"x":-\#(pi)}}"#, plan, nil)?.rule == .minimum)
+    }
+
+    /// What `plan infer` proposes is a plan whend takes: more than 64 params always present,
+    /// or a number too large for a double, once made a plan it refused or a check that failed.
+    @Test func anInferredPlanIsOneWhendTakes() throws {
+        var inference = PlanInference()
+        let params = (0..<70).map { #""p\#($0)":\#($0)"# }.joined(separator: ",")
+        for seq in 1...3 {
+            let line = #"{"_seq":\#(seq),"type":"when","name":"wide","params":{\#(params),"huge":1e400},"app":"a"}"#
+            Array(line.utf8).withUnsafeBufferPointer { inference.add(record: $0) }
+        }
+        let text = inference.plan()
+        let plan = try TrackingPlan.parse(Array(text.utf8))
+        #expect(text.contains(#""huge": {"type": "number"}"#), "\(text)")
+        #expect(
+            try check(#"{"type":"when","name":"wide","params":{\#(params),"huge":1e400}}"#, text, nil) == nil)
+        _ = plan
+    }
+
+    @Test func namesAPlanGeneratesDoNotCollide() {
+        let names = (0..<20_000).map { Array("userTaps\(String(100_000 + $0).dropFirst())OnButton".utf8) }
+        #expect(Set(names.map(EventTable.hash)).count == names.count)
+    }
+}
