@@ -135,6 +135,7 @@ final class Pattern: @unchecked Sendable {
         let bytes = Array(source.utf8)
         var i = 0
         var inBracket = false
+        var quantified = false  // the last thing read was a repetition (*, +, {m,n})
         while i < bytes.count {
             let b = bytes[i]
             if b == UInt8(ascii: "\\"), i + 1 < bytes.count {
@@ -147,8 +148,34 @@ final class Pattern: @unchecked Sendable {
                     return
                         "a backslash inside [...] means itself to POSIX and an escape to ECMA-262; move it out of the brackets"
                 }
+                if !inBracket, "<>`'".utf8.contains(next) {
+                    return
+                        "\\\(Character(Unicode.Scalar(next))) is an anchor to the C library and the character itself to ECMA-262; write it without the backslash"
+                }
+                quantified = false
                 i += 2
                 continue
+            }
+            if !inBracket {
+                // A repetition of a repetition (a**, a{1}{2}) is an error to ECMA-262 (a*? is
+                // its lazy form, which matches where a* does); {,n} is a repetition to the C
+                // library and text to ECMA-262.
+                if b == UInt8(ascii: "*") || b == UInt8(ascii: "+") || b == UInt8(ascii: "{") {
+                    if quantified {
+                        return "a repetition of a repetition is an error to ECMA-262; group it: (a*)*"
+                    }
+                    if b == UInt8(ascii: "{"), i + 1 < bytes.count, bytes[i + 1] == UInt8(ascii: ",") {
+                        return "{,n} is a repetition to the C library and text to ECMA-262; write {0,n}"
+                    }
+                    quantified = true
+                    if b == UInt8(ascii: "{") {
+                        while i < bytes.count, bytes[i] != UInt8(ascii: "}") { i += 1 }
+                    }
+                    i += 1
+                    continue
+                } else if b != UInt8(ascii: "?") {
+                    quantified = false
+                }
             }
             if b == UInt8(ascii: "[") && !inBracket {
                 inBracket = true

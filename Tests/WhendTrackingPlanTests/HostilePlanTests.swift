@@ -20,7 +20,7 @@ import WhendWire
         // What real plans write stays well inside it.
         for pattern in [
             #"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"#, #"^[0-9]{1,255}$"#,
-            #"^[^@]{1,64}@[^@]{1,255}$"#, #"^(ab){2,}$"#, #"a{,3}"#,
+            #"^[^@]{1,64}@[^@]{1,255}$"#, #"^(ab){2,}$"#, #"^a*?b+?$"#, #"(a*)*"#,
         ] {
             let plan = #"{"events":{"e":{"properties":{"p":{"type":"string","pattern":"\#(pattern)"}}}}}"#
             _ = try TrackingPlan.parse(Array(plan.utf8))
@@ -29,6 +29,16 @@ import WhendWire
         #expect(Pattern.expandedSize(of: "^[0-9]{3}-[0-9]{4}$") == 8)
         // Capped, however deep: no overflow.
         #expect(Pattern.expandedSize(of: "(((((a{1000}){1000}){1000}){1000}){1000}){1000}") == 1 << 40)
+    }
+
+    /// What the C library reads otherwise than ECMA-262 is refused, so that a plan means one
+    /// thing to its author and to whend: GNU's anchors `\<` `\>` `\`` `\'`, `{,n}`, and a
+    /// repetition of a repetition (`^\<b$` matched "b" and not "<b").
+    @Test func whatTheTwoDialectsReadOtherwiseIsRefused() throws {
+        for pattern in [#"^\\<b$"#, #"\\>"#, #"\\`"#, #"\\'"#, #"a{,3}"#, #"a**"#, #"a{1}{2}"#, #"a+*"#] {
+            let plan = #"{"events":{"e":{"properties":{"p":{"type":"string","pattern":"\#(pattern)"}}}}}"#
+            #expect(throws: PlanError.self, "\(pattern)") { try TrackingPlan.parse(Array(plan.utf8)) }
+        }
     }
 
     @Test func countsAreLabelledOnlyByNamesThePlanChose() throws {
