@@ -4,6 +4,21 @@ import Testing
 import WhenClient
 import WhendWire
 
+/// whenctl running with `arguments` (and `environment`, else this process's), its standard
+/// output and error on pipes.
+func startWhenctl(_ arguments: [String], environment: [String: String]? = nil) throws -> (Process, Pipe, Pipe) {
+    let p = Process()
+    p.executableURL = URL(fileURLWithPath: executable("whenctl"))
+    p.arguments = arguments
+    if let environment { p.environment = environment }
+    let out = Pipe()
+    let err = Pipe()
+    p.standardOutput = out
+    p.standardError = err
+    try p.run()
+    return (p, out, err)
+}
+
 /// The subscription's two clients: `whenctl tail -f` and WhenClient's `WhendSubscription`.
 @Suite(.serialized) struct SubscriptionClientTests {
     /// `tail -f` on whend's socket prints each record once, in order, across a restart of whend.
@@ -12,17 +27,10 @@ import WhendWire
         try daemon.start()
         defer { daemon.stop() }
         try sendSession(daemon, app: "a", session: "s", (1...20).map { #"{"type":"when","name":"early\#($0)"}"# })
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: executable("whenctl"))
-        p.arguments = [
+        let (p, out, err) = try startWhenctl([
             "tail", "-f", "-n", "3", "--type", "when", "--state-dir", daemon.stateDirectory, "--socket",
             daemon.socketPath,
-        ]
-        let out = Pipe()
-        let err = Pipe()
-        p.standardOutput = out
-        p.standardError = err
-        try p.run()
+        ])
         defer { if p.isRunning { p.terminate() } }
         usleep(300_000)
         try sendSession(daemon, app: "a", session: "s", (1...30).map { #"{"type":"when","name":"before\#($0)"}"# })
@@ -54,16 +62,10 @@ import WhendWire
         try daemon.start()
         defer { daemon.stop() }
         try sendSession(daemon, app: "a", session: "s", (1...3).map { #"{"type":"when","name":"n\#($0)"}"# })
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: executable("whenctl"))
-        p.arguments = [
+        let (p, out, _) = try startWhenctl([
             "tail", "-f", "-n", "10", "--to", "6", "--type", "when", "--state-dir", daemon.stateDirectory, "--socket",
             daemon.socketPath,
-        ]
-        let out = Pipe()
-        p.standardOutput = out
-        p.standardError = FileHandle.nullDevice
-        try p.run()
+        ])
         defer { if p.isRunning { p.terminate() } }
         usleep(300_000)
         try sendSession(
@@ -83,17 +85,11 @@ import WhendWire
         try daemon.start()
         defer { daemon.stop() }
         try sendSession(daemon, app: "a", session: "s", (1...10).map { #"{"type":"when","name":"n\#($0)"}"# })
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: executable("whenctl"))
-        p.arguments = ["tail", "-f", "-n", "3", "--to", "14", "-o", "short", "--socket", daemon.socketPath]
         // No journal where whenctl would look by default.
         let elsewhere = ScratchDirectory.make("tail-socket-only-home")
-        p.environment = ["HOME": elsewhere, "XDG_STATE_HOME": elsewhere + "/state", "PATH": "/usr/bin:/bin"]
-        let out = Pipe()
-        let err = Pipe()
-        p.standardOutput = out
-        p.standardError = err
-        try p.run()
+        let (p, out, err) = try startWhenctl(
+            ["tail", "-f", "-n", "3", "--to", "14", "-o", "short", "--socket", daemon.socketPath],
+            environment: ["HOME": elsewhere, "XDG_STATE_HOME": elsewhere + "/state", "PATH": "/usr/bin:/bin"])
         defer { if p.isRunning { p.terminate() } }
         usleep(300_000)
         try sendSession(

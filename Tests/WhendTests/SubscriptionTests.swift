@@ -50,6 +50,17 @@ final class Subscriber {
     }
 }
 
+/// About `megabytes` MiB of records (1000 `when` events of 900 padding bytes per session),
+/// for a subscriber to fall behind on.
+func sendBacklog(_ daemon: TestDaemon, megabytes: Int) throws {
+    let pad = String(repeating: "x", count: 900)
+    for part in 0..<megabytes {
+        try sendSession(
+            daemon, app: "app", session: "p\(part)",
+            (0..<1000).map { #"{"type":"when","name":"n\#($0)","context":{"pad":"\#(pad)"}}"# })
+    }
+}
+
 /// The last `_seq` a subscriber was told it has seen everything through: a record's own, or a
 /// checkpoint's, or caught_up's.
 func seenThrough(_ line: [String: Any]) -> Int? {
@@ -310,12 +321,7 @@ func seenThrough(_ line: [String: Any]) -> Int? {
     @Test func aStalledSubscriberDoesNotHoldTheStop() throws {
         let daemon = TestDaemon("subscribe-stall-stop", arguments: ["--shutdown-timeout", "60"])
         try daemon.start()
-        let pad = String(repeating: "x", count: 900)
-        for part in 0..<4 {
-            try sendSession(
-                daemon, app: "app", session: "p\(part)",
-                (0..<1000).map { #"{"type":"when","name":"n\#($0)","context":{"pad":"\#(pad)"}}"# })
-        }
+        try sendBacklog(daemon, megabytes: 4)
         let subscriber = try Subscriber(daemon, #"{"from":"oldest"}"#)
         usleep(1_000_000)
         let started = Date()
@@ -329,12 +335,7 @@ func seenThrough(_ line: [String: Any]) -> Int? {
         let daemon = TestDaemon("subscribe-slow")
         try daemon.start()
         defer { daemon.stop() }
-        let pad = String(repeating: "x", count: 900)
-        for part in 0..<8 {
-            try sendSession(
-                daemon, app: "app", session: "p\(part)",
-                (0..<1000).map { #"{"type":"when","name":"n\#($0)","context":{"pad":"\#(pad)"}}"# })
-        }
+        try sendBacklog(daemon, megabytes: 8)
         let subscriber = try Subscriber(daemon, #"{"from":"oldest"}"#)
         usleep(500_000)
         // Meanwhile ingest goes on: every event is acknowledged.
