@@ -70,7 +70,7 @@ final class UIProcess {
         }
         url = first
         guard let components = URLComponents(string: first), let port = components.port,
-            let token = components.queryItems?.first(where: { $0.name == "token" })?.value
+            let token = components.fragment.flatMap({ $0.hasPrefix("token=") ? String($0.dropFirst(6)) : nil })
         else { throw TestFailure(description: "whenctl ui's first line is not its address: \(first)") }
         self.port = port
         self.token = token
@@ -173,7 +173,9 @@ final class UIBrowser {
 
 /// One HTTP/1.1 request over TCP to 127.0.0.1:`port`, with the Host and headers given as they
 /// are: what a page of another site, or a program on the machine, could send.
-func rawHTTP(port: Int, path: String, host: String, headers: [String] = []) throws -> (status: Int, body: String) {
+func rawHTTP(port: Int, path: String, host: String, headers: [String] = []) throws -> (
+    status: Int, head: String, body: String
+) {
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
     guard fd >= 0 else { throw TestFailure(description: "socket: \(errno)") }
     defer { close(fd) }
@@ -201,6 +203,71 @@ func rawHTTP(port: Int, path: String, host: String, headers: [String] = []) thro
     }
     let text = String(decoding: response, as: UTF8.self)
     let status = Int(text.split(separator: " ", maxSplits: 2).dropFirst().first ?? "") ?? 0
-    let body = text.range(of: "\r\n\r\n").map { String(text[$0.upperBound...]) } ?? ""
-    return (status, body)
+    let end = text.range(of: "\r\n\r\n")
+    let head = end.map { String(text[..<$0.lowerBound]) } ?? text
+    let body = end.map { String(text[$0.upperBound...]) } ?? ""
+    return (status, head, body)
+}
+
+/// Another web server on 127.0.0.1, as a user's machine may run: it answers every request with
+/// a small page and keeps what each request said (its line and headers).
+final class HeaderRecorder: @unchecked Sendable {
+    // Unchecked: `seen` is guarded by `lock`; the rest is set before the threads start.
+    let port: Int
+    private let listener: Int32
+    private let lock = NSLock()
+    private var seen: [String] = []
+
+    init() throws {
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        self.listener = listener
+        guard listener >= 0 else { throw TestFailure(description: "socket: \(errno)") }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(listener, $0, length) == 0 && listen(listener, 16) == 0 && getsockname(listener, $0, &length) == 0
+            }
+        }
+        guard bound else { throw TestFailure(description: "cannot listen on 127.0.0.1: \(errno)") }
+        port = Int(UInt16(bigEndian: address.sin_port))
+        Thread { [self] in serve() }.start()
+    }
+
+    func requests() -> [String] { lock.withLock { seen } }
+
+    private func serve() {
+        while true {
+            let fd = accept(listener, nil, nil)
+            if fd < 0 { return }
+            // A browser also opens connections it never uses: each is waited on by itself.
+            Thread { [self] in answer(fd) }.start()
+        }
+    }
+
+    private func answer(_ fd: Int32) {
+        defer { close(fd) }
+        var timeout = timeval(tv_sec: 5, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        var request: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 16384)
+        while !request.suffix(4).elementsEqual([13, 10, 13, 10]) {
+            let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n <= 0 { break }
+            request += buffer[0..<n]
+        }
+        guard !request.isEmpty else { return }
+        lock.withLock { seen.append(String(decoding: request, as: UTF8.self)) }
+        let page = "<!doctype html><title>another server</title><p>another server"
+        let answer =
+            "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: \(page.utf8.count)\r\nConnection: close\r\n\r\n\(page)"
+        _ = Array(answer.utf8).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+    }
+
+    deinit {
+        shutdown(listener, Int32(SHUT_RDWR))
+        close(listener)
+    }
 }

@@ -30,10 +30,12 @@ import Testing
             #expect(r.status == 0, "whenctl plugins --wait: \(r.error)")
         }
 
-        /// Opens the page with its token and waits until its live stream has caught up.
+        /// Opens the page with its token (on the view `fragment` names) and waits until its live
+        /// stream has caught up.
         func open(_ fragment: String = "") throws {
-            try browser.get(ui.url + fragment)
-            try browser.wait("return document.getElementById('live-status').textContent.startsWith('live')")
+            try browser.get(ui.url + (fragment.isEmpty ? "" : "&" + fragment.dropFirst()))
+            try browser.wait(
+                "const s = document.getElementById('live-status'); return s && s.textContent.startsWith('live')")
         }
 
         func stop() {
@@ -57,48 +59,90 @@ import Testing
         return events
     }
 
-    /// The page and its data are served to the token only, and only under this server's own
-    /// name: another site's page that has its name resolve to 127.0.0.1 is refused.
+    /// whend's data is served to the token only, and only under this server's own name: another
+    /// site's page that has its name resolve to 127.0.0.1 is refused. The page itself holds
+    /// nothing and is served to anyone who names the server rightly.
     @Test func thePageNeedsItsTokenAndItsOwnHostName() throws {
         let rig = try Rig("guard")
         defer { rig.stop() }
-        // 32 bytes, in hex, and another for another run.
+        // 32 bytes, in hex, and another for another run; in the fragment, which is never sent.
         #expect(rig.ui.token.count == 64 && rig.ui.token.allSatisfy(\.isHexDigit), "\(rig.ui.token)")
+        #expect(rig.ui.url == "\(rig.ui.base)/#token=\(rig.ui.token)")
         #expect(try UIProcess(rig.daemon).token != rig.ui.token)
         let host = "127.0.0.1:\(rig.ui.port)"
-        let cookie = "Cookie: whenctl_ui_\(rig.ui.port)=\(rig.ui.token)"
+        let bearer = "Authorization: Bearer \(rig.ui.token)"
 
-        let noToken = try rawHTTP(port: rig.ui.port, path: "/", host: host)
-        #expect(noToken.status == 403 && noToken.body.contains("needs the token"), "\(noToken)")
-        let wrongToken = try rawHTTP(
-            port: rig.ui.port, path: "/api/overview?token=\(String(repeating: "0", count: 64))", host: host)
-        #expect(wrongToken.status == 403, "\(wrongToken)")
-        let wrongCookie = try rawHTTP(
-            port: rig.ui.port, path: "/api/stream", host: host, headers: ["Cookie: whenctl_ui_\(rig.ui.port)=x"])
-        #expect(wrongCookie.status == 403, "\(wrongCookie)")
+        for path in ["/api/overview", "/api/stream", "/api/record/1", "/api/sessions", "/api/metrics", "/nothing"] {
+            let noToken = try rawHTTP(port: rig.ui.port, path: path, host: host)
+            #expect(noToken.status == 403 && noToken.body.contains("needs the token"), "\(path): \(noToken)")
+        }
+        let wrong = String(repeating: "0", count: 64)
+        for (path, headers) in [
+            ("/api/overview?token=\(wrong)", []), ("/api/overview", ["Authorization: Bearer \(wrong)"]),
+            ("/api/overview", ["Authorization: Basic \(rig.ui.token)"]),
+            ("/api/overview?token=\(rig.ui.token.prefix(63))", []),
+            // A cookie is no way in: browsers send one to every port of the host.
+            ("/api/overview", ["Cookie: whenctl_ui_\(rig.ui.port)=\(rig.ui.token)", "Cookie: token=\(rig.ui.token)"]),
+        ] {
+            let refused = try rawHTTP(port: rig.ui.port, path: path, host: host, headers: headers)
+            #expect(refused.status == 403, "\(path) \(headers): \(refused)")
+        }
+        // The page's parts are served without the token, and never set a cookie.
+        for path in ["/", "/app.js", "/views.js", "/style.css", "/?token=\(rig.ui.token)"] {
+            let asset = try rawHTTP(port: rig.ui.port, path: path, host: host)
+            #expect(asset.status == 200 && !asset.body.contains(rig.ui.token), "\(path): \(asset.status)")
+            #expect(!asset.head.lowercased().contains("set-cookie"), "\(path): \(asset.head)")
+        }
         for foreign in ["evil.example:\(rig.ui.port)", "127.0.0.1:1", "localhost", "127.0.0.1.nip.io:\(rig.ui.port)"] {
-            let rebound = try rawHTTP(
-                port: rig.ui.port, path: "/?token=\(rig.ui.token)", host: foreign, headers: [cookie])
-            #expect(
-                rebound.status == 421
-                    && rebound.body.contains("127.0.0.1:\(rig.ui.port) and localhost:\(rig.ui.port) only"),
-                "\(foreign): \(rebound)")
+            for path in ["/", "/api/overview"] {
+                let rebound = try rawHTTP(port: rig.ui.port, path: path, host: foreign, headers: [bearer])
+                #expect(
+                    rebound.status == 421
+                        && rebound.body.contains("127.0.0.1:\(rig.ui.port) and localhost:\(rig.ui.port) only"),
+                    "\(foreign)\(path): \(rebound)")
+            }
+        }
+        for extra in ["Host: evil.example", "Host: \(host)", "host: localhost:\(rig.ui.port)"] {
+            let twice = try rawHTTP(port: rig.ui.port, path: "/api/overview", host: host, headers: [bearer, extra])
+            #expect(twice.status == 400 && twice.body.contains("one Host"), "\(extra): \(twice)")
         }
         for name in [host, "localhost:\(rig.ui.port)"] {
-            #expect(try rawHTTP(port: rig.ui.port, path: "/api/overview", host: name, headers: [cookie]).status == 200)
+            #expect(try rawHTTP(port: rig.ui.port, path: "/api/overview", host: name, headers: [bearer]).status == 200)
+            #expect(
+                try rawHTTP(port: rig.ui.port, path: "/api/overview?token=\(rig.ui.token)", host: name).status == 200)
         }
 
-        // In the browser: refused without the token, served with it (and the token then leaves
-        // the address bar: the cookie carries it).
+        // In the browser: without the token the page says what to open; with it, it works, and
+        // the token leaves the address bar for the page's session storage, not a cookie.
         try rig.browser.get(rig.ui.base + "/")
         let refused = try rig.browser.js("return document.body.innerText") as? String ?? ""
-        #expect(refused.contains("refused") && refused.contains("token"), "\(refused)")
+        #expect(refused.contains("needs the token") && refused.contains("#token="), "\(refused)")
         rig.browser.screenshot("01-refused-without-token")
         try rig.open()
         #expect(try rig.browser.js("return document.title") as? String == "whend debugger")
-        #expect(try rig.browser.js("return location.search") as? String == "")
+        #expect(try rig.browser.js("return location.href") as? String == rig.ui.base + "/")
+        #expect(try rig.browser.js("return document.cookie") as? String == "")
         try rig.browser.wait("return document.getElementById('daemon').textContent.includes('whend 0.1')")
         rig.browser.screenshot("02-page-with-token")
+    }
+
+    /// No other server on 127.0.0.1 learns the token from the browser: not the page's own
+    /// origin on another port (browsers send a host's cookies to all its ports), not through a
+    /// referrer, not after the page was reloaded or left.
+    @Test func noOtherLocalServerIsSentTheToken() throws {
+        let rig = try Rig("token-leak")
+        defer { rig.stop() }
+        let other = try HeaderRecorder()
+        try rig.open()
+        try rig.browser.get(rig.ui.base + "/#sessions")
+        try rig.browser.wait("return document.getElementById('daemon').textContent.includes('whend 0.1')")
+        for path in ["/", "/app.js", "/api/overview"] {
+            try rig.browser.get("http://127.0.0.1:\(other.port)\(path)")
+            try rig.browser.get("http://localhost:\(other.port)\(path)")
+        }
+        let seen = other.requests()
+        #expect(seen.count >= 6, "\(seen)")
+        #expect(!seen.contains { $0.contains(rig.ui.token) }, "\(seen)")
     }
 
     /// The page shows what the user running `whenctl ui` may read, no more: a user whend does

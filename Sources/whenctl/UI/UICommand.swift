@@ -10,15 +10,16 @@ struct UI: ParsableCommand {
         abstract: "Serve a debugger page for the running whend on 127.0.0.1, until Ctrl-C.",
         discussion: """
             The first line printed is the page's address, with a token made for this run: \
-            http://127.0.0.1:PORT/?token=… Open it in a browser on this machine. The page shows \
+            http://127.0.0.1:PORT/#token=… Open it in a browser on this machine. The page shows \
             the records live as whend stores them (filters, pause, raw or pretty), the events \
             whend refused lately, sessions and a session's timeline, an app's screen flow, \
             crash reports with their breadcrumbs, the pipelines, and the ingest and pipeline \
             rates of the last minutes. It reads what this user may read: records through a \
             subscription on the event socket (whend's user, root or subscribe_group), status \
             through the control socket, sessions and crash reports from the state directory. \
-            Requests without the token, or naming another host than 127.0.0.1:PORT or \
-            localhost:PORT, are refused. whend itself opens no TCP port.
+            Requests for data without the token (the page sends it as Authorization: Bearer, or \
+            ?token= for its event stream), and requests naming another host than 127.0.0.1:PORT \
+            or localhost:PORT, are refused. whend itself opens no TCP port.
             """)
 
     @OptionGroup var options: ControlOptions
@@ -65,7 +66,7 @@ struct UI: ParsableCommand {
             do {
                 try await UIServer(port: port, token: token, source: source).run { boundPort in
                     // The first line, flushed at once: scripts and tests read the address from it.
-                    let line = "http://127.0.0.1:\(boundPort)/?token=\(token)\n"
+                    let line = "http://127.0.0.1:\(boundPort)/#token=\(token)\n"
                     FileHandle.standardOutput.write(Data(line.utf8))
                     printError(
                         "whenctl ui: serving whend at \(eventSocket) on 127.0.0.1:\(boundPort) until Ctrl-C; open the address above on this machine"

@@ -142,12 +142,18 @@ func blocking<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async thr
 }
 
 /// Every request: the Host must be this server's own (a page of another site that has its name
-/// resolve to 127.0.0.1 names itself), and the token must come with it, in the query or in
-/// the cookie the page set. Every answer: no caching, no framing, no referrer, scripts only
-/// from this origin.
+/// resolve to 127.0.0.1 names itself). Every request for data: the token, as `Authorization:
+/// Bearer` (the page's fetches) or `?token=` (its EventSource, which cannot set headers). The
+/// page and its script and style hold no data and are served without it: the token comes to
+/// the page in the address's fragment, which a browser never sends, and stays in the page's
+/// session storage, which browsers keep apart by port, unlike cookies. Every answer: no
+/// caching, no framing, no referrer, scripts only from this origin.
 struct UIGuard<Context: RequestContext>: RouterMiddleware {
     let token: String
     let port: UIBoundPort
+
+    /// What the page is made of: the same for everyone, and nothing of whend's.
+    static var assets: Set<String> { ["/", "/app.js", "/views.js", "/style.css", "/favicon.ico"] }
 
     func handle(
         _ request: Request, context: Context, next: (Request, Context) async throws -> Response
@@ -165,6 +171,11 @@ struct UIGuard<Context: RequestContext>: RouterMiddleware {
         _ request: Request, context: Context, next: (Request, Context) async throws -> Response
     ) async throws -> Response {
         let port = self.port.port
+        // The first Host became the authority; any other is still among the fields. Which one a
+        // proxy in front would have judged by is unknowable, so neither is taken (RFC 9112 §3.2).
+        guard request.headers[values: .extraHost].isEmpty else {
+            return UIServer.text(.badRequest, "whenctl ui: refused: a request names one Host, not several")
+        }
         let host = (request.head.authority ?? "").lowercased()
         guard host == "127.0.0.1:\(port)" || host == "localhost:\(port)" else {
             return UIServer.text(
@@ -172,22 +183,29 @@ struct UIGuard<Context: RequestContext>: RouterMiddleware {
                 "whenctl ui: refused: this server answers to 127.0.0.1:\(port) and localhost:\(port) only, not to Host \"\(printable(host, limit: 100))\" (a page of another site may have its name resolve here)"
             )
         }
-        let cookieName = "whenctl_ui_\(port)"
-        let fromQuery = request.uri.queryParameters.get("token")
-        let fromCookie = request.cookies[cookieName].map { Substring($0.value) }
-        guard UIToken.matches(fromQuery.map { Substring($0) }, token) || UIToken.matches(fromCookie, token) else {
+        guard Self.assets.contains(request.uri.path) || presentsToken(request) else {
             return UIServer.text(
                 .forbidden,
-                "whenctl ui: refused: this page needs the token whenctl ui printed with its address (http://127.0.0.1:\(port)/?token=…); open that address"
+                "whenctl ui: refused: this page needs the token whenctl ui printed with its address (http://127.0.0.1:\(port)/#token=…); open that address"
             )
         }
-        var response = try await next(request, context)
-        if fromQuery != nil, request.uri.path == "/" {
-            // The page's own requests (script, style, data, the event stream) carry it from now on.
-            response.headers.append(
-                HTTPField(name: .setCookie, value: "\(cookieName)=\(token); Path=/; HttpOnly; SameSite=Strict"))
+        return try await next(request, context)
+    }
+
+    private func presentsToken(_ request: Request) -> Bool {
+        if let query = request.uri.queryParameters.get("token"), UIToken.matches(Substring(query), token) {
+            return true
         }
-        return response
+        // Every Authorization field is looked at: one that matches is enough.
+        for field in request.headers[values: .authorization] {
+            let parts = field.split(separator: " ", maxSplits: 1)
+            if parts.count == 2, parts[0].lowercased() == "bearer",
+                UIToken.matches(parts[1].trimmingCharacters(in: .whitespaces)[...], token)
+            {
+                return true
+            }
+        }
+        return false
     }
 }
 
@@ -195,4 +213,6 @@ extension HTTPField.Name {
     static let xFrameOptions = HTTPField.Name("X-Frame-Options")!
     static let referrerPolicy = HTTPField.Name("Referrer-Policy")!
     static let lastEventID = HTTPField.Name("Last-Event-ID")!
+    /// A Host field left among the fields: the first one became the request's authority.
+    static let extraHost = HTTPField.Name("Host")!
 }

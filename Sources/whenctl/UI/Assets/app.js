@@ -5,11 +5,38 @@
 
 const W = (window.W = {});
 
-// The address carries the token only for the first load: the cookie set with the page carries
-// it from then on, so it need not stay in the address bar, the history or a screenshot.
-if (location.search.includes("token=")) {
-  history.replaceState(null, "", location.pathname + location.hash);
+// The token comes once, in the address's fragment (#token=…), which the browser sends nowhere.
+// The page keeps it in session storage, which browsers keep apart by origin, port included
+// (cookies they do not: another server on 127.0.0.1 would be sent one), and takes it out of the
+// address bar, the history and any screenshot. `?token=` is taken the same way.
+const TOKEN_KEY = "whenctl-ui-token";
+// True when the address carried a token (now kept, and gone from the address).
+function takeToken() {
+  const take = (part) => {
+    const pieces = part.replace(/^[?#]/, "").split("&");
+    const found = pieces.find((p) => p.startsWith("token="));
+    return { token: found && found.slice(6), rest: pieces.filter((p) => p && !p.startsWith("token=")).join("&") };
+  };
+  const fromHash = take(location.hash);
+  const fromQuery = take(location.search);
+  if (fromHash.token === undefined && fromQuery.token === undefined) return false;
+  const token = fromHash.token || fromQuery.token;
+  if (token) sessionStorage.setItem(TOKEN_KEY, token);
+  const query = fromQuery.rest ? "?" + fromQuery.rest : "";
+  const hash = fromHash.rest ? "#" + fromHash.rest : "";
+  history.replaceState(null, "", location.pathname + query + hash);
+  return true;
 }
+takeToken();
+// An address with a token opened over this page (the same page, so not loaded again): start
+// over with that token.
+window.addEventListener("hashchange", (ev) => {
+  if (takeToken()) {
+    ev.stopImmediatePropagation();
+    location.reload();
+  }
+});
+W.token = sessionStorage.getItem(TOKEN_KEY) || "";
 
 W.$ = (id) => document.getElementById(id);
 
@@ -42,8 +69,12 @@ W.recordLink = (seq) => W.link("#record/" + seq, "#" + seq, "seq");
 W.sessionHref = (app, session) =>
   "#session/" + encodeURIComponent(app || "") + "/" + encodeURIComponent(session || "");
 
+// A request for whend's data: the token goes as a header, never a cookie.
+W.get = (path) =>
+  fetch(path, { credentials: "omit", cache: "no-store", headers: { Authorization: "Bearer " + W.token } });
+
 W.getJSON = async (path) => {
-  const r = await fetch(path, { credentials: "same-origin", cache: "no-store" });
+  const r = await W.get(path);
   const text = await r.text();
   if (!r.ok) throw new Error(text.trim() || r.status + " " + r.statusText);
   return JSON.parse(text);
@@ -138,6 +169,8 @@ W.overviewListeners = [];
 W.stream = (params, on) => {
   const q = new URLSearchParams();
   for (const [k, v] of Object.entries(params)) if (v !== "" && v !== undefined && v !== null) q.set(k, v);
+  // An EventSource cannot send headers: the token goes in the query, to this origin only.
+  q.set("token", W.token);
   const es = new EventSource("/api/stream?" + q.toString());
   const state = on.state || (() => {});
   // What whend (or whenctl ui, failing to reach it) said last, shown while the browser retries.
@@ -315,6 +348,23 @@ W.views.record = {
 };
 
 document.addEventListener("DOMContentLoaded", () => {
+  if (!W.token) {
+    // Nothing would answer without it: say what to open instead of failing everywhere.
+    const main = document.querySelector("main");
+    W.clear(main);
+    main.append(
+      W.el(
+        "p",
+        "status bad",
+        "whenctl ui: this page needs the token whenctl ui printed with its address (" +
+          location.origin +
+          "/#token=…); open that address.",
+      ),
+    );
+    W.$("daemon").textContent = "no token";
+    W.$("daemon").className = "daemon bad";
+    return;
+  }
   setupLive();
   W.$("jump").addEventListener("submit", (ev) => {
     ev.preventDefault();

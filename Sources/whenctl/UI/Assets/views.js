@@ -473,7 +473,7 @@
     $("metrics-details").addEventListener("toggle", async () => {
       if (!$("metrics-details").open) return;
       try {
-        const r = await fetch("/api/metrics", { credentials: "same-origin" });
+        const r = await W.get("/api/metrics");
         $("metrics-text").textContent = await r.text();
       } catch (e) {
         $("metrics-text").textContent = e.message;
