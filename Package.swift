@@ -134,7 +134,7 @@ let package = Package(
         .target(name: "WhendSystem"),
         // Tracking plans: the plan file, its schemas compiled once, and the check of an event
         // against them (whend at ingest, whenctl plan over the journal).
-        .target(name: "WhendTrackingPlan", dependencies: ["WhendWire"]),
+        .target(name: "WhendTrackingPlan", dependencies: ["WhendWire", "WhendSystem"]),
         // The append-only zstd journal: writer, recovery, reader, index, verify. No NIO.
         .target(name: "WhendJournal", dependencies: ["WhendWire", "WhendRecord", "WhendSystem", "CZstd", "CScan"]),
         // whend's settings: one table for the file, the environment and the flags, and how a

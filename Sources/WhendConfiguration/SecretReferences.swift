@@ -1,4 +1,5 @@
 import Foundation
+import WhendSystem
 
 /// Why a reference to a secret could not be read.
 package struct SecretReferenceError: Error, CustomStringConvertible, Equatable {
@@ -75,43 +76,24 @@ extension Secrets {
     /// The most a file or credential holding a secret may hold.
     package static let maximumSecretSize = 64 * 1024
 
-    /// The contents of the regular file at `path`, at most `maximumSecretSize` bytes. Opened
-    /// without blocking (a FIFO would hold the reload, and the daemon, until a writer came) and
-    /// checked after opening (`fstat`, so a symlink is followed to what it names, as systemd's
-    /// and container runtimes' secret files are, yet nothing is swapped in between): a device
-    /// (`/dev/zero`), a FIFO or a directory is refused, and so is a file larger than the cap.
+    /// The contents of the regular file at `path`, at most `maximumSecretSize` bytes; a
+    /// device (`/dev/zero`), a FIFO or a directory is refused (`ConfiguredFile`).
     private static func readSecretFile(_ path: String, reference: String) throws(SecretReferenceError) -> Data {
-        let fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY)
-        guard fd >= 0 else {
-            throw SecretReferenceError(
-                reference: reference,
-                reason: "cannot read \(path): \(String(cString: strerror(errno))); whend's user must be able to read it"
-            )
-        }
-        defer { close(fd) }
-        var info = stat()
-        guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {
-            throw SecretReferenceError(
-                reference: reference,
-                reason: "\(path) is not a regular file; put the secret in a file of its own and name that")
-        }
-        let tooLarge = SecretReferenceError(
-            reference: reference,
-            reason: "\(path) holds more than \(maximumSecretSize / 1024) KiB; a secret file holds only the secret")
-        guard info.st_size <= maximumSecretSize else { throw tooLarge }
-        var data = Data()
-        var buffer = [UInt8](repeating: 0, count: 16 * 1024)
-        while true {
-            let n = buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
-            if n < 0, errno == EINTR { continue }
-            guard n >= 0 else {
-                throw SecretReferenceError(
-                    reference: reference, reason: "cannot read \(path): \(String(cString: strerror(errno)))")
+        do {
+            return Data(try ConfiguredFile.read(path, limit: maximumSecretSize))
+        } catch {
+            let reason: String
+            switch error {
+            case .cannotOpen(let code):
+                reason = "cannot read \(path): \(String(cString: strerror(code))); whend's user must be able to read it"
+            case .cannotRead(let code): reason = "cannot read \(path): \(String(cString: strerror(code)))"
+            case .notARegularFile:
+                reason = "\(path) is not a regular file; put the secret in a file of its own and name that"
+            case .tooLarge:
+                reason =
+                    "\(path) holds more than \(maximumSecretSize / 1024) KiB; a secret file holds only the secret"
             }
-            if n == 0 { return data }
-            data.append(contentsOf: buffer[..<n])
-            // It may grow after fstat: the cap holds for what is read.
-            guard data.count <= maximumSecretSize else { throw tooLarge }
+            throw SecretReferenceError(reference: reference, reason: reason)
         }
     }
 }

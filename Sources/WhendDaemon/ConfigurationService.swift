@@ -160,6 +160,11 @@ final class ConfigurationService: Service, Sendable {
                     ReloadOutcome(applied: false, changed: [], needRestart: [], error: "\(error)"),
                     trigger: trigger)
             }
+            if old.trackingPlan == applied.trackingPlan,
+                let change = Self.planChange(from: live.plan, to: plan, path: applied.trackingPlan)
+            {
+                outcome.changed.append(change)
+            }
             for name in pipelines.withReplacedLibraries(specs) {
                 outcome.changed.append("pipeline \(name): a plugin library was replaced; restarted")
             }
@@ -240,6 +245,13 @@ final class ConfigurationService: Service, Sendable {
             )
             return ControlAnswer()
         }
+    }
+
+    /// What a reload says of a plan whose file changed under the same `tracking_plan` (a changed
+    /// path is said with the settings); nil if it did not.
+    static func planChange(from old: TrackingPlan?, to new: TrackingPlan?, path: String) -> String? {
+        guard let new, let old, old.digest != new.digest else { return nil }
+        return "tracking plan \(path) read anew: it changed (\(new.eventCount) events planned)"
     }
 
     /// The tracking plan `configuration` names, read and compiled anew; nil when it names none.

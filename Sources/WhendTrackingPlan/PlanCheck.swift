@@ -197,9 +197,14 @@ extension TrackingPlan {
     }
 
     package static func text(_ value: StringValue?, _ line: UnsafeBufferPointer<UInt8>) -> String {
-        guard let value else { return "" }
+        String(decoding: bytes(value, line), as: UTF8.self)
+    }
+
+    /// The string's bytes, unescaped.
+    static func bytes(_ value: StringValue?, _ line: UnsafeBufferPointer<UInt8>) -> [UInt8] {
+        guard let value else { return [] }
         let raw = UnsafeBufferPointer(rebasing: line[value.contents])
-        return String(decoding: value.escaped ? decodeJSONString(raw) : Array(raw), as: UTF8.self)
+        return value.escaped ? decodeJSONString(raw) : Array(raw)
     }
 
     /// Checks one JSON value against the schema of `event` alone (for tests and tools).

@@ -49,10 +49,21 @@ struct PlanDocument {
                 s.position += 1
                 return PlanDocument(value: .object(members), offset: start)
             }
+            // Compared by their bytes, as whend compares names: two spellings Unicode deems
+            // equivalent are two keys.
+            var seen = Set<[UInt8]>()
             while true {
                 s.skipWhitespace()
+                let keyStart = s.position
                 let (range, escaped) = try s.scanString()
                 let key = string(s.bytes, range, escaped)
+                guard seen.insert(Array(key.utf8)).inserted else {
+                    s.position = keyStart
+                    throw WireError(
+                        .invalidJSON,
+                        "\"\(key)\" is a key twice in one object; JSON readers differ on which one counts, so a plan says each once"
+                    )
+                }
                 try s.expect(UInt8(ascii: ":"), "':' after a key")
                 members.append((key, try read(&s, depth: depth + 1)))
                 s.skipWhitespace()

@@ -14,20 +14,23 @@ package struct PlanInference {
 
     package struct Event {
         package var count = 0
-        package var properties: [String: Property] = [:]
+        package var properties: [[UInt8]: Property] = [:]
     }
 
-    package private(set) var events: [String: Event] = [:]
-    package private(set) var screens: [String: Int] = [:]
+    // Keyed by the names' bytes, as whend compares them: two spellings Unicode deems
+    // equivalent (a precomposed é and e with a combining accent) are two names, and a plan
+    // that listed one would refuse the other.
+    package private(set) var events: [[UInt8]: Event] = [:]
+    package private(set) var screens: [[UInt8]: Int] = [:]
 
     package init() {}
 
     /// Takes one stored record; records of other types than a plan covers are left aside.
     package mutating func add(record line: UnsafeBufferPointer<UInt8>) {
         guard let subject = PlanSubject(record: line) else { return }
-        if let screen = subject.screen { screens[TrackingPlan.text(screen, line), default: 0] += 1 }
+        if let screen = subject.screen { screens[TrackingPlan.bytes(screen, line), default: 0] += 1 }
         guard subject.type == .when, let name = subject.name else { return }
-        let eventName = TrackingPlan.text(name, line)
+        let eventName = TrackingPlan.bytes(name, line)
         var event = events[eventName] ?? Event()
         event.count += 1
         if let params = subject.params {
@@ -35,7 +38,7 @@ package struct PlanInference {
             s.position = params.lowerBound
             try? s.scanObject { m throws(WireError) in
                 let raw = UnsafeBufferPointer(rebasing: line[m.key])
-                let key = String(decoding: m.keyHasEscapes ? decodeJSONString(raw) : Array(raw), as: UTF8.self)
+                let key = m.keyHasEscapes ? decodeJSONString(raw) : Array(raw)
                 let type = Self.typeName(m.kind, UnsafeBufferPointer(rebasing: line[m.value]))
                 event.properties[key, default: Property()].present += 1
                 event.properties[key]!.types[type, default: 0] += 1
@@ -61,25 +64,25 @@ package struct PlanInference {
     /// The proposed plan, as JSON text a plan file can hold (names sorted, two-space indents).
     package func plan() -> String {
         var out = "{\n  \"events\": {"
-        for (i, name) in events.keys.sorted().enumerated() {
+        for (i, name) in Self.sorted(events.keys).enumerated() {
             let event = events[name]!
             out += (i == 0 ? "\n" : ",\n") + "    \(Self.quoted(name)): {\n      \"type\": \"object\",\n"
             out += "      \"properties\": {"
-            for (j, key) in event.properties.keys.sorted().enumerated() {
+            for (j, key) in Self.sorted(event.properties.keys).enumerated() {
                 out +=
                     (j == 0 ? "\n" : ",\n")
                     + "        \(Self.quoted(key)): {\"type\": \(Self.types(event.properties[key]!))}"
             }
             out += event.properties.isEmpty ? "},\n" : "\n      },\n"
             // A plan's `required` names at most 64 (TrackingPlan); more would make a plan whend refuses.
-            let required = event.properties.filter { $0.value.present == event.count }.keys.sorted().prefix(64)
+            let required = Self.sorted(event.properties.filter { $0.value.present == event.count }.keys).prefix(64)
             out += "      \"required\": [\(required.map(Self.quoted).joined(separator: ", "))],\n"
             out += "      \"additionalProperties\": false\n    }"
         }
         out += events.isEmpty ? "}" : "\n  }"
         if !screens.isEmpty {
             out += ",\n  \"screens\": {\"names\": [\n"
-            out += screens.keys.sorted().map { "    " + Self.quoted($0) }.joined(separator: ",\n")
+            out += Self.sorted(screens.keys).map { "    " + Self.quoted($0) }.joined(separator: ",\n")
             out += "\n  ]}"
         }
         return out + "\n}\n"
@@ -97,20 +100,23 @@ package struct PlanInference {
     /// Per event and param: how often present, and which types how often.
     package func statistics() -> String {
         var out = ""
-        for name in events.keys.sorted() {
+        for name in Self.sorted(events.keys) {
             let event = events[name]!
-            out += "\(name): \(event.count) event\(event.count == 1 ? "" : "s")\n"
-            for key in event.properties.keys.sorted() {
+            out += "\(Self.text(name)): \(event.count) event\(event.count == 1 ? "" : "s")\n"
+            for key in Self.sorted(event.properties.keys) {
                 let p = event.properties[key]!
                 let types = p.types.sorted { ($1.value, $0.key) < ($0.value, $1.key) }
                     .map { "\($0.key) \(Self.percent($0.value, of: p.present))" }.joined(separator: ", ")
-                out += "  \(key): present \(Self.percent(p.present, of: event.count)); \(types)\n"
+                out += "  \(Self.text(key)): present \(Self.percent(p.present, of: event.count)); \(types)\n"
             }
         }
         if !screens.isEmpty {
             out += "screens: \(screens.count) name\(screens.count == 1 ? "" : "s")\n"
-            for (screen, count) in screens.sorted(by: { ($1.value, $0.key) < ($0.value, $1.key) }) {
-                out += "  \(screen): \(count)\n"
+            let byCount = screens.sorted {
+                $0.value != $1.value ? $0.value > $1.value : $0.key.lexicographicallyPrecedes($1.key)
+            }
+            for (screen, count) in byCount {
+                out += "  \(Self.text(screen)): \(count)\n"
             }
         }
         return out
@@ -122,9 +128,19 @@ package struct PlanInference {
         return p == p.rounded() || p >= 10 ? "\(Int(p.rounded())) %" : "\((p * 10).rounded() / 10) %"
     }
 
-    static func quoted(_ s: String) -> String {
+    static func quoted(_ s: String) -> String { quoted(Array(s.utf8)) }
+
+    static func quoted(_ bytes: [UInt8]) -> String {
         var out: [UInt8] = []
-        appendJSONString(s.utf8, to: &out)
+        appendJSONString(bytes, to: &out)
         return String(decoding: out, as: UTF8.self)
+    }
+
+    static func text(_ bytes: [UInt8]) -> String { String(decoding: bytes, as: UTF8.self) }
+
+    /// Names in the order of their bytes: the same for two names Unicode deems equivalent
+    /// every time, where String's order would not tell them apart.
+    static func sorted(_ names: some Sequence<[UInt8]>) -> [[UInt8]] {
+        names.sorted { $0.lexicographicallyPrecedes($1) }
     }
 }

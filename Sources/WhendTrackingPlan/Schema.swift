@@ -101,13 +101,8 @@ struct SchemaCompiler {
             nodes[index] = node
             return index
         case .object(let members):
-            var seen: Set<String> = []
-            for (key, value) in members {
-                guard seen.insert(key).inserted else {
-                    throw PlanError(offset: value.offset, reason: "\"\(key)\" appears twice in one schema")
-                }
-                try apply(key, value, to: &node)
-            }
+            // A key twice is refused as the file is read (`PlanDocument`).
+            for (key, value) in members { try apply(key, value, to: &node) }
         default:
             throw PlanError(
                 offset: document.offset, reason: "a schema is an object or true or false, not \(document.described)")

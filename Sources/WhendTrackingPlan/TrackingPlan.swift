@@ -1,4 +1,5 @@
 import Foundation
+import WhendSystem
 import WhendWire
 
 /// A tracking plan (docs/tracking-plan.md): the schema of each `When` event's params, the
@@ -25,9 +26,14 @@ package final class TrackingPlan: @unchecked Sendable {
     let appNames: [[UInt8]]
     /// How many `When` names the plan lists, all apps together (for status lines).
     package let eventCount: Int
+    /// A digest of the plan's text: a reload says whether the plan changed by comparing them.
+    package let digest: String
 
-    private init(schemas: SchemaTable, rules: Rules, apps: [(name: [UInt8], rules: Rules)], eventCount: Int) {
+    private init(
+        schemas: SchemaTable, rules: Rules, apps: [(name: [UInt8], rules: Rules)], eventCount: Int, digest: String
+    ) {
         self.schemas = schemas
+        self.digest = digest
         ruleStorage = .allocate(capacity: 1 + apps.count)
         _ = ruleStorage.initialize(from: [rules] + apps.map(\.rules))
         appNames = apps.map(\.name)
@@ -44,17 +50,26 @@ package final class TrackingPlan: @unchecked Sendable {
 
     /// Reads and compiles a plan file; an error names the line and the reason.
     package static func load(path: String) throws(PlanError) -> TrackingPlan {
-        guard let data = FileManager.default.contents(atPath: path) else {
-            let reason = String(cString: strerror(errno))
-            throw PlanError(offset: 0, reason: "cannot read it: \(reason)")
+        let bytes: [UInt8]
+        do {
+            bytes = try ConfiguredFile.read(path, limit: maximumSize)
+        } catch {
+            throw PlanError(offset: 0, reason: "cannot read it: \(error.reason)")
         }
-        return try parse(Array(data))
+        return try parse(bytes)
     }
+
+    /// The largest plan file read: thousands of events with their schemas fit in a fraction.
+    package static let maximumSize = 16 * 1024 * 1024
 
     /// Compiles a plan from its text.
     package static func parse(_ bytes: [UInt8]) throws(PlanError) -> TrackingPlan {
         do {
-            return try compile(try PlanDocument.parse(bytes))
+            var hasher = SipHash128()
+            hasher.write(bytes)
+            let (high, low) = hasher.finalize()
+            let digest = String(high, radix: 16) + String(low, radix: 16)
+            return try compile(try PlanDocument.parse(bytes), digest: digest)
         } catch {
             var located = error.located(in: bytes)
             located.reason = located.reason.replacingOccurrences(of: "the line is not valid JSON", with: "not JSON")
@@ -65,7 +80,7 @@ package final class TrackingPlan: @unchecked Sendable {
     static let topKeys = ["$schema", "$comment", "description", "events", "unplannedEvents", "screens", "apps"]
     static let appKeys = ["$comment", "description", "events", "unplannedEvents", "screens"]
 
-    private static func compile(_ document: PlanDocument) throws(PlanError) -> TrackingPlan {
+    private static func compile(_ document: PlanDocument, digest: String) throws(PlanError) -> TrackingPlan {
         guard case .object(let members) = document.value else {
             throw PlanError(offset: document.offset, reason: "a plan is a JSON object with \"events\"")
         }
@@ -88,7 +103,8 @@ package final class TrackingPlan: @unchecked Sendable {
                     ))
             }
         }
-        return TrackingPlan(schemas: SchemaTable(compiler.nodes), rules: base, apps: apps, eventCount: count)
+        return TrackingPlan(
+            schemas: SchemaTable(compiler.nodes), rules: base, apps: apps, eventCount: count, digest: digest)
     }
 
     /// An app's section replaces each of `events`, `unplannedEvents` and `screens` it sets;
@@ -98,15 +114,11 @@ package final class TrackingPlan: @unchecked Sendable {
         compiler: inout SchemaCompiler, count: inout Int
     ) throws(PlanError) -> Rules {
         var rules = base
-        var seen: Set<String> = []
         for (key, value) in members {
             guard allowed.contains(key) else {
                 throw PlanError(
                     offset: value.offset,
                     reason: "\"\(key)\" is not part of a plan here; the keys are \(allowed.joined(separator: ", "))")
-            }
-            guard seen.insert(key).inserted else {
-                throw PlanError(offset: value.offset, reason: "\"\(key)\" appears twice")
             }
             switch key {
             case "events":
@@ -153,10 +165,12 @@ package final class TrackingPlan: @unchecked Sendable {
         for (key, list) in members {
             guard case .array(let items) = list.value else { throw fail(list, "\(key) must be a list of strings") }
             var strings: [String] = []
+            var seen = Set<[UInt8]>()
             for item in items {
                 guard case .string(let s) = item.value, !s.isEmpty else {
                     throw fail(item, "\(key) must be a list of non-empty strings")
                 }
+                guard seen.insert(Array(s.utf8)).inserted else { throw fail(item, "\(key) lists \"\(s)\" twice") }
                 strings.append(s)
             }
             switch key {

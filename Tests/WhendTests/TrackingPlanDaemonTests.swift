@@ -134,6 +134,10 @@ import WhendWire
             .write(toFile: planPath, atomically: true, encoding: .utf8)
         let applied = try daemon.whenctl(["reload"])
         #expect(applied.status == 0, "\(applied.error)")
+        // The reload says the plan changed, though no setting did; and says nothing the next time.
+        #expect(applied.output.contains("tracking plan \(planPath) read anew: it changed"), "\(applied.output)")
+        let again = try daemon.whenctl(["reload"])
+        #expect(again.status == 0 && again.output.contains("nothing changed"), "\(again.output)")
         try connection.send(bad + "\n")
         connection.finishSending()
         var lines: [[String: Any]] = []
@@ -141,5 +145,35 @@ import WhendWire
             if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] { lines.append(o) }
         }
         #expect(lines.errors.isEmpty && lines.acks.last == 1, "\(lines)")
+    }
+
+    /// A plan path that names a FIFO, a directory or a device is refused at once, saying what
+    /// it is (it was "No such file or directory", which sent people looking for a typo).
+    @Test func aPlanPathThatIsNoFileIsRefusedAtOnce() throws {
+        let directory = scratchDirectory("plan-no-file")
+        let fifo = directory + "/plan.fifo"
+        #expect(mkfifo(fifo, 0o644) == 0)
+        let config = directory + "/whend.conf"
+        try "tracking_plan = \(fifo)\n".write(toFile: config, atomically: true, encoding: .utf8)
+        let refused = TestDaemon("plan-fifo", arguments: ["--config", config])
+        do {
+            try refused.start()
+            Issue.record("whend started with a FIFO for its plan")
+        } catch {
+            #expect("\(error)".contains("a FIFO, not a regular file"), "\(error)")
+        }
+        refused.stop()
+
+        try "tracking_plan =\n".write(toFile: config, atomically: true, encoding: .utf8)
+        let daemon = TestDaemon("plan-no-file", arguments: ["--config", config])
+        try daemon.start()
+        defer { daemon.stop() }
+        for (path, kind) in [(fifo, "a FIFO"), (directory, "a directory"), ("/dev/zero", "a character device")] {
+            try "tracking_plan = \(path)\n".write(toFile: config, atomically: true, encoding: .utf8)
+            let reload = try daemon.whenctl(["reload"])
+            #expect(reload.status == 1 && reload.error.contains("\(kind), not a regular file"), "\(reload.error)")
+            let check = try whenctl(["plan", "check", path, "--state-dir", daemon.stateDirectory])
+            #expect(check.status == 1 && check.error.contains("\(kind), not a regular file"), "\(check.error)")
+        }
     }
 }

@@ -1,3 +1,4 @@
+import Foundation
 import Testing
 import WhendTrackingPlan
 import WhendWire
@@ -83,5 +84,54 @@ import WhendWire
     @Test func namesAPlanGeneratesDoNotCollide() {
         let names = (0..<20_000).map { Array("userTaps\(String(100_000 + $0).dropFirst())OnButton".utf8) }
         #expect(Set(names.map(EventTable.hash)).count == names.count)
+    }
+
+    /// A key twice in one object means one thing to one JSON reader and another to the next: a
+    /// plan says each once, wherever the object is. Names that Unicode deems equivalent but
+    /// whose bytes differ are two names, to the plan as to whend's check.
+    @Test func aPlanSaysEachKeyOnce() throws {
+        for plan in [
+            #"{"events":{},"events":{}}"#,
+            #"{"events":{"e":{},"e":{}}}"#,
+            #"{"events":{"e":{"properties":{"p":{},"p":{"type":"string"}}}}}"#,
+            #"{"events":{"e":{"type":"object","type":"string"}}}"#,
+            #"{"events":{},"apps":{"a":{},"a":{"events":{}}}}"#,
+            #"{"events":{},"screens":{"names":["Inbox","Inbox"]}}"#,
+            #"{"events":{},"screens":{"names":["Inbox"],"names":["Other"]}}"#,
+            #"{"events":{"e":{"properties":{"\u0070":{},"p":{}}}}}"#,
+        ] {
+            #expect(throws: PlanError.self, "\(plan)") { try TrackingPlan.parse(Array(plan.utf8)) }
+        }
+        let precomposed = "caf\u{E9}"
+        let decomposed = "cafe\u{301}"
+        let plan = """
+            {"events":{"e":{"properties":{"\(precomposed)":{"type":"string"},"\(decomposed)":{"type":"integer"}}}},
+             "screens":{"names":["\(precomposed)"]}}
+            """
+        #expect(
+            try check(#"{"type":"when","name":"e","params":{"\#(precomposed)":"x","\#(decomposed)":1}}"#, plan, nil)
+                == nil)
+        #expect(try check(#"{"type":"when","name":"e","params":{"\#(decomposed)":"x"}}"#, plan, nil)?.rule == .type)
+        #expect(try check(#"{"type":"when","name":"e","screen":"\#(decomposed)"}"#, plan, nil)?.rule == .screen)
+    }
+
+    /// `plan infer` keeps apart what whend keeps apart: a param or a screen spelled in two
+    /// ways Unicode deems equivalent is two, each with its own counts and types, and the plan
+    /// it proposes takes the records it was made from.
+    @Test func anInferredPlanKeepsEquivalentSpellingsApart() throws {
+        var inference = PlanInference()
+        let lines = [
+            #"{"_seq":1,"type":"when","name":"e","screen":"caf\u00e9","params":{"caf\u00e9":"x"}}"#,
+            #"{"_seq":2,"type":"when","name":"e","screen":"cafe\u0301","params":{"cafe\u0301":2}}"#,
+        ]
+        for line in lines { Array(line.utf8).withUnsafeBufferPointer { inference.add(record: $0) } }
+        let text = inference.plan()
+        #expect(text.contains(#""caf\#u{E9}": {"type": "string"}"#), "\(text)")
+        #expect(text.contains(#""cafe\#u{301}": {"type": "integer"}"#), "\(text)")
+        for line in lines {
+            let sent = line.replacingOccurrences(of: #"^\{"_seq":[0-9]+,"#, with: "{", options: .regularExpression)
+            #expect(try check(sent, text, nil) == nil, "\(sent)\n\(text)")
+        }
+        #expect(inference.statistics().components(separatedBy: "\n").filter { $0.contains("present") }.count == 2)
     }
 }
