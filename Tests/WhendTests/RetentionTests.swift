@@ -1,4 +1,5 @@
 import Foundation
+import SeededRandom
 import Testing
 
 @Suite(.serialized) struct RetentionTests {
@@ -75,4 +76,54 @@ import Testing
         #expect(try daemon.waitForPipeline("rec", cursor: total))
         #expect(daemon.stop() == 0)
     }
+
+    /// `_seq` never goes back, whatever moment whend is SIGKILLed at, while retention deletes
+    /// every record it has as fast as segments fill (a segment of 4 KiB; a journal kept under
+    /// 1 byte). Each rotation leaves an empty segment that keeps the place and the next one
+    /// renames over it: a kill at any point of that leaves a journal whose next `_seq` is past
+    /// every acknowledged one. (Before, `_seq` began again at 1 and subscribers resuming
+    /// `after` their last one waited past records they never got.)
+    @Test func seqNeverGoesBackWhenRetentionEmptiesTheJournalAndWhendIsKilled() throws {
+        let daemon = TestDaemon.live(
+            "seq-kills", arguments: ["--segment-max-bytes", "4096", "--retention-max-bytes", "1"])
+        try daemon.start()
+        var random = SplitMix64(state: 34)
+        var acknowledged = 0
+        for round in 0..<12 {
+            let acks = Counter()
+            let done = DispatchSemaphore(value: 0)
+            let socket = daemon.socketPath
+            Thread.detachNewThread {
+                let lines =
+                    [helloWithAcks]
+                    + (0..<20_000).map { #"{"type":"when","name":"tick","params":{"round":\#(round),"i":\#($0)}}"# }
+                acks.set((try? exchange(socket, lines))?.acks.max() ?? 0)
+                done.signal()
+            }
+            usleep(UInt32(20_000 + random.next() % 300_000))
+            daemon.crash()
+            done.wait()
+            acknowledged += acks.value
+            try daemon.start()
+            let journal = try #require(daemon.status()["journal"] as? [String: Any])
+            let lastSeq = journal["last_seq"] as? Int ?? 0
+            #expect(lastSeq >= acknowledged, "round \(round): last _seq \(lastSeq), \(acknowledged) acknowledged")
+            // The next record takes the next _seq.
+            #expect(try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"when","name":"after"}"#]).acks == [1])
+            acknowledged += 1
+            let next = (try daemon.status()["journal"] as? [String: Any])?["last_seq"] as? Int
+            #expect(next == lastSeq + 1, "round \(round)")
+        }
+        #expect(acknowledged > 12 * 2, "the kills came before anything was stored")
+        #expect(daemon.stop() == 0)
+    }
+}
+
+/// A count one thread sets and another reads after it is done.
+private final class Counter: @unchecked Sendable {
+    // Unchecked: `stored` is guarded by `lock`.
+    private let lock = NSLock()
+    private var stored = 0
+    func set(_ value: Int) { lock.withLock { stored = value } }
+    var value: Int { lock.withLock { stored } }
 }
