@@ -280,7 +280,11 @@ function startLive() {
       liveStatus();
     },
     gap: (g) => {
-      const li = W.el("li", "record gap", `records ${g.from}…${g.through} were deleted by retention before they could be shown`);
+      const li = W.el(
+        "li",
+        "record gap",
+        `records ${g.from}…${g.through} are gone from the journal (deleted by retention, or damaged: whenctl verify says which)`,
+      );
       W.$("live-list").prepend(li);
     },
     state: (text, kind) => {
