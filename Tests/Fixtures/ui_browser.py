@@ -69,6 +69,12 @@ def run(driver, op, command):
     if op == "get":
         driver.get(command["url"])
         return driver.title
+    if op == "new_tab":
+        # A tab of its own, opened by no page: what a pasted address or a link opened in a new
+        # tab gets (no sessionStorage copied, no opener).
+        driver.switch_to.new_window("tab")
+        driver.get(command["url"])
+        return driver.title
     if op == "js":
         return driver.execute_script(command["script"], *command.get("args", []))
     if op == "wait_js":

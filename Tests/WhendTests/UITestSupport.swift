@@ -135,6 +135,9 @@ final class UIBrowser {
 
     func get(_ url: String) throws { try send(["op": "get", "url": url]) }
 
+    /// Opens `url` in a new tab that no page opened, and goes on in it.
+    func newTab(_ url: String) throws { try send(["op": "new_tab", "url": url]) }
+
     @discardableResult
     func js(_ script: String, _ args: [Any] = []) throws -> Any? {
         try send(["op": "js", "script": script, "args": args])

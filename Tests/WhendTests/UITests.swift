@@ -113,7 +113,7 @@ import Testing
         }
 
         // In the browser: without the token the page says what to open; with it, it works, and
-        // the token leaves the address bar for the page's session storage, not a cookie.
+        // the token leaves the address bar for the page's local storage, not a cookie.
         try rig.browser.get(rig.ui.base + "/")
         let refused = try rig.browser.js("return document.body.innerText") as? String ?? ""
         #expect(refused.contains("needs the token") && refused.contains("#token="), "\(refused)")
@@ -124,6 +124,11 @@ import Testing
         #expect(try rig.browser.js("return document.cookie") as? String == "")
         try rig.browser.wait("return document.getElementById('daemon').textContent.includes('whend 0.1')")
         rig.browser.screenshot("02-page-with-token")
+        // A record opened in a tab of its own (a link opened in a new tab, an address pasted)
+        // has the token too.
+        try rig.emit(app: "com.example.mail", session: "t1", [#"{"type":"when","name":"inANewTab"}"#])
+        try rig.browser.newTab(rig.ui.base + "/#record/1")
+        try rig.browser.wait("return document.getElementById('record-json').textContent.includes('inANewTab')")
     }
 
     /// No other server on 127.0.0.1 learns the token from the browser: not the page's own

@@ -146,7 +146,7 @@ func blocking<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async thr
 /// Bearer` (the page's fetches) or `?token=` (its EventSource, which cannot set headers). The
 /// page and its script and style hold no data and are served without it: the token comes to
 /// the page in the address's fragment, which a browser never sends, and stays in the page's
-/// session storage, which browsers keep apart by port, unlike cookies. Every answer: no
+/// local storage, which browsers keep apart by port, unlike cookies. Every answer: no
 /// caching, no framing, no referrer, scripts only from this origin.
 struct UIGuard<Context: RequestContext>: RouterMiddleware {
     let token: String

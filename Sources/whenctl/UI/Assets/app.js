@@ -6,9 +6,11 @@
 const W = (window.W = {});
 
 // The token comes once, in the address's fragment (#token=…), which the browser sends nowhere.
-// The page keeps it in session storage, which browsers keep apart by origin, port included
-// (cookies they do not: another server on 127.0.0.1 would be sent one), and takes it out of the
-// address bar, the history and any screenshot. `?token=` is taken the same way.
+// The page keeps it in local storage, which browsers keep apart by origin, port included
+// (cookies they do not: another server on 127.0.0.1 would be sent one), so that a record or a
+// session opened in a new tab has it too; and takes it out of the address bar, the history and
+// any screenshot. `?token=` is taken the same way. A token of an earlier run on the same port
+// is forgotten once the server refuses it.
 const TOKEN_KEY = "whenctl-ui-token";
 // True when the address carried a token (now kept, and gone from the address).
 function takeToken() {
@@ -21,7 +23,7 @@ function takeToken() {
   const fromQuery = take(location.search);
   if (fromHash.token === undefined && fromQuery.token === undefined) return false;
   const token = fromHash.token || fromQuery.token;
-  if (token) sessionStorage.setItem(TOKEN_KEY, token);
+  if (token) localStorage.setItem(TOKEN_KEY, token);
   const query = fromQuery.rest ? "?" + fromQuery.rest : "";
   const hash = fromHash.rest ? "#" + fromHash.rest : "";
   history.replaceState(null, "", location.pathname + query + hash);
@@ -36,7 +38,7 @@ window.addEventListener("hashchange", (ev) => {
     location.reload();
   }
 });
-W.token = sessionStorage.getItem(TOKEN_KEY) || "";
+W.token = localStorage.getItem(TOKEN_KEY) || "";
 
 W.$ = (id) => document.getElementById(id);
 
@@ -76,6 +78,7 @@ W.get = (path) =>
 W.getJSON = async (path) => {
   const r = await W.get(path);
   const text = await r.text();
+  if (r.status === 403 && text.includes("needs the token")) W.forgetToken();
   if (!r.ok) throw new Error(text.trim() || r.status + " " + r.statusText);
   return JSON.parse(text);
 };
@@ -351,22 +354,35 @@ W.views.record = {
   },
 };
 
+// Nothing answers without the token: say what to open instead of failing everywhere.
+function showNoToken() {
+  const main = document.querySelector("main");
+  W.clear(main);
+  main.append(
+    W.el(
+      "p",
+      "status bad",
+      "whenctl ui: this page needs the token whenctl ui printed with its address (" +
+        location.origin +
+        "/#token=…); open that address.",
+    ),
+  );
+  W.$("daemon").textContent = "no token";
+  W.$("daemon").className = "daemon bad";
+}
+
+// The token kept is not this run's (whenctl ui was started again on the same port).
+W.forgetToken = () => {
+  if (!W.token) return;
+  W.token = "";
+  localStorage.removeItem(TOKEN_KEY);
+  if (live.es) live.es.close();
+  showNoToken();
+};
+
 document.addEventListener("DOMContentLoaded", () => {
   if (!W.token) {
-    // Nothing would answer without it: say what to open instead of failing everywhere.
-    const main = document.querySelector("main");
-    W.clear(main);
-    main.append(
-      W.el(
-        "p",
-        "status bad",
-        "whenctl ui: this page needs the token whenctl ui printed with its address (" +
-          location.origin +
-          "/#token=…); open that address.",
-      ),
-    );
-    W.$("daemon").textContent = "no token";
-    W.$("daemon").className = "daemon bad";
+    showNoToken();
     return;
   }
   setupLive();
