@@ -8,8 +8,9 @@ import Glibc
 /// reads the same — literals, `.`, bracket expressions, `^`, `$`, `|`, groups, `*`, `+`, `?`,
 /// `{m,n}` — and refuses the escapes and groups ERE would read otherwise (`\d`, `\w`, `\s`,
 /// `\b` and their capitals, `(?…)` lookarounds), so that a plan never means one thing to its
-/// author and another to whend. Matching is by bytes in the C locale: `.` and a bracket
-/// expression take one byte, so a pattern over non-ASCII text should spell its characters out.
+/// author and another to whend. Matching is by characters (code points, as JSON Schema's
+/// validators count them), in the C library's C.UTF-8 locale; `.` takes any character but a line
+/// terminator, as ECMA-262's does (POSIX's would take a newline too).
 final class Pattern: @unchecked Sendable {
     // glibc's regexec locks the compiled expression itself: one shared by every connection's
     // thread is safe.
@@ -34,7 +35,7 @@ final class Pattern: @unchecked Sendable {
         }
         let compiled = UnsafeMutablePointer<regex_t>.allocate(capacity: 1)
         compiled.initialize(to: regex_t())
-        let status = regcomp(compiled, source, REG_EXTENDED | REG_NOSUB)
+        let status = Self.inUTF8 { regcomp(compiled, Self.posix(source), REG_EXTENDED | REG_NOSUB) }
         guard status == 0 else {
             var message = [CChar](repeating: 0, count: 256)
             regerror(status, compiled, &message, message.count)
@@ -56,10 +57,54 @@ final class Pattern: @unchecked Sendable {
         // On the stack: the search allocates nothing of ours (regexec allocates, and frees, its
         // own matching state).
         var match = regmatch_t(rm_so: 0, rm_eo: regoff_t(bytes.count))
-        guard let base = bytes.baseAddress else { return regexec(regex, "", 1, &match, 0) == 0 }
-        return base.withMemoryRebound(to: CChar.self, capacity: bytes.count) {
-            regexec(regex, $0, 1, &match, REG_STARTEND) == 0
+        guard let base = bytes.baseAddress else { return Self.inUTF8 { regexec(regex, "", 1, &match, 0) } == 0 }
+        return base.withMemoryRebound(to: CChar.self, capacity: bytes.count) { text in
+            Self.inUTF8 { regexec(regex, text, 1, &match, REG_STARTEND) } == 0
         }
+    }
+
+    /// C.UTF-8, in which the C library's expressions read UTF-8 by characters; nil where the
+    /// system has no such locale (then they read bytes).
+    nonisolated(unsafe) private static let utf8: locale_t? = newlocale((1 << LC_CTYPE) | (1 << LC_COLLATE), "C.UTF-8", nil)
+
+    /// Runs `body` with this thread in C.UTF-8 (uselocale sets a thread's locale only, and
+    /// costs a pointer's swap), then in the locale it had.
+    private static func inUTF8<T>(_ body: () -> T) -> T {
+        guard let utf8 else { return body() }
+        let previous = uselocale(utf8)
+        defer { uselocale(previous) }
+        return body()
+    }
+
+    /// The pattern as POSIX reads it: each `.` outside a bracket expression written as "any
+    /// character but the line terminators ECMA-262's `.` leaves out" (\n, \r, U+2028, U+2029).
+    static func posix(_ source: String) -> String {
+        let bytes = Array(source.utf8)
+        var out: [UInt8] = []
+        var i = 0
+        while i < bytes.count {
+            let b = bytes[i]
+            switch b {
+            case UInt8(ascii: "\\"):
+                out.append(contentsOf: bytes[i..<min(i + 2, bytes.count)])
+                i += 2
+                continue
+            case UInt8(ascii: "["):
+                // Copied whole: a ']' right after '[' or '[^' is a member.
+                let start = i
+                i += 1
+                if i < bytes.count, bytes[i] == UInt8(ascii: "^") { i += 1 }
+                if i < bytes.count, bytes[i] == UInt8(ascii: "]") { i += 1 }
+                while i < bytes.count, bytes[i] != UInt8(ascii: "]") { i += 1 }
+                out.append(contentsOf: bytes[start..<min(i + 1, bytes.count)])
+            case UInt8(ascii: "."):
+                out.append(contentsOf: Array("[^\n\r\u{2028}\u{2029}]".utf8))
+            default:
+                out.append(b)
+            }
+            i += 1
+        }
+        return String(decoding: out, as: UTF8.self)
     }
 
     /// How many positions the pattern is once its counted repetitions are written out: each

@@ -166,6 +166,7 @@ struct SchemaCompiler {
             guard case .number(let text) = value.value, let n = Double(text), n.isFinite else {
                 throw fail("must be a number")
             }
+            guard abs(n) < Self.exactLimit else { throw fail(Self.beyondExact(text)) }
             if key == "minimum" { node.minimum = n } else { node.maximum = n }
         case "minLength", "maxLength":
             guard case .number(let text) = value.value, let n = Int(text), n >= 0 else {
@@ -202,6 +203,15 @@ struct SchemaCompiler {
         return set
     }
 
+    /// 2^53: below it every integer is a double, so that comparing an event's number with the
+    /// plan's as doubles says what comparing them exactly says (a validator compares integers
+    /// exactly: 9007199254740993 is more than 9007199254740992, which as doubles it is not).
+    static let exactLimit: Double = 9_007_199_254_740_992
+
+    static func beyondExact(_ text: String) -> String {
+        "\(text.prefix(40)) is beyond ±2^53 (9007199254740992), past which whend cannot compare numbers exactly; use a bound within it"
+    }
+
     private func scalar(_ value: PlanDocument, _ fail: (String) -> PlanError) throws(PlanError) -> Scalar {
         switch value.value {
         case .null: return .null
@@ -209,6 +219,7 @@ struct SchemaCompiler {
         case .string(let s): return .string(Array(s.utf8))
         case .number(let text):
             guard let n = Double(text), n.isFinite else { throw fail("\(text) is not a number whend can compare") }
+            guard abs(n) < Self.exactLimit else { throw fail(Self.beyondExact(text)) }
             return .number(n)
         case .object, .array:
             throw fail("whend compares strings, numbers, booleans and null; \(value.described) is not one")

@@ -31,6 +31,7 @@ indirect enum GeneratedJSON {
             case "\"": out += "\\\""
             case "\\": out += "\\\\"
             case "\t": out += "\\t"
+            case "\n": out += "\\n"
             default:
                 // One character in eight of the plain letters as an escape.
                 if scalar.isASCII, scalar.properties.isAlphabetic, random.int(8) == 0 {
@@ -53,8 +54,10 @@ indirect enum GeneratedJSON {
 /// schema, then some of them bent), drawn from one seed.
 ///
 /// Patterns are the part of ECMA-262 (and of Python's `re`, which the reference validator
-/// uses) that POSIX extended expressions read the same, over strings without newlines; a `.`
-/// only as `.*`, so that a character of several bytes never counts differently.
+/// uses) that POSIX extended expressions read the same, over strings of characters of one to
+/// four bytes, a newline among them. (Python's `.` takes \r, U+2028 and U+2029, and its `$`
+/// matches before a last newline, where ECMA-262, which JSON Schema names and whend follows,
+/// does not: those are left out.)
 struct SchemaGenerator {
     var random: SplitMix64
 
@@ -69,9 +72,16 @@ struct SchemaGenerator {
         ("^$", ["", "a"]),
         ("\\.", ["a.b", "ab"]),
         ("[A-Z][a-z]+", ["Hello", "hello", "HE"]),
+        ("^a.c$", ["abc", "a\nc", "aéc", "a😀c", "ac"]),
+        ("^.{2}$", ["ab", "é😀", "a", "abc", "a\nb"]),
+        ("^[^@]+@[^@]+$", ["é@ü", "a@@b", "x@y"]),
+        ("^[a-zé]{2}$", ["éa", "ée", "ÿa", "e"]),
+        ("^(.)+$", ["a\nb", "ab", "😀"]),
     ]
     static let keys = ["id", "name", "a b", "é", "count", "tags", "x"]
-    static let words = ["", "a", "ab", "abc", "Hello", "12", "123", "é", "aé😀", "a.b", "x\"y", "b\\c", "tab\there"]
+    static let words = [
+        "", "a", "ab", "abc", "Hello", "12", "123", "é", "aé😀", "a.b", "x\"y", "b\\c", "tab\there", "a\nb",
+    ]
     static let numbers = ["0", "3", "-2", "2.5", "3.0", "1e1", "-0", "7", "100", "0.5e1", "-7.25"]
 
     init(seed: UInt64) { random = SplitMix64(state: seed) }

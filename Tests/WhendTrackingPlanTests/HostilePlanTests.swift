@@ -134,4 +134,21 @@ import WhendWire
         }
         #expect(inference.statistics().components(separatedBy: "\n").filter { $0.contains("present") }.count == 2)
     }
+
+    /// A validator compares integers exactly, whend as doubles: they agree below 2^53, where
+    /// doubles hold every integer, and a plan's number beyond it is refused (a maximum of
+    /// 9007199254740993 passed 9007199254740994, which rounds to the same double).
+    @Test func numbersBeyondExactDoublesAreRefused() throws {
+        for schema in [
+            #"{"maximum":9007199254740993}"#, #"{"minimum":-9007199254740992}"#, #"{"enum":[1,9007199254740992]}"#,
+            #"{"const":1e300}"#, #"{"maximum":9007199254740991.9}"#,
+        ] {
+            #expect(throws: PlanError.self, "\(schema)") {
+                try TrackingPlan.parse(Array(#"{"events":{"e":{"properties":{"v":\#(schema)}}}}"#.utf8))
+            }
+        }
+        let plan = #"{"events":{"e":{"properties":{"v":{"maximum":9007199254740991}}}}}"#
+        #expect(try check(#"{"type":"when","name":"e","params":{"v":9007199254740991}}"#, plan, nil) == nil)
+        #expect(try check(#"{"type":"when","name":"e","params":{"v":9007199254740993}}"#, plan, nil)?.rule == .maximum)
+    }
 }
