@@ -65,7 +65,8 @@ final class Pattern: @unchecked Sendable {
 
     /// C.UTF-8, in which the C library's expressions read UTF-8 by characters; nil where the
     /// system has no such locale (then they read bytes).
-    nonisolated(unsafe) private static let utf8: locale_t? = newlocale((1 << LC_CTYPE) | (1 << LC_COLLATE), "C.UTF-8", nil)
+    nonisolated(unsafe) private static let utf8: locale_t? = newlocale(
+        (1 << LC_CTYPE) | (1 << LC_COLLATE), "C.UTF-8", nil)
 
     /// Runs `body` with this thread in C.UTF-8 (uselocale sets a thread's locale only, and
     /// costs a pointer's swap), then in the locale it had.
