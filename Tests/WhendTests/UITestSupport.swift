@@ -47,17 +47,19 @@ final class LineReader: @unchecked Sendable {
 final class UIProcess {
     let process = Process()
     let url: String
+    /// The host name of this run the address names (`whenctl-<hex>.localhost`).
+    let host: String
     let port: Int
     let token: String
     private let errors = Pipe()
 
     /// `as`: a command line to run it under (`setpriv --reuid=…`), for another user.
-    init(_ daemon: TestDaemon, as user: [String] = []) throws {
+    init(_ daemon: TestDaemon, as user: [String] = [], arguments: [String] = []) throws {
         let command =
             user + [
                 executable("whenctl"), "ui", "--socket", daemon.socketPath, "--control", daemon.controlPath,
                 "--state-dir", daemon.stateDirectory,
-            ]
+            ] + arguments
         process.executableURL = URL(fileURLWithPath: command[0])
         process.arguments = Array(command.dropFirst())
         let out = Pipe()
@@ -69,14 +71,16 @@ final class UIProcess {
             throw TestFailure(description: "whenctl ui printed no address within 20 s")
         }
         url = first
-        guard let components = URLComponents(string: first), let port = components.port,
+        guard let components = URLComponents(string: first), let port = components.port, let host = components.host,
             let token = components.fragment.flatMap({ $0.hasPrefix("token=") ? String($0.dropFirst(6)) : nil })
         else { throw TestFailure(description: "whenctl ui's first line is not its address: \(first)") }
+        self.host = host
         self.port = port
         self.token = token
     }
 
-    var base: String { "http://127.0.0.1:\(port)" }
+    /// The page's origin, as printed.
+    var base: String { "http://\(host):\(port)" }
 
     deinit {
         if process.isRunning {
@@ -212,16 +216,22 @@ func rawHTTP(port: Int, path: String, host: String, headers: [String] = []) thro
     return (status, head, body)
 }
 
-/// Another web server on 127.0.0.1, as a user's machine may run: it answers every request with
-/// a small page and keeps what each request said (its line and headers).
+/// Another web server on 127.0.0.1, as a user's machine may run: it answers a path `pages`
+/// names with its content (with `cacheControl`, if given), any other with a small page, and
+/// keeps what each request said (its line and headers).
 final class HeaderRecorder: @unchecked Sendable {
     // Unchecked: `seen` is guarded by `lock`; the rest is set before the threads start.
     let port: Int
     private let listener: Int32
+    private let pages: [String: (type: String, body: String)]
+    private let cacheControl: String?
     private let lock = NSLock()
     private var seen: [String] = []
+    private var stopped = false
 
-    init() throws {
+    init(pages: [String: (type: String, body: String)] = [:], cacheControl: String? = nil) throws {
+        self.pages = pages
+        self.cacheControl = cacheControl
         let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         self.listener = listener
         guard listener >= 0 else { throw TestFailure(description: "socket: \(errno)") }
@@ -229,6 +239,9 @@ final class HeaderRecorder: @unchecked Sendable {
         address.sin_family = sa_family_t(AF_INET)
         address.sin_addr.s_addr = inet_addr("127.0.0.1")
         var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        // As web servers do: so that another may listen on the port as soon as this one stops.
+        var one: Int32 = 1
+        setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
         let bound = withUnsafeMutablePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
                 bind(listener, $0, length) == 0 && listen(listener, 16) == 0 && getsockname(listener, $0, &length) == 0
@@ -262,15 +275,27 @@ final class HeaderRecorder: @unchecked Sendable {
             request += buffer[0..<n]
         }
         guard !request.isEmpty else { return }
-        lock.withLock { seen.append(String(decoding: request, as: UTF8.self)) }
-        let page = "<!doctype html><title>another server</title><p>another server"
+        let text = String(decoding: request, as: UTF8.self)
+        lock.withLock { seen.append(text) }
+        let path = text.split(separator: " ", maxSplits: 2).dropFirst().first.map(String.init) ?? "/"
+        let (type, page) =
+            pages[path] ?? ("text/html", "<!doctype html><title>another server</title><p>another server")
+        let cache = cacheControl.map { "Cache-Control: \($0)\r\n" } ?? ""
         let answer =
-            "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: \(page.utf8.count)\r\nConnection: close\r\n\r\n\(page)"
+            "HTTP/1.1 200 OK\r\nContent-Type: \(type)\r\n\(cache)Content-Length: \(page.utf8.count)\r\nConnection: close\r\n\r\n\(page)"
         _ = Array(answer.utf8).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
     }
 
-    deinit {
+    /// Stops listening: the port is free for another server.
+    func stop() {
+        guard
+            lock.withLock({ () -> Bool in
+                defer { stopped = true }; return !stopped
+            })
+        else { return }
         shutdown(listener, Int32(SHUT_RDWR))
         close(listener)
     }
+
+    deinit { stop() }
 }

@@ -150,6 +150,37 @@ import Testing
         #expect(!seen.contains { $0.contains(rig.ui.token) }, "\(seen)")
     }
 
+    /// A web server that held the port before `whenctl ui` took it cannot have left a script in
+    /// the browser's cache (or anything else kept per origin) to run in the page and read its
+    /// token: the page's origin is a host name of this run's own. (On 127.0.0.1:PORT, the
+    /// script it cached as /app.js ran as the page's own and put the token in a cookie, which
+    /// the browser then sent to every port of 127.0.0.1.)
+    @Test func aServerThatHeldThePortBeforeCannotPlantAScript() throws {
+        let daemon = TestDaemon("ui-planted", arguments: ["--builtin-pipelines", "true"])
+        try daemon.start()
+        defer { daemon.stop() }
+        let planted = #"document.cookie = "stolen=" + encodeURIComponent(location.hash) + "; path=/";"#
+        let earlier = try HeaderRecorder(
+            pages: [
+                "/": ("text/html", #"<!doctype html><title>a dev server</title><script src="/app.js"></script>"#),
+                "/app.js": ("text/javascript", planted),
+            ], cacheControl: "max-age=31536000")
+        let browser = try UIBrowser()
+        try browser.get("http://127.0.0.1:\(earlier.port)/")
+        try browser.wait("return document.cookie.startsWith('stolen=')")
+        try browser.js("document.cookie = 'stolen=; max-age=0; path=/'")
+        earlier.stop()
+
+        let ui = try UIProcess(daemon, arguments: ["--port", String(earlier.port)])
+        try browser.get(ui.url)
+        try browser.wait(
+            "const s = document.getElementById('live-status'); return s && s.textContent.startsWith('live')")
+        let thief = try HeaderRecorder()
+        try browser.get("http://127.0.0.1:\(thief.port)/")
+        let seen = thief.requests()
+        #expect(!seen.isEmpty && !seen.contains { $0.contains(ui.token) }, "\(seen)")
+    }
+
     /// The page shows what the user running `whenctl ui` may read, no more: a user whend does
     /// not let subscribe sees `forbidden` where the records would be; a member of
     /// `subscribe_group` sees the records, and is told that the control socket (an operator's)

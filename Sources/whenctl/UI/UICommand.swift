@@ -10,7 +10,8 @@ struct UI: ParsableCommand {
         abstract: "Serve a debugger page for the running whend on 127.0.0.1, until Ctrl-C.",
         discussion: """
             The first line printed is the page's address, with a token made for this run: \
-            http://127.0.0.1:PORT/#token=… Open it in a browser on this machine. The page shows \
+            http://whenctl-….localhost:PORT/#token=… (a host name of this run's own, which \
+            browsers resolve to 127.0.0.1). Open it in a browser on this machine. The page shows \
             the records live as whend stores them (filters, pause, raw or pretty), the events \
             whend refused lately, sessions and a session's timeline, an app's screen flow, \
             crash reports with their breadcrumbs, the pipelines, and the ingest and pipeline \
@@ -18,8 +19,8 @@ struct UI: ParsableCommand {
             subscription on the event socket (whend's user, root or subscribe_group), status \
             through the control socket, sessions and crash reports from the state directory. \
             Requests for data without the token (the page sends it as Authorization: Bearer, or \
-            ?token= for its event stream), and requests naming another host than 127.0.0.1:PORT \
-            or localhost:PORT, are refused. whend itself opens no TCP port.
+            ?token= for its event stream), and requests naming another host than that one, \
+            127.0.0.1:PORT or localhost:PORT, are refused. whend itself opens no TCP port.
             """)
 
     @OptionGroup var options: ControlOptions
@@ -54,6 +55,7 @@ struct UI: ParsableCommand {
             )
         }
         let token = UIToken.make()
+        let site = "whenctl-" + UIToken.make().prefix(16) + ".localhost"
         let sampler = UISampler(control: options)
         sampler.start()
         let source = UISource(
@@ -64,9 +66,9 @@ struct UI: ParsableCommand {
         UIServer.stopOnSignals()
         Task {
             do {
-                try await UIServer(port: port, token: token, source: source).run { boundPort in
+                try await UIServer(port: port, token: token, site: site, source: source).run { boundPort in
                     // The first line, flushed at once: scripts and tests read the address from it.
-                    let line = "http://127.0.0.1:\(boundPort)/#token=\(token)\n"
+                    let line = "http://\(site):\(boundPort)/#token=\(token)\n"
                     FileHandle.standardOutput.write(Data(line.utf8))
                     printError(
                         "whenctl ui: serving whend at \(eventSocket) on 127.0.0.1:\(boundPort) until Ctrl-C; open the address above on this machine"

@@ -9,13 +9,15 @@ import NIOCore
 struct UIServer {
     let port: Int
     let token: String
+    /// This run's own host name, `whenctl-<hex>.localhost` (see `UIGuard`).
+    let site: String
     let source: UISource
 
     /// Serves until the process ends; `listening` is told the port once the socket is bound.
     func run(listening: @escaping @Sendable (Int) -> Void) async throws {
         let bound = UIBoundPort()
         let router = Router()
-        router.add(middleware: UIGuard(token: token, port: bound))
+        router.add(middleware: UIGuard(token: token, site: site, port: bound))
         router.get("/") { _, _ in Self.asset(PackageResources.index_html, type: "text/html; charset=utf-8") }
         router.get("/app.js") { _, _ in
             Self.asset(PackageResources.app_js, type: "text/javascript; charset=utf-8")
@@ -142,7 +144,12 @@ func blocking<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async thr
 }
 
 /// Every request: the Host must be this server's own (a page of another site that has its name
-/// resolve to 127.0.0.1 names itself). Every request for data: the token, as `Authorization:
+/// resolve to 127.0.0.1 names itself). The address printed names a host of this run's own,
+/// `whenctl-<hex>.localhost` (browsers take any name under localhost to be the loopback), so
+/// that the page is an origin no earlier server on this port can have been: a browser's cache
+/// and service workers are kept per origin, and one that held the port before could otherwise
+/// have left a script of its own cached as /app.js, or a worker, to run in the page and read
+/// its token. 127.0.0.1:PORT and localhost:PORT are answered too. Every request for data: the token, as `Authorization:
 /// Bearer` (the page's fetches) or `?token=` (its EventSource, which cannot set headers). The
 /// page and its script and style hold no data and are served without it: the token comes to
 /// the page in the address's fragment, which a browser never sends, and stays in the page's
@@ -150,6 +157,7 @@ func blocking<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async thr
 /// caching, no framing, no referrer, scripts only from this origin.
 struct UIGuard<Context: RequestContext>: RouterMiddleware {
     let token: String
+    let site: String
     let port: UIBoundPort
 
     /// What the page is made of: the same for everyone, and nothing of whend's.
@@ -158,7 +166,15 @@ struct UIGuard<Context: RequestContext>: RouterMiddleware {
     func handle(
         _ request: Request, context: Context, next: (Request, Context) async throws -> Response
     ) async throws -> Response {
-        var response = try await check(request, context: context, next: next)
+        var response: Response
+        do {
+            response = try await check(request, context: context, next: next)
+        } catch let error as HTTPError {
+            // What the framework refuses itself (a path or a method it has no route for) gets
+            // the same headers as the rest.
+            response = UIServer.text(error.status, error.body ?? "whenctl ui: \(error.status)")
+        }
+        response.headers[.crossOriginResourcePolicy] = "same-origin"
         response.headers[.contentSecurityPolicy] =
             "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
         response.headers[.xFrameOptions] = "DENY"
@@ -177,16 +193,16 @@ struct UIGuard<Context: RequestContext>: RouterMiddleware {
             return UIServer.text(.badRequest, "whenctl ui: refused: a request names one Host, not several")
         }
         let host = (request.head.authority ?? "").lowercased()
-        guard host == "127.0.0.1:\(port)" || host == "localhost:\(port)" else {
+        guard host == "\(site):\(port)" || host == "127.0.0.1:\(port)" || host == "localhost:\(port)" else {
             return UIServer.text(
                 .misdirectedRequest,
-                "whenctl ui: refused: this server answers to 127.0.0.1:\(port) and localhost:\(port) only, not to Host \"\(printable(host, limit: 100))\" (a page of another site may have its name resolve here)"
+                "whenctl ui: refused: this server answers to \(site):\(port), 127.0.0.1:\(port) and localhost:\(port) only, not to Host \"\(printable(host, limit: 100))\" (a page of another site may have its name resolve here)"
             )
         }
         guard Self.assets.contains(request.uri.path) || presentsToken(request) else {
             return UIServer.text(
                 .forbidden,
-                "whenctl ui: refused: this page needs the token whenctl ui printed with its address (http://127.0.0.1:\(port)/#token=…); open that address"
+                "whenctl ui: refused: this page needs the token whenctl ui printed with its address (http://\(site):\(port)/#token=…); open that address"
             )
         }
         return try await next(request, context)
@@ -213,6 +229,7 @@ extension HTTPField.Name {
     static let xFrameOptions = HTTPField.Name("X-Frame-Options")!
     static let referrerPolicy = HTTPField.Name("Referrer-Policy")!
     static let lastEventID = HTTPField.Name("Last-Event-ID")!
+    static let crossOriginResourcePolicy = HTTPField.Name("Cross-Origin-Resource-Policy")!
     /// A Host field left among the fields: the first one became the request's authority.
     static let extraHost = HTTPField.Name("Host")!
 }

@@ -128,8 +128,17 @@ W.summary = (r) => {
 W.views = {};
 let current = null;
 
+// A fragment that is not valid percent-encoding is taken as it is written.
+const decoded = (text, decode) => {
+  try {
+    return decode(text);
+  } catch {
+    return text;
+  }
+};
+
 function route() {
-  const hash = decodeURI(location.hash.slice(1)) || "live";
+  const hash = decoded(location.hash.slice(1), decodeURI) || "live";
   const [name, ...rest] = location.hash.slice(1).split("/");
   const view = W.views[name || "live"] ? name || "live" : "live";
   if (current && current !== view && W.views[current].leave) W.views[current].leave();
@@ -137,7 +146,10 @@ function route() {
   const tab = { session: "sessions", crash: "crashes", record: "live" }[view] || view;
   for (const a of document.querySelectorAll("#tabs a")) a.classList.toggle("active", a.dataset.tab === tab);
   current = view;
-  W.views[view].enter(rest.map(decodeURIComponent), hash);
+  W.views[view].enter(
+    rest.map((part) => decoded(part, decodeURIComponent)),
+    hash,
+  );
 }
 
 // --- The daemon's state in the header, from whenctl ui's samples ----------------------------
@@ -158,7 +170,7 @@ async function refreshHeader() {
     }
     for (const f of W.overviewListeners) f(o);
   } catch (e) {
-    W.$("daemon").textContent = "whenctl ui: " + e.message;
+    W.$("daemon").textContent = e.message.startsWith("whenctl ui:") ? e.message : "whenctl ui: " + e.message;
     W.$("daemon").className = "daemon bad";
   }
 }
@@ -170,11 +182,14 @@ W.overviewListeners = [];
 // `on.gap(g)`, `on.state(text, kind)`. The browser reconnects by itself with Last-Event-ID,
 // which resumes the subscription after the last record seen.
 W.stream = (params, on) => {
-  const q = new URLSearchParams();
-  for (const [k, v] of Object.entries(params)) if (v !== "" && v !== undefined && v !== null) q.set(k, v);
-  // An EventSource cannot send headers: the token goes in the query, to this origin only.
-  q.set("token", W.token);
-  const es = new EventSource("/api/stream?" + q.toString());
+  // Each value percent-encoded (a space as %20: URLSearchParams would write "+", which the
+  // server reads as itself). An EventSource cannot send headers: the token goes in the query,
+  // to this origin only.
+  const q = Object.entries({ ...params, token: W.token })
+    .filter(([, v]) => v !== "" && v !== undefined && v !== null)
+    .map(([k, v]) => encodeURIComponent(k) + "=" + encodeURIComponent(v))
+    .join("&");
+  const es = new EventSource("/api/stream?" + q);
   const state = on.state || (() => {});
   // What whend (or whenctl ui, failing to reach it) said last, shown while the browser retries.
   let problem = null;
