@@ -182,13 +182,38 @@ final class Pattern: @unchecked Sendable {
         var i = 0
         var inBracket = false
         var quantified = false  // the last thing read was a repetition (*, +, {m,n})
+        var previous: UInt8 = 0  // the last byte read outside brackets, unescaped
+        var depth = 0  // groups open
         while i < bytes.count {
             let b = bytes[i]
+            if !inBracket, b == UInt8(ascii: "?"), previous == UInt8(ascii: "+") || previous == UInt8(ascii: "}") {
+                return
+                    "+? and {m,n}? are lazy repetitions to ECMA-262 and an optional repetition to the C library (it matches the empty string); write + or {m,n}"
+            }
+            if !inBracket, previous == UInt8(ascii: "?"),
+                b == UInt8(ascii: "*") || b == UInt8(ascii: "+") || b == UInt8(ascii: "{")
+            {
+                return
+                    "a repetition after ? is an error to ECMA-262, possessive to Python's re and a repetition of the group to the C library; group it: (a?)+"
+            }
+            if !inBracket, b == UInt8(ascii: "(") { depth += 1 }
+            if !inBracket, b == UInt8(ascii: ")") {
+                guard depth > 0 else {
+                    return
+                        "a ) with no ( before it is an error to ECMA-262 and a literal to the C library; escape it: \\)"
+                }
+                depth -= 1
+            }
+            if !inBracket { previous = b }
             if b == UInt8(ascii: "\\"), i + 1 < bytes.count {
                 let next = bytes[i + 1]
-                if !inBracket, "dDwWsSbBuxcpPkfnrtv0123456789".utf8.contains(next) {
+                // Only punctuation is escaped alike: a letter or a digit after a backslash is
+                // an escape, an anchor or an error to one dialect or the other (\A, \Z, \a, \z).
+                if !inBracket, next < 0x80,
+                    Character(Unicode.Scalar(next)).isLetter || Character(Unicode.Scalar(next)).isNumber
+                {
                     return
-                        "the escape \\\(Character(Unicode.Scalar(next))) is ECMA-262's, which POSIX extended expressions read otherwise; spell it out (\\d as [0-9], \\s as [ \\t])"
+                        "the escape \\\(Character(Unicode.Scalar(next))) means something else to ECMA-262, to Python's re and to the C library; only punctuation may follow a backslash (spell \\d as [0-9], \\s as [ \\t])"
                 }
                 if inBracket {
                     return
@@ -199,6 +224,7 @@ final class Pattern: @unchecked Sendable {
                         "\\\(Character(Unicode.Scalar(next))) is an anchor to the C library and the character itself to ECMA-262; write it without the backslash"
                 }
                 quantified = false
+                previous = 0
                 i += 2
                 continue
             }
@@ -216,6 +242,7 @@ final class Pattern: @unchecked Sendable {
                     quantified = true
                     if b == UInt8(ascii: "{") {
                         while i < bytes.count, bytes[i] != UInt8(ascii: "}") { i += 1 }
+                        previous = UInt8(ascii: "}")
                     }
                     i += 1
                     continue

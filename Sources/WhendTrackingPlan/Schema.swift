@@ -80,6 +80,27 @@ struct SchemaNode: Sendable {
 /// than ignoring it: a keyword left out would let through what its author meant to refuse.
 struct SchemaCompiler {
     private(set) var nodes: [SchemaNode] = []
+    /// The positions every pattern of the plan compiled so far expands to (`Pattern`).
+    private(set) var patternPositions = 0
+
+    /// What one plan may hold, whoever wrote it: each compiled pattern costs memory in
+    /// proportion to its positions (about 100 bytes each), and an enum, an object's properties
+    /// are searched or built in time that grows with their count.
+    static let maxPatternPositions = 100_000
+    static let maxEnum = 4096
+    static let maxProperties = 4096
+
+    /// Compiles a pattern, within the plan's budget of positions.
+    mutating func pattern(_ source: String) throws(PatternError) -> Pattern {
+        patternPositions += min(Pattern.expandedSize(of: source), Self.maxPatternPositions + 1)
+        guard patternPositions <= Self.maxPatternPositions else {
+            throw PatternError(
+                reason:
+                    "the plan's patterns expand to more than \(Self.maxPatternPositions) positions in all, which would cost whend hundreds of megabytes; list exact names, or use fewer and shorter patterns"
+            )
+        }
+        return try Pattern(source)
+    }
 
     /// Keywords that describe and never refuse: read and left aside.
     static let annotations: Set<String> = [
@@ -118,6 +139,9 @@ struct SchemaCompiler {
             node.types = try typeSet(value, fail)
         case "properties":
             guard case .object(let members) = value.value else { throw fail("must be an object of schemas") }
+            guard members.count <= Self.maxProperties else {
+                throw fail("names \(members.count) properties, over \(Self.maxProperties)")
+            }
             for (name, schema) in members {
                 let child = try compile(schema)
                 let bytes = Array(name.utf8)
@@ -152,13 +176,17 @@ struct SchemaCompiler {
             throw fail("is one schema for every item (2020-12); tuples (prefixItems) are not supported")
         case "enum":
             guard case .array(let values) = value.value else { throw fail("must be an array") }
+            guard values.count <= Self.maxEnum else {
+                throw fail(
+                    "lists \(values.count) values, over \(Self.maxEnum): each is compared in turn; use a pattern")
+            }
             node.allowed = try values.map { v throws(PlanError) in try scalar(v, fail) }
         case "const":
             node.constant = try scalar(value, fail)
         case "pattern":
             guard case .string(let source) = value.value else { throw fail("must be a string") }
             do {
-                node.pattern = try Pattern(source)
+                node.pattern = try pattern(source)
             } catch {
                 throw fail(error.reason)
             }

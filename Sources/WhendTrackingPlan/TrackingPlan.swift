@@ -146,7 +146,7 @@ package final class TrackingPlan: @unchecked Sendable {
                 }
                 rules.unplannedEvents = s == "allow"
             case "screens":
-                (rules.screens, rules.screenPatterns) = try screens(value)
+                (rules.screens, rules.screenPatterns) = try screens(value, compiler: &compiler)
             default:
                 break
             }
@@ -154,7 +154,9 @@ package final class TrackingPlan: @unchecked Sendable {
         return rules
     }
 
-    private static func screens(_ value: PlanDocument) throws(PlanError) -> (ScreenTable?, [Pattern]) {
+    private static func screens(_ value: PlanDocument, compiler: inout SchemaCompiler) throws(PlanError) -> (
+        ScreenTable?, [Pattern]
+    ) {
         func fail(_ at: PlanDocument, _ reason: String) -> PlanError {
             PlanError(offset: at.offset, reason: "screens: \(reason)")
         }
@@ -179,7 +181,7 @@ package final class TrackingPlan: @unchecked Sendable {
             case "patterns":
                 for (item, source) in zip(items, strings) {
                     do {
-                        patterns.append(try Pattern(source))
+                        patterns.append(try compiler.pattern(source))
                     } catch {
                         throw fail(item, error.reason)
                     }

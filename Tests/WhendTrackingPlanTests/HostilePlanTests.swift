@@ -21,7 +21,7 @@ import WhendWire
         // What real plans write stays well inside it.
         for pattern in [
             #"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"#, #"^[0-9]{1,255}$"#,
-            #"^[^@]{1,64}@[^@]{1,255}$"#, #"^(ab){2,}$"#, #"^a*?b+?$"#, #"(a*)*"#,
+            #"^[^@]{1,64}@[^@]{1,255}$"#, #"^(ab){2,}$"#, #"^a*?b+$"#, #"(a*)*"#,
         ] {
             let plan = #"{"events":{"e":{"properties":{"p":{"type":"string","pattern":"\#(pattern)"}}}}}"#
             _ = try TrackingPlan.parse(Array(plan.utf8))
@@ -150,5 +150,35 @@ import WhendWire
         let plan = #"{"events":{"e":{"properties":{"v":{"maximum":9007199254740991}}}}}"#
         #expect(try check(#"{"type":"when","name":"e","params":{"v":9007199254740991}}"#, plan, nil) == nil)
         #expect(try check(#"{"type":"when","name":"e","params":{"v":9007199254740993}}"#, plan, nil)?.rule == .maximum)
+    }
+
+    /// Found from outside: forms the C library reads otherwise than ECMA-262 and Python's re
+    /// (lazy + and {m,n}, which it reads as optional; a repetition after ?; letter escapes; a
+    /// lone ')'), and plans whose size costs whend memory or time in all (patterns expanding
+    /// to 100,000 positions in all, enums and properties by the thousand).
+    @Test func whatOneDialectReadsOtherwiseAndPlansTooLargeAreRefused() throws {
+        for pattern in [
+            #"^id-[0-9]+?$"#, #"^x{2}?$"#, #"^a?+$"#, #"a?*"#, #"(a)?{2}"#, #"\\Aab"#, #"a\\Z"#, #"\\a"#, #"\\z"#,
+            #"^a)$"#,
+        ] {
+            let plan = #"{"events":{"e":{"properties":{"p":{"type":"string","pattern":"\#(pattern)"}}}}}"#
+            #expect(throws: PlanError.self, "\(pattern)") { try TrackingPlan.parse(Array(plan.utf8)) }
+        }
+        for pattern in [#"^a*?$"#, #"^a??$"#, #"^\\.\\+\\??$"#, #"^(a)+$"#, #"^[+?]$"#] {
+            let plan = #"{"events":{"e":{"properties":{"p":{"type":"string","pattern":"\#(pattern)"}}}}}"#
+            _ = try TrackingPlan.parse(Array(plan.utf8))
+        }
+        let patterns = (0..<101).map { _ in #""[a-z]{1000}""# }.joined(separator: ",")
+        #expect(throws: PlanError.self) {
+            try TrackingPlan.parse(Array(#"{"events":{},"screens":{"patterns":[\#(patterns)]}}"#.utf8))
+        }
+        let values = (0...4096).map(String.init).joined(separator: ",")
+        #expect(throws: PlanError.self) {
+            try TrackingPlan.parse(Array(#"{"events":{"e":{"properties":{"p":{"enum":[\#(values)]}}}}}"#.utf8))
+        }
+        let properties = (0...4096).map { #""p\#($0)":{}"# }.joined(separator: ",")
+        #expect(throws: PlanError.self) {
+            try TrackingPlan.parse(Array(#"{"events":{"e":{"properties":{\#(properties)}}}}"#.utf8))
+        }
     }
 }
