@@ -91,12 +91,8 @@ final class Pattern: @unchecked Sendable {
                 i += 2
                 continue
             case UInt8(ascii: "["):
-                // Copied whole: a ']' right after '[' or '[^' is a member.
                 let start = i
-                i += 1
-                if i < bytes.count, bytes[i] == UInt8(ascii: "^") { i += 1 }
-                if i < bytes.count, bytes[i] == UInt8(ascii: "]") { i += 1 }
-                while i < bytes.count, bytes[i] != UInt8(ascii: "]") { i += 1 }
+                i = bracketEnd(bytes, i)
                 out.append(contentsOf: bytes[start..<min(i + 1, bytes.count)])
             case UInt8(ascii: "."):
                 out.append(contentsOf: Array("[^\n\r\u{2028}\u{2029}]".utf8))
@@ -106,6 +102,16 @@ final class Pattern: @unchecked Sendable {
             i += 1
         }
         return String(decoding: out, as: UTF8.self)
+    }
+
+    /// Where the bracket expression opened at `start` ends (its ']', or the pattern's end): a
+    /// ']' right after '[' or '[^' is a member.
+    static func bracketEnd(_ bytes: [UInt8], _ start: Int) -> Int {
+        var i = start + 1
+        if i < bytes.count, bytes[i] == UInt8(ascii: "^") { i += 1 }
+        if i < bytes.count, bytes[i] == UInt8(ascii: "]") { i += 1 }
+        while i < bytes.count, bytes[i] != UInt8(ascii: "]") { i += 1 }
+        return i
     }
 
     /// How many positions the pattern is once its counted repetitions are written out: each
@@ -126,11 +132,7 @@ final class Pattern: @unchecked Sendable {
                 stack[stack.count - 1] += 1
                 continue
             case UInt8(ascii: "["):
-                // To the bracket's end: a ']' right after '[' or '[^' is a member.
-                i += 1
-                if i < bytes.count, bytes[i] == UInt8(ascii: "^") { i += 1 }
-                if i < bytes.count, bytes[i] == UInt8(ascii: "]") { i += 1 }
-                while i < bytes.count, bytes[i] != UInt8(ascii: "]") { i += 1 }
+                i = bracketEnd(bytes, i)
                 last = 1
                 stack[stack.count - 1] += 1
             case UInt8(ascii: "("):

@@ -84,8 +84,8 @@ struct SchemaCompiler {
     private(set) var patternPositions = 0
 
     /// What one plan may hold, whoever wrote it: each compiled pattern costs memory in
-    /// proportion to its positions (about 100 bytes each), and an enum, an object's properties
-    /// are searched or built in time that grows with their count.
+    /// proportion to its positions (about 100 bytes each); an enum is searched, and an object's
+    /// properties are compiled, in time that grows with their count.
     static let maxPatternPositions = 100_000
     static let maxEnum = 4096
     static let maxProperties = 4096

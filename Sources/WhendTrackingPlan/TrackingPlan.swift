@@ -26,11 +26,12 @@ package final class TrackingPlan: @unchecked Sendable {
     let appNames: [[UInt8]]
     /// How many `When` names the plan lists, all apps together (for status lines).
     package let eventCount: Int
-    /// A digest of the plan's text: a reload says whether the plan changed by comparing them.
-    package let digest: String
+    /// A digest of the plan's text (SipHash-128, both words): a reload says whether the plan
+    /// changed by comparing them.
+    package let digest: [UInt64]
 
     private init(
-        schemas: SchemaTable, rules: Rules, apps: [(name: [UInt8], rules: Rules)], eventCount: Int, digest: String
+        schemas: SchemaTable, rules: Rules, apps: [(name: [UInt8], rules: Rules)], eventCount: Int, digest: [UInt64]
     ) {
         self.schemas = schemas
         self.digest = digest
@@ -68,8 +69,7 @@ package final class TrackingPlan: @unchecked Sendable {
             var hasher = SipHash128()
             hasher.write(bytes)
             let (high, low) = hasher.finalize()
-            let digest = String(high, radix: 16) + String(low, radix: 16)
-            return try compile(try PlanDocument.parse(bytes), digest: digest)
+            return try compile(try PlanDocument.parse(bytes), digest: [high, low])
         } catch {
             var located = error.located(in: bytes)
             located.reason = located.reason.replacingOccurrences(of: "the line is not valid JSON", with: "not JSON")
@@ -80,7 +80,7 @@ package final class TrackingPlan: @unchecked Sendable {
     static let topKeys = ["$schema", "$comment", "description", "events", "unplannedEvents", "screens", "apps"]
     static let appKeys = ["$comment", "description", "events", "unplannedEvents", "screens"]
 
-    private static func compile(_ document: PlanDocument, digest: String) throws(PlanError) -> TrackingPlan {
+    private static func compile(_ document: PlanDocument, digest: [UInt64]) throws(PlanError) -> TrackingPlan {
         guard case .object(let members) = document.value else {
             throw PlanError(offset: document.offset, reason: "a plan is a JSON object with \"events\"")
         }

@@ -8,8 +8,9 @@ const W = (window.W = {});
 // The token comes once, in the address's fragment (#token=…), which the browser sends nowhere.
 // The page keeps it in local storage, which browsers keep apart by origin, port included
 // (cookies they do not: another server on 127.0.0.1 would be sent one), so that a record or a
-// session opened in a new tab has it too; and takes it out of the address bar, the history and
-// any screenshot. `?token=` is taken the same way. A token of an earlier run on the same port
+// session opened in a new tab has it too; and takes it out of the address bar and any
+// screenshot (the browser's history may still hold the address it was opened with). `?token=`
+// is taken the same way. A token of an earlier run on the same port
 // is forgotten once the server refuses it.
 const TOKEN_KEY = "whenctl-ui-token";
 // True when the address carried a token (now kept, and gone from the address).
