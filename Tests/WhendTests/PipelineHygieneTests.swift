@@ -54,7 +54,8 @@ import Testing
         // A reload that changes the pipeline: checked and started again.
         try "plugin_dirs = \(plugins)\npipeline.c = constructor\npipeline.d = constructor\n".write(
             toFile: config, atomically: true, encoding: .utf8)
-        #expect(try daemon.whenctl(["reload"]).status == 0)
+        let reload = try daemon.whenctl(["reload"])
+        #expect(reload.status == 0, "whenctl reload: \(reload.output)\(reload.error)\n\(daemon.log.suffix(3000))")
         // The check at start, the worker, the check at reload, the new worker at least (each
         // worker loads its plugins once it has started).
         var loaders: [Int32] = []
