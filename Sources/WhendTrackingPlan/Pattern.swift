@@ -1,27 +1,23 @@
 import Glibc
 
-/// A `pattern`, compiled once with the C library's POSIX extended regular expressions
-/// (`regcomp` with `REG_EXTENDED | REG_NOSUB`), and searched for anywhere in a string's UTF-8
-/// bytes as JSON Schema searches (unanchored: write `^…$` for the whole string).
+/// A `pattern`, compiled once and searched for anywhere in a string's characters as JSON Schema
+/// searches (unanchored: write `^…$` for the whole string), by whend's own automaton
+/// (`PatternAutomaton`), in time linear in the string.
 ///
-/// JSON Schema names ECMA-262 regular expressions; whend reads the part of them POSIX ERE
-/// reads the same — literals, `.`, bracket expressions, `^`, `$`, `|`, groups, `*`, `+`, `?`,
-/// `{m,n}` — and refuses the escapes and groups ERE would read otherwise (`\d`, `\w`, `\s`,
-/// `\b` and their capitals, `(?…)` lookarounds), so that a plan never means one thing to its
-/// author and another to whend. Matching is by characters (code points, as JSON Schema's
-/// validators count them), in the C library's C.UTF-8 locale; `.` takes any character but a line
-/// terminator, as ECMA-262's does (POSIX's would take a newline too).
-final class Pattern: @unchecked Sendable {
-    // glibc's regexec locks the compiled expression itself: one shared by every connection's
-    // thread is safe.
-    private let regex: UnsafeMutablePointer<regex_t>
+/// JSON Schema names ECMA-262 regular expressions; whend reads the part of them POSIX extended
+/// expressions read the same — literals, `.`, bracket expressions, `^`, `$`, `|`, groups, `*`,
+/// `+`, `?`, `{m,n}` — and refuses the escapes and groups one would read otherwise than the
+/// other (`\d`, `\w`, `\s`, `\b` and their capitals, `(?…)` lookarounds), so that a plan never
+/// means one thing to its author and another to whend: a pattern the C library's `regcomp`
+/// refuses is refused too. Matching is by characters (code points, as JSON Schema's validators
+/// count them); `.` takes any character but a line terminator, as ECMA-262's does.
+final class Pattern: Sendable {
+    private let automaton: PatternAutomaton
     let source: String
 
-    /// The most positions a pattern's counted repetitions may expand to. regcomp writes
-    /// `x{m,n}` out as n copies of x, nested ones as the product: `(a{1,1000}){1,1000}` took
-    /// whend's memory at 1 GB/s while it compiled, and `(.{1,1000}){1,100}` held every
-    /// connection's ingest for seconds on a 150-byte string. Real patterns (a UUID, an email,
-    /// `[0-9]{1,255}`) stay far below.
+    /// The most positions a pattern's counted repetitions may expand to: `x{m,n}` is written
+    /// out as n copies of x, nested ones as the product, and a search costs the string's length
+    /// times that. Real patterns (a UUID, an email, `[0-9]{1,255}`) stay far below.
     static let maxExpandedSize = 1000
 
     init(_ source: String) throws(PatternError) {
@@ -33,35 +29,30 @@ final class Pattern: @unchecked Sendable {
                     "its counted repetitions ({m,n}) expand to \(size > 1_000_000 ? "over 1000000" : String(size)) positions, over \(Self.maxExpandedSize): a regular expression library writes each repetition out (nested ones multiply); use *, + or smaller bounds, and maxLength for the length"
             )
         }
-        let compiled = UnsafeMutablePointer<regex_t>.allocate(capacity: 1)
-        compiled.initialize(to: regex_t())
-        let status = Self.inUTF8 { regcomp(compiled, Self.posix(source), REG_EXTENDED | REG_NOSUB) }
+        // The C library's reading is kept as a second judge: what POSIX refuses or reads
+        // otherwise is not part of the language a plan may use.
+        var compiled = regex_t()
+        let status = Self.inUTF8 { regcomp(&compiled, Self.posix(source), REG_EXTENDED | REG_NOSUB) }
+        defer { regfree(&compiled) }
         guard status == 0 else {
             var message = [CChar](repeating: 0, count: 256)
-            regerror(status, compiled, &message, message.count)
-            compiled.deallocate()
+            regerror(status, &compiled, &message, message.count)
             let reason = String(decoding: message.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
             throw PatternError(reason: "not a POSIX extended regular expression: \(reason)")
         }
-        self.regex = compiled
+        self.automaton = try PatternAutomaton(source)
         self.source = source
     }
 
-    deinit {
-        regfree(regex)
-        regex.deallocate()
-    }
+    /// Whether the pattern occurs in `bytes` (UTF-8). Allocates nothing of its own: the
+    /// search's lists are on the stack.
+    func matches(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool { automaton.search(bytes).found }
 
-    /// Whether the pattern occurs in `bytes`, which need not end in a NUL (`REG_STARTEND`).
-    func matches(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
-        // On the stack: the search allocates nothing of ours (regexec allocates, and frees, its
-        // own matching state).
-        var match = regmatch_t(rm_so: 0, rm_eo: regoff_t(bytes.count))
-        guard let base = bytes.baseAddress else { return Self.inUTF8 { regexec(regex, "", 1, &match, 0) } == 0 }
-        return base.withMemoryRebound(to: CChar.self, capacity: bytes.count) { text in
-            Self.inUTF8 { regexec(regex, text, 1, &match, REG_STARTEND) } == 0
-        }
-    }
+    /// How many steps of its automaton a search of `bytes` takes: the cost bound's witness.
+    func work(_ bytes: UnsafeBufferPointer<UInt8>) -> Int { automaton.search(bytes).work }
+
+    /// The automaton's size: a search costs at most (characters + 1) × this, each way in.
+    var size: Int { automaton.steps.count }
 
     /// C.UTF-8, in which the C library's expressions read UTF-8 by characters; nil where the
     /// system has no such locale (then they read bytes).

@@ -45,9 +45,7 @@ import WhendTrackingPlan
                 cases.append((schemaText, instance))
             }
         }
-        let file = ScratchDirectory.make("differential") + "/cases.jsonl"
-        try (lines.joined(separator: "\n") + "\n").write(toFile: file, atomically: true, encoding: .utf8)
-        let verdicts = try runReference(file)
+        let verdicts = try Self.runPython(Self.reference, input: lines.joined(separator: "\n") + "\n")
         try #require(verdicts.count == ours.count, "the reference answered \(verdicts.count) of \(ours.count)")
         var disagreements: [String] = []
         for (i, (reference, mine)) in zip(verdicts, ours).enumerated() where reference != mine {
@@ -90,10 +88,13 @@ import WhendTrackingPlan
         }
     }
 
-    private func runReference(_ file: String) throws -> [Bool] {
+    /// Runs `script` in the tests' venv over a file holding `input`; its "1"s and "0"s.
+    static func runPython(_ script: String, input: String) throws -> [Bool] {
+        let file = ScratchDirectory.make("differential") + "/cases.jsonl"
+        try input.write(toFile: file, atomically: true, encoding: .utf8)
         let process = Process()
         process.executableURL = URL(fileURLWithPath: Self.python)
-        process.arguments = ["-c", Self.reference, file]
+        process.arguments = ["-c", script, file]
         let output = Pipe()
         let errors = Pipe()
         process.standardOutput = output
@@ -102,7 +103,7 @@ import WhendTrackingPlan
         let data = output.fileHandleForReading.readDataToEndOfFile()
         let errorText = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         process.waitUntilExit()
-        try #require(process.terminationStatus == 0, "jsonschema (make test-deps installs it): \(errorText)")
+        try #require(process.terminationStatus == 0, "python (make test-deps installs the venv): \(errorText)")
         return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines).map { $0 == "1" }
     }
 }
