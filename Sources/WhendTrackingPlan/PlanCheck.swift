@@ -120,7 +120,7 @@ extension TrackingPlan {
         if let app = subject.app {
             let raw = UnsafeBufferPointer(rebasing: line[app.contents])
             if app.escaped {
-                let decoded = decodeJSONString(raw)
+                let decoded = decodeJSONString(raw, keepingLoneSurrogates: true)
                 return decoded.withUnsafeBufferPointer { rulesOf(app: $0) }
             }
             return rulesOf(app: raw)
@@ -129,10 +129,8 @@ extension TrackingPlan {
     }
 
     private func rulesOf(app: UnsafeBufferPointer<UInt8>) -> UnsafePointer<Rules> {
-        for (i, name) in appNames.enumerated() where name.withUnsafeBufferPointer({ JSONBytes.equal($0, app) }) {
-            return UnsafePointer(ruleStorage.baseAddress! + 1 + i)
-        }
-        return baseRules
+        guard let i = apps.find(app) else { return baseRules }
+        return UnsafePointer(ruleStorage.baseAddress! + 1 + i)
     }
 
     /// Checks one event; nil when it keeps to the plan. Allocates nothing of its own then (a
@@ -148,7 +146,8 @@ extension TrackingPlan {
         let raw = UnsafeBufferPointer(rebasing: line[screen.contents])
         let known =
             screen.escaped
-            ? decodeJSONString(raw).withUnsafeBufferPointer { Self.knows($0, rules) } : Self.knows(raw, rules)
+            ? decodeJSONString(raw, keepingLoneSurrogates: true).withUnsafeBufferPointer { Self.knows($0, rules) }
+            : Self.knows(raw, rules)
         guard !known else { return nil }
         let shown = String(decoding: screen.escaped ? decodeJSONString(raw) : Array(raw), as: UTF8.self)
         var planned = true
@@ -156,7 +155,9 @@ extension TrackingPlan {
             let rawName = UnsafeBufferPointer(rebasing: line[name.contents])
             planned =
                 (name.escaped
-                    ? decodeJSONString(rawName).withUnsafeBufferPointer { rules.pointee.events.find($0) }
+                    ? decodeJSONString(rawName, keepingLoneSurrogates: true).withUnsafeBufferPointer {
+                        rules.pointee.events.find($0)
+                    }
                     : rules.pointee.events.find(rawName)) != nil
         }
         return PlanViolation(
@@ -176,7 +177,9 @@ extension TrackingPlan {
         let raw = UnsafeBufferPointer(rebasing: line[name.contents])
         let node =
             name.escaped
-            ? decodeJSONString(raw).withUnsafeBufferPointer { rules.pointee.events.find($0) }
+            ? decodeJSONString(raw, keepingLoneSurrogates: true).withUnsafeBufferPointer {
+                rules.pointee.events.find($0)
+            }
             : rules.pointee.events.find(raw)
         guard let node else {
             guard !rules.pointee.unplannedEvents else { return nil }
@@ -204,7 +207,7 @@ extension TrackingPlan {
     static func bytes(_ value: StringValue?, _ line: UnsafeBufferPointer<UInt8>) -> [UInt8] {
         guard let value else { return [] }
         let raw = UnsafeBufferPointer(rebasing: line[value.contents])
-        return value.escaped ? decodeJSONString(raw) : Array(raw)
+        return value.escaped ? decodeJSONString(raw, keepingLoneSurrogates: true) : Array(raw)
     }
 
     /// Checks one JSON value against the schema of `event` alone (for tests and tools).

@@ -56,7 +56,7 @@ struct PlanDocument {
                 s.skipWhitespace()
                 let keyStart = s.position
                 let (range, escaped) = try s.scanString()
-                let key = string(s.bytes, range, escaped)
+                let key = try string(&s, range, escaped, at: keyStart)
                 guard seen.insert(Array(key.utf8)).inserted else {
                     s.position = keyStart
                     throw WireError(
@@ -102,7 +102,8 @@ struct PlanDocument {
             switch kind {
             case .string:
                 let contents = (range.lowerBound + 1)..<(range.upperBound - 1)
-                return PlanDocument(value: .string(string(s.bytes, contents, s.lastValueHadEscapes)), offset: start)
+                return PlanDocument(
+                    value: .string(try string(&s, contents, s.lastValueHadEscapes, at: start)), offset: start)
             case .number: return PlanDocument(value: .number(String(decoding: text, as: UTF8.self)), offset: start)
             case .bool: return PlanDocument(value: .bool(text.first == UInt8(ascii: "t")), offset: start)
             default: return PlanDocument(value: .null, offset: start)
@@ -110,9 +111,22 @@ struct PlanDocument {
         }
     }
 
-    private static func string(_ bytes: UnsafeBufferPointer<UInt8>, _ range: Range<Int>, _ escaped: Bool) -> String {
-        let raw = UnsafeBufferPointer(rebasing: bytes[range])
-        return escaped ? String(decoding: decodeJSONString(raw), as: UTF8.self) : String(decoding: raw, as: UTF8.self)
+    /// A string of the plan, decoded. Bytes that are not UTF-8, and a `\u` escape of half a
+    /// surrogate pair, are refused where they are: they are no character, so a plan naming
+    /// them would otherwise stand for U+FFFD, which an event may send as itself.
+    private static func string(
+        _ s: inout JSONScanner, _ range: Range<Int>, _ escaped: Bool, at start: Int
+    ) throws(WireError) -> String {
+        let raw = UnsafeBufferPointer(rebasing: s.bytes[range])
+        let bytes = escaped ? decodeJSONString(raw, keepingLoneSurrogates: true) : Array(raw)
+        guard let text = String(validating: bytes, as: UTF8.self) else {
+            s.position = start
+            throw WireError(
+                .invalidJSON,
+                "a string that is not UTF-8, or holds half a surrogate pair (a \\uD800–\\uDFFF escape without its other half); write the character itself"
+            )
+        }
+        return text
     }
 
     /// What the value is, for messages: "an object", "the string \"x\"".

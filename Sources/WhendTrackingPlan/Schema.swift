@@ -197,9 +197,13 @@ struct SchemaCompiler {
             guard abs(n) < Self.exactLimit else { throw fail(Self.beyondExact(text)) }
             if key == "minimum" { node.minimum = n } else { node.maximum = n }
         case "minLength", "maxLength":
-            guard case .number(let text) = value.value, let n = Int(text), n >= 0 else {
+            // An integer is any number with no fraction, as JSON Schema counts them: 1.0 and 1e1 too.
+            guard case .number(let text) = value.value, let d = Double(text), d >= 0, d == d.rounded(),
+                d < Self.exactLimit
+            else {
                 throw fail("must be an integer, 0 or more")
             }
+            let n = Int(d)
             if key == "minLength" { node.minLength = n } else { node.maxLength = n }
         default:
             guard Self.annotations.contains(key) else {

@@ -171,7 +171,7 @@ final class SchemaTable: @unchecked Sendable {
                 try s.expect(UInt8(ascii: ":"), "':'")
                 let raw = UnsafeBufferPointer(rebasing: s.bytes[keyRange])
                 let key = escaped ? nil : raw
-                let decoded = escaped ? decodeJSONString(raw) : nil
+                let decoded = escaped ? decodeJSONString(raw, keepingLoneSurrogates: true) : nil
                 let entry =
                     decoded.map { d in node.pointee.keys.firstIndex { $0.name == d } }
                     ?? find(key!, in: node.pointee.keys)
@@ -257,7 +257,7 @@ final class SchemaTable: @unchecked Sendable {
             return nil
         }
         if !escaped { return checkDecodedString(node, raw) }
-        let decoded = decodeJSONString(raw)
+        let decoded = decodeJSONString(raw, keepingLoneSurrogates: true)
         return decoded.withUnsafeBufferPointer { checkDecodedString(node, $0) }
     }
 

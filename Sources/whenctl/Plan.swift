@@ -20,7 +20,8 @@ struct Plan: ParsableCommand {
                 where it was always present, and the screen names seen) goes to standard output, \
                 or to --write FILE; the statistics (how often each param was present, with which \
                 types how often) go to standard error. The plan passes `whenctl plan check` on the \
-                records it was inferred from; tighten it by hand (patterns, bounds, enums).
+                records it was inferred from; tighten it by hand (patterns, bounds, enums). Records \
+                pipelines derived are left out: apps never send them.
                 """)
 
         @OptionGroup var location: JournalLocationOptions
@@ -37,7 +38,10 @@ struct Plan: ParsableCommand {
             JournalReader(directory: directory).read(fromSeq: filter.fromSeq, sinceMicros: filter.sinceMicros) {
                 record, _ in
                 if filter.isPastEnd(record) { return false }
-                if filter.matches(record) { inference.add(record: record.line) }
+                // What pipelines derived was never an app's to send, nor is it checked at ingest.
+                if filter.matches(record), (try? record.fields())?.isDerived != true {
+                    inference.add(record: record.line)
+                }
                 return true
             } onProblem: { problem in
                 problems += 1
@@ -65,7 +69,8 @@ struct Plan: ParsableCommand {
             discussion: """
                 One line per record that breaks the plan (its _seq, app, event, the JSON path, why \
                 and the rule), then the counts by event and rule. Exit status 1 when any record \
-                broke it, or when the plan does not parse (its line and why).
+                broke it, or when the plan does not parse (its line and why). Records pipelines \
+                derived are not checked, as whend does not check them at ingest.
                 """)
 
         @Argument(help: "The plan file.")
@@ -94,7 +99,9 @@ struct Plan: ParsableCommand {
             JournalReader(directory: directory).read(fromSeq: filter.fromSeq, sinceMicros: filter.sinceMicros) {
                 record, _ in
                 if filter.isPastEnd(record) { return false }
-                guard filter.matches(record), let subject = PlanSubject(record: record.line) else { return true }
+                guard filter.matches(record), (try? record.fields())?.isDerived != true,
+                    let subject = PlanSubject(record: record.line)
+                else { return true }
                 checked += 1
                 guard let violation = compiled.check(subject, in: record.line) else { return true }
                 counts["\(violation.event) \(violation.rule.rawValue)", default: 0] += 1

@@ -62,6 +62,11 @@ import WhendWire
         let check = try whenctl(["plan", "check", plan] + state)
         #expect(check.status == 0, "\(check.output)\(check.error)")
         #expect(check.output.contains("would be flagged") && check.output.contains(", 0 would be flagged"))
+        // What the pipelines derived is neither planned nor checked: apps never send it.
+        let records = try whenctl(["cat"] + state).output.split(separator: "\n")
+        let derived = records.filter { $0.contains(#""_origin":"#) }.count
+        #expect(derived > 0)
+        #expect(check.output.contains("\(records.count - derived) records checked, 0"), "\(check.output)")
         // The check is not vacuous: a plan without the tour's events flags them.
         try #"{"events":{}}"#.write(toFile: plan, atomically: true, encoding: .utf8)
         let strict = try whenctl(["plan", "check", "--summary", plan] + state)

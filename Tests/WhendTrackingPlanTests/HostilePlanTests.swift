@@ -181,4 +181,43 @@ import WhendWire
             try TrackingPlan.parse(Array(#"{"events":{"e":{"properties":{\#(properties)}}}}"#.utf8))
         }
     }
+
+    /// Found from outside: a `\u` escape of half a surrogate pair decoded as U+FFFD, so an event
+    /// sending "\ud800" passed an enum of "\udfff" (two strings to JSON Schema's validators);
+    /// bytes of a plan that are not UTF-8 were read as U+FFFD; `"minLength": 1.0`, an integer
+    /// to JSON Schema, was refused.
+    @Test func halfSurrogatesAndNonCharactersAreNeverAnotherString() throws {
+        let plan = #"{"events":{"e":{"properties":{"s":{"enum":["\ufffd","a"]},"t":{"pattern":"^.$"}}}}}"#
+        let lone = try #require(try check(#"{"type":"when","name":"e","params":{"s":"\ud800"}}"#, plan, nil))
+        #expect(lone.rule == .enum)
+        #expect(try check(#"{"type":"when","name":"e","params":{"s":"\ufffd"}}"#, plan, nil) == nil)
+        // One character, as Python's re and ECMA-262 read it.
+        #expect(try check(#"{"type":"when","name":"e","params":{"t":"\udfff"}}"#, plan, nil) == nil)
+        for half in [#"\ud800"#, #"\udfff"#, #"a\ud800b"#] {
+            let halfPlan = #"{"events":{"e":{"properties":{"s":{"const":"\#(half)"}}}}}"#
+            #expect(throws: PlanError.self, "\(half)") { try TrackingPlan.parse(Array(halfPlan.utf8)) }
+            let halfKey = #"{"events":{"\#(half)":{}}}"#
+            #expect(throws: PlanError.self, "\(half)") { try TrackingPlan.parse(Array(halfKey.utf8)) }
+        }
+        #expect(throws: PlanError.self) {
+            try TrackingPlan.parse(Array(#"{"events":{"e":{"enum":[""#.utf8) + [0xFF] + Array(#""]}}}"#.utf8))
+        }
+        let lengths = #"{"events":{"e":{"properties":{"s":{"minLength":2.0,"maxLength":1e1}}}}}"#
+        #expect(try check(#"{"type":"when","name":"e","params":{"s":"a"}}"#, lengths, nil)?.rule == .minLength)
+        #expect(try check(#"{"type":"when","name":"e","params":{"s":"abc"}}"#, lengths, nil) == nil)
+        #expect(throws: PlanError.self) {
+            try TrackingPlan.parse(Array(#"{"events":{"e":{"minLength":1.5}}}"#.utf8))
+        }
+    }
+
+    /// Each app's rules are found by hash, however many apps a plan names (it scanned them).
+    @Test func anAppAmongManyGetsItsOwnRules() throws {
+        let apps = (0..<20_000).map { #""app\#($0)":{"events":{"only\#($0)":{}}}"# }.joined(separator: ",")
+        let plan = #"{"events":{},"apps":{\#(apps)}}"#
+        for i in [0, 7_777, 19_999] {
+            #expect(try check(#"{"type":"when","name":"only\#(i)"}"#, plan, "app\(i)") == nil)
+            #expect(try check(#"{"type":"when","name":"only\#(i)"}"#, plan, "app\(i + 1)")?.rule == .event)
+        }
+        #expect(try check(#"{"type":"when","name":"only3"}"#, plan, "other")?.rule == .event)
+    }
 }
