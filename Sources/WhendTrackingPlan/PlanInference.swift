@@ -36,12 +36,15 @@ package struct PlanInference {
         if let params = subject.params {
             var s = JSONScanner(UnsafeBufferPointer(rebasing: line[..<params.upperBound]))
             s.position = params.lowerBound
+            // A key written twice is present once; each of its types is counted once, and all
+            // are proposed, since a check holds every copy to the plan.
+            var seen: [[UInt8]: Set<String>] = [:]
             try? s.scanObject { m throws(WireError) in
                 let raw = UnsafeBufferPointer(rebasing: line[m.key])
                 let key = m.keyHasEscapes ? decodeJSONString(raw) : Array(raw)
                 let type = Self.typeName(m.kind, UnsafeBufferPointer(rebasing: line[m.value]))
-                event.properties[key, default: Property()].present += 1
-                event.properties[key]!.types[type, default: 0] += 1
+                if seen[key] == nil { event.properties[key, default: Property()].present += 1 }
+                if seen[key, default: []].insert(type).inserted { event.properties[key]!.types[type, default: 0] += 1 }
             }
         }
         events[eventName] = event

@@ -220,4 +220,19 @@ import WhendWire
         }
         #expect(try check(#"{"type":"when","name":"only3"}"#, plan, "other")?.rule == .event)
     }
+
+    /// Found from outside: a param written twice in one event counted as present twice ("200 %"),
+    /// and each copy's type as one more record.
+    @Test func aKeyWrittenTwiceIsPresentOnce() throws {
+        var inference = PlanInference()
+        for line in [
+            #"{"_seq":1,"type":"when","name":"e","params":{"id":1,"id":"x"}}"#,
+            #"{"_seq":2,"type":"when","name":"e","params":{"id":2}}"#,
+        ] {
+            Array(line.utf8).withUnsafeBufferPointer { inference.add(record: $0) }
+        }
+        let statistics = inference.statistics()
+        #expect(statistics.contains("id: present 100 %; integer 100 %, string 50 %"), "\(statistics)")
+        #expect(try check(#"{"type":"when","name":"e","params":{"id":1,"id":"x"}}"#, inference.plan(), nil) == nil)
+    }
 }
