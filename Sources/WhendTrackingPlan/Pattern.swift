@@ -1,15 +1,13 @@
-import Glibc
-
 /// A `pattern`, compiled once and searched for anywhere in a string's characters as JSON Schema
 /// searches (unanchored: write `^…$` for the whole string), by whend's own automaton
 /// (`PatternAutomaton`), in time linear in the string.
 ///
 /// JSON Schema names ECMA-262 regular expressions; whend reads the part of them POSIX extended
-/// expressions read the same — literals, `.`, bracket expressions, `^`, `$`, `|`, groups, `*`,
-/// `+`, `?`, `{m,n}` — and refuses the escapes and groups one would read otherwise than the
-/// other (`\d`, `\w`, `\s`, `\b` and their capitals, `(?…)` lookarounds), so that a plan never
-/// means one thing to its author and another to whend: a pattern the C library's `regcomp`
-/// refuses is refused too. Matching is by characters (code points, as JSON Schema's validators
+/// expressions and Python's `re` read the same — literals, `.`, bracket expressions, `^`, `$`,
+/// `|`, groups, `*`, `+`, `?`, `{m,n}` — and refuses the escapes and groups one would read
+/// otherwise than another (`\d`, `\w`, `\s`, `\b` and their capitals, `(?…)` lookarounds), so
+/// that a plan never means one thing to its author and another to whend. (It no longer asks
+/// the C library's `regcomp` too: `^(((((a?)?)?)?)?){200}$` took it 28 s.) Matching is by characters (code points, as JSON Schema's validators
 /// count them); `.` takes any character but a line terminator, as ECMA-262's does.
 final class Pattern: Sendable {
     private let automaton: PatternAutomaton
@@ -17,7 +15,7 @@ final class Pattern: Sendable {
 
     /// The most positions a pattern's counted repetitions may expand to: `x{m,n}` is written
     /// out as n copies of x, nested ones as the product, and a search costs the string's length
-    /// times that. Real patterns (a UUID, an email, `[0-9]{1,255}`) stay far below.
+    /// times that (`PatternAutomaton.maxSteps` bounds what costs steps and no position). Real patterns (a UUID, an email, `[0-9]{1,255}`) stay far below.
     static let maxExpandedSize = 1000
 
     init(_ source: String) throws(PatternError) {
@@ -28,17 +26,6 @@ final class Pattern: Sendable {
                 reason:
                     "its counted repetitions ({m,n}) expand to \(size > 1_000_000 ? "over 1000000" : String(size)) positions, over \(Self.maxExpandedSize): a regular expression library writes each repetition out (nested ones multiply); use *, + or smaller bounds, and maxLength for the length"
             )
-        }
-        // The C library's reading is kept as a second judge: what POSIX refuses or reads
-        // otherwise is not part of the language a plan may use.
-        var compiled = regex_t()
-        let status = Self.inUTF8 { regcomp(&compiled, Self.posix(source), REG_EXTENDED | REG_NOSUB) }
-        defer { regfree(&compiled) }
-        guard status == 0 else {
-            var message = [CChar](repeating: 0, count: 256)
-            regerror(status, &compiled, &message, message.count)
-            let reason = String(decoding: message.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-            throw PatternError(reason: "not a POSIX extended regular expression: \(reason)")
         }
         self.automaton = try PatternAutomaton(source)
         self.source = source
@@ -53,47 +40,6 @@ final class Pattern: Sendable {
 
     /// The automaton's size: a search costs at most (characters + 1) × this, each way in.
     var size: Int { automaton.steps.count }
-
-    /// C.UTF-8, in which the C library's expressions read UTF-8 by characters; nil where the
-    /// system has no such locale (then they read bytes).
-    nonisolated(unsafe) private static let utf8: locale_t? = newlocale(
-        (1 << LC_CTYPE) | (1 << LC_COLLATE), "C.UTF-8", nil)
-
-    /// Runs `body` with this thread in C.UTF-8 (uselocale sets a thread's locale only, and
-    /// costs a pointer's swap), then in the locale it had.
-    private static func inUTF8<T>(_ body: () -> T) -> T {
-        guard let utf8 else { return body() }
-        let previous = uselocale(utf8)
-        defer { uselocale(previous) }
-        return body()
-    }
-
-    /// The pattern as POSIX reads it: each `.` outside a bracket expression written as "any
-    /// character but the line terminators ECMA-262's `.` leaves out" (\n, \r, U+2028, U+2029).
-    static func posix(_ source: String) -> String {
-        let bytes = Array(source.utf8)
-        var out: [UInt8] = []
-        var i = 0
-        while i < bytes.count {
-            let b = bytes[i]
-            switch b {
-            case UInt8(ascii: "\\"):
-                out.append(contentsOf: bytes[i..<min(i + 2, bytes.count)])
-                i += 2
-                continue
-            case UInt8(ascii: "["):
-                let start = i
-                i = bracketEnd(bytes, i)
-                out.append(contentsOf: bytes[start..<min(i + 1, bytes.count)])
-            case UInt8(ascii: "."):
-                out.append(contentsOf: Array("[^\n\r\u{2028}\u{2029}]".utf8))
-            default:
-                out.append(b)
-            }
-            i += 1
-        }
-        return String(decoding: out, as: UTF8.self)
-    }
 
     /// Where the bracket expression opened at `start` ends (its ']', or the pattern's end): a
     /// ']' right after '[' or '[^' is a member.

@@ -22,15 +22,50 @@ struct PatternAutomaton: Sendable {
     /// Every way through starts with `^`: no other start than the string's first is tried.
     let anchored: Bool
 
+    /// The most steps a pattern's automaton may have: a search costs up to twice this per
+    /// character. A pattern within `Pattern.maxExpandedSize` positions may still need more,
+    /// with alternatives, optional groups nested in optional groups, or empty choices repeated
+    /// (`(|||…){1000}`), each of which costs a step and no position.
+    static let maxSteps = 4000
+
     init(_ source: String) throws(PatternError) {
         var parser = PatternParser(scalars: source.unicodeScalars.map(\.value))
         let node = try parser.parse()
+        let size = Self.size(of: node)
+        guard size <= Self.maxSteps else {
+            throw PatternError(
+                reason:
+                    "its automaton would have \(size > 1_000_000 ? "over 1000000" : String(size)) steps, over \(Self.maxSteps) (each alternative, repetition and optional part is one, and counted repetitions copy them): a search costs that much per character; simplify it"
+            )
+        }
         var builder = Builder()
         builder.emit(node)
         builder.steps.append(.match)
         steps = builder.steps
         sets = builder.sets
         if case .atStart = steps[0] { anchored = true } else { anchored = false }
+    }
+
+    /// How many steps `Builder` writes for `node`, without writing them; capped, so that no
+    /// nesting overflows.
+    static func size(of node: PatternNode) -> Int {
+        let cap = 1 << 40
+        func add(_ a: Int, _ b: Int) -> Int { min(cap, a + b) }
+        func times(_ a: Int, _ b: Int) -> Int {
+            let (product, overflow) = a.multipliedReportingOverflow(by: b)
+            return overflow ? cap : min(cap, product)
+        }
+        switch node {
+        case .empty: return 0
+        case .character, .set, .start, .end: return 1
+        case .sequence(let parts): return parts.reduce(0) { add($0, size(of: $1)) }
+        case .either(let choices):
+            return add(choices.reduce(0) { add($0, size(of: $1)) }, times(2, choices.count - 1))
+        case .repeated(let body, let least, let most):
+            let one = size(of: body)
+            guard let most else { return add(times(least, one), add(one, 2)) }
+            return add(times(least, one), times(most - least, add(one, 1)))
+        }
     }
 
     /// Whether the pattern occurs anywhere in `text` (UTF-8), and how many steps of the
@@ -238,7 +273,17 @@ struct CharacterClass: Sendable {
             }
             if range.upperBound >= 128 { ranges.append(max(range.lowerBound, 128)...range.upperBound) }
         }
-        ranges.sort { $0.lowerBound < $1.lowerBound }
+        // Sorted and merged, so that the search below finds the one range that could hold a
+        // character (`[éx-😀]` holds é inside x-😀: unmerged, ÿ was not found).
+        var merged: [ClosedRange<UInt32>] = []
+        for range in ranges.sorted(by: { $0.lowerBound < $1.lowerBound }) {
+            if let last = merged.last, range.lowerBound <= last.upperBound &+ 1 {
+                merged[merged.count - 1] = last.lowerBound...max(last.upperBound, range.upperBound)
+            } else {
+                merged.append(range)
+            }
+        }
+        ranges = merged
     }
 
     func contains(_ c: UInt32) -> Bool {
@@ -273,6 +318,9 @@ indirect enum PatternNode {
 struct PatternParser {
     let scalars: [UInt32]
     var i = 0
+    /// Groups open; read by recursion, so bounded.
+    private var depth = 0
+    static let maxDepth = 100
 
     init(scalars: [UInt32]) { self.scalars = scalars }
 
@@ -354,6 +402,11 @@ struct PatternParser {
         i += 1
         switch Unicode.Scalar(c) {
         case "(":
+            depth += 1
+            defer { depth -= 1 }
+            guard depth <= Self.maxDepth else {
+                throw PatternError(reason: "it nests groups deeper than \(Self.maxDepth)")
+            }
             let inner = try either()
             guard at(")") else { throw PatternError(reason: "a ( is not closed") }
             i += 1

@@ -82,11 +82,14 @@ struct SchemaCompiler {
     private(set) var nodes: [SchemaNode] = []
     /// The positions every pattern of the plan compiled so far expands to (`Pattern`).
     private(set) var patternPositions = 0
+    /// And the steps of their automatons (`PatternAutomaton.maxSteps` each at most).
+    private(set) var patternSteps = 0
 
     /// What one plan may hold, whoever wrote it: each compiled pattern costs memory in
     /// proportion to its positions (about 100 bytes each); an enum is searched, and an object's
     /// properties are compiled, in time that grows with their count.
     static let maxPatternPositions = 100_000
+    static let maxPatternSteps = 400_000
     static let maxEnum = 4096
     static let maxProperties = 4096
 
@@ -99,7 +102,15 @@ struct SchemaCompiler {
                     "the plan's patterns expand to more than \(Self.maxPatternPositions) positions in all, which would cost whend hundreds of megabytes; list exact names, or use fewer and shorter patterns"
             )
         }
-        return try Pattern(source)
+        let compiled = try Pattern(source)
+        patternSteps += compiled.size
+        guard patternSteps <= Self.maxPatternSteps else {
+            throw PatternError(
+                reason:
+                    "the plan's patterns have more than \(Self.maxPatternSteps) automaton steps in all (alternatives, repetitions and optional parts count too); list exact names, or use fewer and simpler patterns"
+            )
+        }
+        return compiled
     }
 
     /// Keywords that describe and never refuse: read and left aside.

@@ -235,4 +235,32 @@ import WhendWire
         #expect(statistics.contains("id: present 100 %; integer 100 %, string 50 %"), "\(statistics)")
         #expect(try check(#"{"type":"when","name":"e","params":{"id":1,"id":"x"}}"#, inference.plan(), nil) == nil)
     }
+
+    /// Found on reading the automaton again: what costs steps and no position — empty choices,
+    /// optional parts nested in optional parts — let a pattern inside the position bound need
+    /// millions of steps (memory when compiled, time per character when searched), and groups
+    /// nested a hundred thousand deep are read by recursion.
+    @Test func patternsWhoseAutomatonWouldBeHugeOrDeepAreRefused() throws {
+        let choices = "(" + String(repeating: "|", count: 10_000) + "){1000}"
+        let optional = "(" + String(repeating: "(", count: 8) + "a" + String(repeating: ")?", count: 8) + "){1000}"
+        let deep = String(repeating: "(", count: 100_000) + "a" + String(repeating: ")", count: 100_000)
+        let deeper = String(repeating: "(", count: 101) + "a" + String(repeating: ")", count: 101)
+        for source in [choices, optional, deep, deeper] {
+            #expect(throws: PatternError.self, "\(source.prefix(40))") { try Pattern(source) }
+        }
+        var parser = PatternParser(scalars: "(|||){1000}".unicodeScalars.map(\.value))
+        #expect(PatternAutomaton.size(of: try parser.parse()) == 6000)
+        _ = try Pattern(String(repeating: "(", count: 100) + "a" + String(repeating: ")", count: 100))
+        // Within each pattern's bound, and over the plan's in all.
+        // About 1206 steps and 203 positions each: 340 of them are over 400,000 steps and under
+        // 100,000 positions; 330 are under both.
+        let big = (0..<340).map { #""^x\#($0)(((((a?)?)?)?)?){200}$""# }
+        #expect(try Pattern("^(((((a?)?)?)?)?){200}$").size == 1203)
+        let patterns = big.joined(separator: ",")
+        #expect(throws: PlanError.self) {
+            try TrackingPlan.parse(Array(#"{"events":{},"screens":{"patterns":[\#(patterns)]}}"#.utf8))
+        }
+        let fewer = big.prefix(330).joined(separator: ",")
+        _ = try TrackingPlan.parse(Array(#"{"events":{},"screens":{"patterns":[\#(fewer)]}}"#.utf8))
+    }
 }

@@ -97,7 +97,7 @@ import WhendWire
             "\"format\" is not a keyword whend checks"
         ),
         ("{\n  \"events\": {\n    \"a\": {\"pattern\": \"\\\\d+\"}\n  }\n}", 3, "ECMA-262"),
-        ("{\n  \"events\": {\n    \"a\": {\"pattern\": \"(a\"}\n  }\n}", 3, "not a POSIX extended regular expression"),
+        ("{\n  \"events\": {\n    \"a\": {\"pattern\": \"(a\"}\n  }\n}", 3, "a ( is not closed"),
         ("{\n  \"events\": {\n    \"a\": {\"enum\": [[1]]}\n  }\n}", 3, "compares strings, numbers"),
         ("{\n  \"events\": {\n    \"bad-name\": {}\n  }\n}", 3, "is not a When name"),
         ("{\n  \"events\": {},\n  \"screens\": [\"Home\"]\n}", 3, "screens:"),
