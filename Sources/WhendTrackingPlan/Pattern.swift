@@ -24,7 +24,7 @@ final class Pattern: Sendable {
         guard size <= Self.maxExpandedSize else {
             throw PatternError(
                 reason:
-                    "its counted repetitions ({m,n}) expand to \(size > 1_000_000 ? "over 1000000" : String(size)) positions, over \(Self.maxExpandedSize): a regular expression library writes each repetition out (nested ones multiply); use *, + or smaller bounds, and maxLength for the length"
+                    "its counted repetitions ({m,n}) expand to \(size > 1_000_000 ? "over 1000000" : String(size)) positions, over \(Self.maxExpandedSize): the search writes each repetition out (nested ones multiply); use *, + or smaller bounds, and maxLength for the length"
             )
         }
         self.automaton = try PatternAutomaton(source)

@@ -345,12 +345,16 @@ struct PatternParser {
         var parts: [PatternNode] = []
         while i < scalars.count, !at("|"), !at(")") {
             var atom = try self.atom()
-            while let (least, most) = try repetition() {
+            if let (least, most) = try repetition() {
                 if case .start = atom { throw PatternError(reason: "a repetition of ^ repeats nothing") }
                 if case .end = atom { throw PatternError(reason: "a repetition of $ repeats nothing") }
                 atom = .repeated(atom, least: least, most: most)
                 // `*?` and `??` are lazy forms, which find a match wherever the greedy ones do.
                 if at("?") { i += 1 }
+                // Anything more (`a???`, `a*??`) is an error to ECMA-262 and to Python's re.
+                if try repetition() != nil {
+                    throw PatternError(reason: "a repetition of a repetition is an error to ECMA-262; group it: (a?)?")
+                }
             }
             parts.append(atom)
         }

@@ -159,7 +159,7 @@ import WhendWire
     @Test func whatOneDialectReadsOtherwiseAndPlansTooLargeAreRefused() throws {
         for pattern in [
             #"^id-[0-9]+?$"#, #"^x{2}?$"#, #"^a?+$"#, #"a?*"#, #"(a)?{2}"#, #"\\Aab"#, #"a\\Z"#, #"\\a"#, #"\\z"#,
-            #"^a)$"#,
+            #"^a)$"#, #"^a???$"#, #"a*??"#, #"b*??$"#,
         ] {
             let plan = #"{"events":{"e":{"properties":{"p":{"type":"string","pattern":"\#(pattern)"}}}}}"#
             #expect(throws: PlanError.self, "\(pattern)") { try TrackingPlan.parse(Array(plan.utf8)) }
