@@ -219,9 +219,7 @@ package final class SharedPipelineHost: @unchecked Sendable {
         }
         let spawned = HelperProcess.spawn(
             executable, "--pipeline-host", standardInput: nil,
-            // On 4 as well, which the host puts /dev/null on, as a worker does: free at its
-            // start, Dispatch would take it for its epoll descriptor, and lose it then.
-            descriptors: [(ends[1], PipelineHostProcess.socketDescriptor), (ends[1], WorkerFrame.commandDescriptor)])
+            descriptors: [(ends[1], PipelineHostProcess.socketDescriptor)])
         close(ends[1])
         switch spawned {
         case .failure(let error):

@@ -152,7 +152,9 @@ package final class PluginLibrary: @unchecked Sendable {
         }
         let file = FileIdentity(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
         if let known = byFile[file] { return known }
-        guard let handle = dlopen(path, RTLD_NOW | RTLD_LOCAL) else {
+        let handle = dlopen(path, RTLD_NOW | RTLD_LOCAL)
+        refillNullDescriptors()
+        guard let handle else {
             let why = dlerror().map { String(cString: $0) } ?? "unknown error"
             throw PluginLoadError(.cannotOpen, description: "cannot load \(path): \(why)")
         }
@@ -204,6 +206,23 @@ package final class PluginLibrary: @unchecked Sendable {
         let library = PluginLibrary(path: path, descriptor: descriptor)
         byFile[file] = library
         return library
+    }
+
+    /// Where a plugin finds /dev/null in the processes that run pipeline plugins (whend_plugin.h):
+    /// a library that takes them for free descriptors of its own writes, reads and closes nothing
+    /// of the process's there.
+    package static let nullDescriptors: [Int32] = [3, 4]
+
+    /// A library's constructors that closed them left them free, for the next descriptor the
+    /// process or its runtime opens, and the next library's constructors would close that one:
+    /// /dev/null goes back on each that is free. Never over one that is open: in whend itself
+    /// they are the daemon's.
+    private static func refillNullDescriptors() {
+        for fd in nullDescriptors where fcntl(fd, F_GETFD) == -1 {
+            let null = Foundation.open("/dev/null", O_RDWR)
+            // Another thread took `fd` meanwhile: what open gave is not ours to keep.
+            if null >= 0, null != fd { close(null) }
+        }
     }
 
     /// Loading a plugin runs its code as whend's user: only files and directories that root
