@@ -127,3 +127,12 @@ package func monotonicSeconds() -> Double {
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
 }
+
+/// `monotonicSeconds` to a clock tick's resolution (1–4 ms), for what asks after every record:
+/// the precise clock cost 21 ns a call here, the coarse one 3 (a pipeline asks some 300,000
+/// times a second, four pipelines at once). Every period of `CheckpointPolicy` spans ticks.
+package func coarseMonotonicSeconds() -> Double {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts)
+    return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+}

@@ -33,6 +33,8 @@ package final class CompletionTracker: @unchecked Sendable {
     /// Record `seq` is done once `derivedCount` acknowledgements have come, and the deferred
     /// stage has completed it if `deferredStage`.
     package func accept(_ seq: UInt64, derivedCount: Int, deferredStage: Bool) {
+        // Most records: done as they are handled, with nothing to wait for, and no lock to take.
+        guard derivedCount > 0 || deferredStage else { return }
         lock.withLock {
             if derivedCount > 0 {
                 let left = derivedCount - (earlyDerived.removeValue(forKey: seq) ?? 0)

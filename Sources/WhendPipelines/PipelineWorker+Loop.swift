@@ -64,7 +64,7 @@ struct WorkerLoop {
         flushedThrough = cursor
         lastProgressCursor = cursor
         trimmedAt = cursor
-        policy = CheckpointPolicy(snapshotInterval: spec.snapshotInterval, now: monotonicSeconds())
+        policy = CheckpointPolicy(snapshotInterval: spec.snapshotInterval, now: coarseMonotonicSeconds())
     }
 
     /// Called after every record; the work is done as `CheckpointPolicy` says. The cursor saved
@@ -73,7 +73,7 @@ struct WorkerLoop {
     /// flushed and the progress told at once rather than at the next tick (an idle worker's
     /// cursor must not lag).
     mutating func report(force: Bool = false, idle: Bool = false) {
-        let now = monotonicSeconds()
+        let now = coarseMonotonicSeconds()
         if policy.outputDue(now: now, pendingBytes: output.pendingBytes, force: force) { output.flush() }
         let saveDue = policy.saveDue(now: now, force: force)
         let snapshotDue =
@@ -146,6 +146,9 @@ struct WorkerLoop {
 
     private mutating func snapshot(now: Double) {
         policy.snapshotBegun(now: now)
+        // What it takes, to the clock's full resolution: a snapshot of a few milliseconds is
+        // one tick of `now`'s, or none.
+        let started = monotonicSeconds()
         // The state goes with a cursor only when every record handled is finished: its
         // derived records stored, the deferred stage done. Wait for that, briefly.
         output.flush()
@@ -159,7 +162,7 @@ struct WorkerLoop {
             }
             PipelineWorker.killPoint(.snapshotSaved, spec)
             snapshotCursor = cursor
-            policy.snapshotSaved(started: now, finished: monotonicSeconds())
+            policy.snapshotSaved(started: started, finished: monotonicSeconds())
         } catch {
             logger.error("pipeline \(spec.name): its plugins' state was not saved: \(error)")
         }
@@ -259,13 +262,13 @@ struct WorkerLoop {
         // What was derived goes to whend at once.
         if output.pendingBytes > 0 {
             output.flush()
-            policy.outputSent(now: monotonicSeconds())
+            policy.outputSent(now: coarseMonotonicSeconds())
         }
         // Memory the plugins freed goes back to the system once in a while: glibc keeps a
         // freed heap's pages (sessions forgotten, batches sent), and after a burst a
         // worker held a third more than its state (crashes: 89 → 60 MiB of PSS). Before
         // the progress that says the pipeline caught up: by then it is given back.
-        if policy.trimDue(now: monotonicSeconds(), handled: cursor > trimmedAt ? cursor - trimmedAt : 0) {
+        if policy.trimDue(now: coarseMonotonicSeconds(), handled: cursor > trimmedAt ? cursor - trimmedAt : 0) {
             _ = whend_malloc_trim(0)
             trimmedAt = cursor
         }
