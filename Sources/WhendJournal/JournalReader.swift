@@ -21,13 +21,6 @@ package struct JournalRecord {
     package var segment: String
     package var frameOffset: Int64
 
-    package init(line: UnsafeBufferPointer<UInt8>, seq: UInt64?, segment: String, frameOffset: Int64) {
-        self.line = line
-        self.seq = seq
-        self.segment = segment
-        self.frameOffset = frameOffset
-    }
-
     /// Scans (and so validates) the whole line for the fields filters and indexes use. Readers
     /// that need only the line and `_seq` skip this cost.
     package func fields() throws(WireError) -> StoredRecord {

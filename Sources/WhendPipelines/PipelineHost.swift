@@ -3,7 +3,6 @@ import Foundation
 import Logging
 import NIOConcurrencyHelpers
 import Synchronization
-import WhendJournal
 import WhendSystem
 import WhendWire
 
@@ -90,18 +89,6 @@ package enum PipelineHostProcess {
         while true { pause() }
     }
 
-    private static let feeds = NIOLockedValueBox<[String: SharedJournalFeed]>([:])
-
-    /// The one reading of `journal` for every pipeline of the host.
-    private static func feed(for journal: String) -> SharedJournalFeed {
-        feeds.withLockedValue { feeds in
-            if let feed = feeds[journal] { return feed }
-            let feed = SharedJournalFeed(directory: JournalDirectory(path: journal)) { workerStopRequested != 0 }
-            feeds[journal] = feed
-            return feed
-        }
-    }
-
     /// One pipeline, from the daemon's first message on its pipes to its last word.
     private static func runPipeline(report: Int32, command: Int32, logger: Logger) {
         let link = WorkerLink(report: report, command: command, exitsProcess: false)
@@ -110,9 +97,7 @@ package enum PipelineHostProcess {
         switch PipelineWorker.readStart(&frames, link) {
         case .success(let (generation, spec)):
             Thread.current.name = "whend-pipe-\(spec.name.prefix(4))"
-            status = PipelineWorker.run(
-                spec, generation: generation, frames: frames, link: link, logger: logger,
-                feed: feed(for: spec.journalDirectory))
+            status = PipelineWorker.run(spec, generation: generation, frames: frames, link: link, logger: logger)
         case .failure(.closed): status = 4
         case .failure(.notAStart):
             logger.error("whend --pipeline-host: the daemon's first message is not a pipeline to run")

@@ -73,11 +73,8 @@ package enum PipelineWorker {
 
     /// Runs one pipeline until it is asked to stop (or cannot go on), and says how it ended as
     /// a worker process's exit status: 0 stopped, 3 its plugins could not be loaded.
-    /// - Parameter feed: the journal as the shared host's pipelines read it, once for all;
-    ///   nil for a reader of the pipeline's own.
     static func run(
-        _ spec: PipelineSpec, generation: UInt64, frames: WorkerFrameReader, link: WorkerLink, logger: Logger,
-        feed: SharedJournalFeed? = nil
+        _ spec: PipelineSpec, generation: UInt64, frames: WorkerFrameReader, link: WorkerLink, logger: Logger
     ) -> Int32 {
         let completions = CompletionTracker()
         let output = WorkerOutput(completions: completions, link: link)
@@ -177,15 +174,11 @@ package enum PipelineWorker {
             logger: logger)
         chain = PluginChain([])
         loop.report(force: true)
-        let onProblem = { (problem: JournalProblem) in logger.warning("pipeline \(spec.name): \(problem)") }
-        if let feed {
-            feed.read(
-                fromSeq: cursor + 1, body: { loop.handle($0) }, onCaughtUp: { loop.caughtUp() }, onProblem: onProblem)
-        } else {
-            JournalReader(directory: JournalDirectory(path: spec.journalDirectory)).read(
-                fromSeq: cursor + 1, follow: true, body: { record, _ in loop.handle(record) },
-                onCaughtUp: { loop.caughtUp() }, onProblem: onProblem)
-        }
+        JournalReader(directory: JournalDirectory(path: spec.journalDirectory)).read(
+            fromSeq: cursor + 1, follow: true,
+            body: { record, _ in loop.handle(record) },
+            onCaughtUp: { loop.caughtUp() },
+            onProblem: { problem in logger.warning("pipeline \(spec.name): \(problem)") })
         loop.finish()
         return 0
     }
