@@ -1,4 +1,5 @@
 import Foundation
+import WhendSystem
 
 /// Waits for the journal directory to change (a commit written, a segment opened or sealed),
 /// through inotify, so that a following reader wakes as soon as the writer commits rather
@@ -8,7 +9,8 @@ final class JournalChangeWaiter {
     private var events = [UInt8](repeating: 0, count: 4096)
 
     init(directory: String) {
-        var fd = inotify_init1(Int32(IN_NONBLOCK | IN_CLOEXEC))
+        // Kept open across the pipeline's plugin calls.
+        var fd = PluginDescriptors.lift(inotify_init1(Int32(IN_NONBLOCK | IN_CLOEXEC)))
         if fd >= 0 {
             let mask = UInt32(IN_MODIFY | IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_DELETE)
             if inotify_add_watch(fd, directory, mask) < 0 {

@@ -1,5 +1,6 @@
 import Foundation
 import WhendRecord
+import WhendSystem
 import WhendWire
 
 /// Something wrong found in a segment, with where it is.
@@ -96,7 +97,8 @@ package struct JournalReader: Sendable {
                 continue
             }
             let segment = segments[index]
-            let fd = open(segment.path, O_RDONLY | O_CLOEXEC)
+            // Kept open across the pipeline's plugin calls.
+            let fd = PluginDescriptors.lift(open(segment.path, O_RDONLY | O_CLOEXEC))
             guard fd >= 0 else {
                 if errno == ENOENT {  // deleted by retention meanwhile
                     segments = directory.segments()

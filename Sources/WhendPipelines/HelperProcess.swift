@@ -68,7 +68,7 @@ extension HelperProcess {
 
     /// The descriptors a plugin finds /dev/null on in a helper; the daemon gives a helper its
     /// channels on them, and `takeDescriptors` moves them away.
-    static let pluginsNull = PluginLibrary.nullDescriptors
+    static let pluginsNull = PluginDescriptors.null
 
     /// SIGTERM (whend stopping the helper) sets `workerStopRequested`: the record in hand is
     /// finished, the cursor saved, the plugins closed. whend's blocked signals are inherited

@@ -74,7 +74,16 @@ package enum PipelineHostProcess {
                 for fd in descriptors.prefix(Int(count)) { close(fd) }
                 continue
             }
-            let (report, command) = (descriptors[0], descriptors[1])
+            // Above a plugin's reach: received on the lowest free numbers, 3 and 4 among them
+            // when a plugin of another pipeline had closed them (it then closed or wrote to this
+            // pipeline's pipes to whend).
+            let moved = descriptors.prefix(2).map { fcntl($0, F_DUPFD_CLOEXEC, WorkerChannel.lowest) }
+            for fd in descriptors.prefix(2) { close(fd) }
+            guard moved.allSatisfy({ $0 >= 0 }) else {
+                for fd in moved where fd >= 0 { close(fd) }
+                continue
+            }
+            let (report, command) = (moved[0], moved[1])
             running.add(1, ordering: .acquiringAndReleasing)
             let thread = Thread {
                 runPipeline(report: report, command: command, logger: logger)

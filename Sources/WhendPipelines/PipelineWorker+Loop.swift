@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import WhendJournal
 import WhendPluginHost
+import WhendSystem
 
 /// A running pipeline's reading loop: each record through the chain, then the periodic work
 /// `CheckpointPolicy` says is due (derived records to whend, plugins' flush, cursor, snapshot,
@@ -96,6 +97,8 @@ struct WorkerLoop {
         let progressDue = policy.progressDue(
             now: now, force: force, idle: idle, moved: durable != lastProgressCursor)
         if saveDue, durable != savedCursor {
+            // A plugin that closed 3 and 4 while handling records finds /dev/null there again.
+            PluginDescriptors.refill()
             do {
                 try PipelineWorker.save(durable, to: spec.cursorPath)
                 savedCursor = durable

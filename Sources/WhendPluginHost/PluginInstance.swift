@@ -56,6 +56,9 @@ package final class PluginInstance: @unchecked Sendable {
         let created = config.withUnsafeBufferPointer { c in
             c.withMemoryRebound(to: CChar.self) { create(host, $0.baseAddress, $0.count, &error, capacity) }
         }
+        // What a plugin did to 3 and 4 is not left for the next plugin, or for the process's
+        // next descriptors (`PluginDescriptors`); after every call but `handle`.
+        PluginDescriptors.refill()
         guard let created else {
             free(UnsafeMutableRawPointer(mutating: host.pointee.state_directory))
             host.deallocate()
@@ -73,6 +76,7 @@ package final class PluginInstance: @unchecked Sendable {
 
     deinit {
         lock.withLock { library.descriptor.pointee.destroy(instance) }
+        PluginDescriptors.refill()
         free(UnsafeMutableRawPointer(mutating: host.pointee.state_directory))
         host.deallocate()
         services.release()
@@ -93,6 +97,7 @@ package final class PluginInstance: @unchecked Sendable {
         let rc = lock.withLock {
             snapshot(instance, snapshotWrite, Unmanaged.passUnretained(sink).toOpaque())
         }
+        PluginDescriptors.refill()
         return rc == WHEND_OK ? sink.bytes : nil
     }
 
@@ -106,6 +111,7 @@ package final class PluginInstance: @unchecked Sendable {
         let rc = lock.withLock {
             bytes.withUnsafeBufferPointer { restore(instance, $0.baseAddress, $0.count, &error, capacity) }
         }
+        PluginDescriptors.refill()
         guard rc == WHEND_OK else {
             // A plugin may quote its configuration when it refuses it.
             let why = Secrets.scrub(
@@ -125,6 +131,7 @@ package final class PluginInstance: @unchecked Sendable {
         var error = [CChar](repeating: 0, count: 1024)
         let capacity = error.count
         let rc = lock.withLock { flush(instance, &error, capacity) }
+        PluginDescriptors.refill()
         guard rc == WHEND_OK else {
             // A plugin may quote its configuration when it refuses it.
             let why = Secrets.scrub(

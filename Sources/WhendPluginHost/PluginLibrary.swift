@@ -1,5 +1,6 @@
 import CWhendPlugin
 import Foundation
+import WhendSystem
 
 /// Why a plugin could not be loaded or started, with what to do.
 /// Why a plugin was not loaded, or not started: what kind of trouble (for whoever acts on it),
@@ -152,8 +153,9 @@ package final class PluginLibrary: @unchecked Sendable {
         }
         let file = FileIdentity(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
         if let known = byFile[file] { return known }
+        // A library's constructors that closed 3 and 4 left them free for the next library's.
         let handle = dlopen(path, RTLD_NOW | RTLD_LOCAL)
-        refillNullDescriptors()
+        PluginDescriptors.refill()
         guard let handle else {
             let why = dlerror().map { String(cString: $0) } ?? "unknown error"
             throw PluginLoadError(.cannotOpen, description: "cannot load \(path): \(why)")
@@ -176,7 +178,9 @@ package final class PluginLibrary: @unchecked Sendable {
             throw PluginLoadError(.notAPlugin, description: "\(path) exports no whend_plugin_entry")
         }
         let entry = unsafeBitCast(entrySymbol, to: whend_plugin_entry_fn.self)
-        guard let raw = entry() else {
+        let raw = entry()
+        PluginDescriptors.refill()
+        guard let raw else {
             throw PluginLoadError(.notAPlugin, description: "\(path): whend_plugin_entry returned nothing")
         }
         // Read the version and size before any other field: an older, smaller struct must not
@@ -206,23 +210,6 @@ package final class PluginLibrary: @unchecked Sendable {
         let library = PluginLibrary(path: path, descriptor: descriptor)
         byFile[file] = library
         return library
-    }
-
-    /// Where a plugin finds /dev/null in the processes that run pipeline plugins (whend_plugin.h):
-    /// a library that takes them for free descriptors of its own writes, reads and closes nothing
-    /// of the process's there.
-    package static let nullDescriptors: [Int32] = [3, 4]
-
-    /// A library's constructors that closed them left them free, for the next descriptor the
-    /// process or its runtime opens, and the next library's constructors would close that one:
-    /// /dev/null goes back on each that is free. Never over one that is open: in whend itself
-    /// they are the daemon's.
-    private static func refillNullDescriptors() {
-        for fd in nullDescriptors where fcntl(fd, F_GETFD) == -1 {
-            let null = Foundation.open("/dev/null", O_RDWR)
-            // Another thread took `fd` meanwhile: what open gave is not ours to keep.
-            if null >= 0, null != fd { close(null) }
-        }
     }
 
     /// Loading a plugin runs its code as whend's user: only files and directories that root

@@ -78,6 +78,60 @@ import Testing
         #expect(loads.allSatisfy { !$0.contains(" polls=0 ") && $0.hasSuffix(" 3=null 4=null") }, "\(loads)")
     }
 
+    /// A plugin that writes to and closes descriptors 3 and 4 in its `create` and in every
+    /// `handle` (its own idea of free ones) reaches nothing of the process that runs it, in a
+    /// worker of its own and in the shared host alike. Freed, they took the process's next
+    /// descriptors: a journal segment (records skipped, logged as deleted by retention), the
+    /// journal's inotify watch (the pipeline stalled for good, spinning), a cursor being saved
+    /// (written over), and in the shared host the pipes to whend of a pipeline started next (the
+    /// host killed; a frame written there was stored as a derived record).
+    @Test(arguments: ["process", "shared"]) func aPluginClosingThreeAndFourInItsCallsDisturbsNothing(
+        isolation: String
+    ) throws {
+        // Small segments: the reader opens a new one every few records.
+        let daemon = TestDaemon.live("careless-\(isolation)", arguments: ["--segment-max-bytes", "4096"])
+        let plugins = try pluginDirectory(in: daemon.directory)
+        _ = try buildTestPlugin("careless", into: plugins, name: "careless")
+        _ = try buildTestPlugin(
+            "constructor", into: plugins, name: "constructor", defines: ["-DMARKER=\"\(daemon.directory)/loaded\""])
+        let config = daemon.directory + "/whend.conf"
+        let common =
+            "plugin_dirs = \(plugins)\nisolation.careless = \(isolation)\nisolation.constructor = \(isolation)\n"
+        try (common + "pipeline.c = careless\n").write(toFile: config, atomically: true, encoding: .utf8)
+        daemon.environment = ["WHEND_CONFIG": config]
+        try daemon.start()
+        defer { daemon.stop() }
+        func whens(_ range: ClosedRange<Int>) -> [String] {
+            range.map { #"{"type":"when","name":"w","id":"c\#($0)","pad":"\#(String(repeating: "x", count: 80))"}"# }
+        }
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + whens(1...300)).acks.last == 300)
+        // Another pipeline, started by a reload while the careless one runs.
+        try (common + "pipeline.c = careless\npipeline.d = constructor\n").write(
+            toFile: config, atomically: true, encoding: .utf8)
+        let reload = try daemon.whenctl(["reload"])
+        #expect(reload.status == 0, "\(reload.output)\(reload.error)")
+        #expect(try exchange(daemon.socketPath, [helloWithAcks] + whens(301...400)).acks.last == 100)
+        #expect(try daemon.waitForPipelinesToCatchUp(seconds: 60), "\(daemon.log.suffix(3000))")
+        let derived = daemon.records().filter { $0["_origin"] as? String == "careless" }.compactMap { $0["of"] as? Int }
+        #expect(Set(derived).count == 400, "\(Set(derived).count) of 400 records derived from")
+        for name in ["c", "d"] {
+            let pipeline = try daemon.pipeline(name)
+            #expect(pipeline?["restarts"] as? Int == 0, "pipeline \(name): \(daemon.log.suffix(3000))")
+            #expect(pipeline?["skipped"] as? Int ?? 0 == 0, "pipeline \(name)")
+            let cursor =
+                (try? String(contentsOfFile: daemon.stateDirectory + "/pipelines/\(name)/cursor", encoding: .utf8))
+                ?? ""
+            #expect(
+                cursor.allSatisfy { $0.isNumber || $0 == "\n" } && !cursor.isEmpty,
+                "pipeline \(name)'s cursor: \(cursor)")
+        }
+        for sign in [
+            "gone from the journal", "ends inside a frame", "killing the shared pipeline host", "cannot have derived",
+        ] {
+            #expect(!daemon.log.contains(sign), "\(sign): \(daemon.log.suffix(3000))")
+        }
+    }
+
     /// Ctrl-C in the terminal of `make run` sends SIGINT to every process of the foreground
     /// group: whend and its pipeline workers alike. whend stops them itself; a worker that died
     /// of the SIGINT first was logged "killed by signal 2; restarting" once a pipeline before
