@@ -10,7 +10,7 @@ final class JournalChangeWaiter {
 
     init(directory: String) {
         // Kept open across the pipeline's plugin calls.
-        var fd = PluginDescriptors.lift(inotify_init1(Int32(IN_NONBLOCK | IN_CLOEXEC)))
+        var fd = PluginDescriptors.opened { inotify_init1(Int32(IN_NONBLOCK | IN_CLOEXEC)) }
         if fd >= 0 {
             let mask = UInt32(IN_MODIFY | IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_DELETE)
             if inotify_add_watch(fd, directory, mask) < 0 {

@@ -63,6 +63,7 @@ extension HelperProcess {
         // Both are this process's since `spawn`: whatever the runtime opened is above them.
         for fd in pluginsNull { dup2(null, fd) }
         close(null)
+        PluginDescriptors.guarding.store(true, ordering: .relaxed)
         return moved
     }
 

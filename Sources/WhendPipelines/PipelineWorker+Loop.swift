@@ -97,8 +97,6 @@ struct WorkerLoop {
         let progressDue = policy.progressDue(
             now: now, force: force, idle: idle, moved: durable != lastProgressCursor)
         if saveDue, durable != savedCursor {
-            // A plugin that closed 3 and 4 while handling records finds /dev/null there again.
-            PluginDescriptors.refill()
             do {
                 try PipelineWorker.save(durable, to: spec.cursorPath)
                 savedCursor = durable

@@ -56,8 +56,7 @@ package final class PluginInstance: @unchecked Sendable {
         let created = config.withUnsafeBufferPointer { c in
             c.withMemoryRebound(to: CChar.self) { create(host, $0.baseAddress, $0.count, &error, capacity) }
         }
-        // What a plugin did to 3 and 4 is not left for the next plugin, or for the process's
-        // next descriptors (`PluginDescriptors`); after every call but `handle`.
+        // What a plugin did to 3 and 4 is not left for the next plugin (`PluginDescriptors`).
         PluginDescriptors.refill()
         guard let created else {
             free(UnsafeMutableRawPointer(mutating: host.pointee.state_directory))
@@ -97,7 +96,6 @@ package final class PluginInstance: @unchecked Sendable {
         let rc = lock.withLock {
             snapshot(instance, snapshotWrite, Unmanaged.passUnretained(sink).toOpaque())
         }
-        PluginDescriptors.refill()
         return rc == WHEND_OK ? sink.bytes : nil
     }
 
@@ -131,7 +129,6 @@ package final class PluginInstance: @unchecked Sendable {
         var error = [CChar](repeating: 0, count: 1024)
         let capacity = error.count
         let rc = lock.withLock { flush(instance, &error, capacity) }
-        PluginDescriptors.refill()
         guard rc == WHEND_OK else {
             // A plugin may quote its configuration when it refuses it.
             let why = Secrets.scrub(

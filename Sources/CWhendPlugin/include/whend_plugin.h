@@ -80,8 +80,8 @@ typedef struct whend_host {
      * 64 MiB: past that, emit fails, nothing derived from the record is stored, and the record
      * goes to the pipeline's dead letters. What a handle() that returns WHEND_REJECT or
      * WHEND_FAIL emitted is discarded: only the attempt that passes the record derives. (A
-     * plugin's stdout and stderr go to whend's log; descriptors 3 and 4 are /dev/null, and are
-     * again after each call a plugin that closed them made: nothing of whend's is ever there.) */
+     * plugin's stdout and stderr go to whend's log; descriptors 3 and 4 are /dev/null as each
+     * library loads and each instance is created, and nothing of whend's is ever there.) */
     int (*emit)(void *context, const uint8_t *json, size_t length);
     /* Adds delta to the plugin's counter `name` (shown by whenctl plugins and in metrics). */
     void (*count)(void *context, const char *name, int64_t delta);
