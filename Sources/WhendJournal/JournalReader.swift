@@ -98,7 +98,7 @@ package struct JournalReader: Sendable {
             }
             let segment = segments[index]
             // Kept open across the pipeline's plugin calls.
-            let fd = PluginDescriptors.opened { open(segment.path, O_RDONLY | O_CLOEXEC) }
+            let fd = PluginDescriptors.opened(path: segment.path) { open(segment.path, O_RDONLY | O_CLOEXEC) }
             guard fd >= 0 else {
                 if errno == ENOENT {  // deleted by retention meanwhile
                     segments = directory.segments()

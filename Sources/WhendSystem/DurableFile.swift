@@ -45,7 +45,7 @@ package enum DurableFile {
         writing body: (_ write: ([UInt8]) throws(DurableFileError) -> Void) throws(DurableFileError) -> Void
     ) throws(DurableFileError) {
         let temporary = path + ".tmp"
-        let fd = PluginDescriptors.opened {
+        let fd = PluginDescriptors.opened(path: temporary) {
             open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode)
         }
         guard fd >= 0 else { throw DurableFileError(operation: "create", path: temporary, code: errno) }
@@ -76,7 +76,9 @@ package enum DurableFile {
     package static func append(_ bytes: [UInt8], to path: String, sync: Bool = false, mode: mode_t = fileMode)
         throws(DurableFileError)
     {
-        let fd = PluginDescriptors.opened { open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, mode) }
+        let fd = PluginDescriptors.opened(path: path) {
+            open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, mode)
+        }
         guard fd >= 0 else { throw DurableFileError(operation: "open", path: path, code: errno) }
         defer { close(fd) }
         try append(bytes, to: fd, path: path)
@@ -133,7 +135,7 @@ package enum DurableFile {
     /// Syncs the directory holding `path`: a rename or a new file is durable only then.
     package static func syncDirectory(of path: String) throws(DurableFileError) {
         let directory = (path as NSString).deletingLastPathComponent
-        let fd = PluginDescriptors.opened {
+        let fd = PluginDescriptors.opened(path: directory.isEmpty ? "." : directory) {
             open(directory.isEmpty ? "." : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         }
         guard fd >= 0 else { throw DurableFileError(operation: "open the directory", path: directory, code: errno) }

@@ -28,12 +28,22 @@ package enum PluginDescriptors {
 
     /// What `open` opens, moved above 4 (close-on-exec) when it landed on 3 or 4; -1 (errno set)
     /// if it could not be opened or moved. Costs nothing for a descriptor above them.
-    package static func opened(_ open: () -> Int32) -> Int32 {
+    /// - Parameter path: the file `open` opens, if it has one: what was moved is checked to be
+    ///   it. In the shared host, a plugin on another thread could close the descriptor between
+    ///   the open and the move, and another pipeline open its own file there: its cursor was
+    ///   moved, written and renamed as this one's (an outside attack caught a cursor file left
+    ///   empty for a save's length).
+    package static func opened(path: String? = nil, _ open: () -> Int32) -> Int32 {
         for _ in 0..<8 {
             let fd = open()
             guard fd == 3 || fd == 4 else { return fd }
             let moved = fcntl(fd, F_DUPFD_CLOEXEC, 5)
             if moved >= 0 {
+                if let path, !isFile(moved, at: path) {
+                    // Not this thread's file any more: `fd` is another's now; open again.
+                    close(moved)
+                    continue
+                }
                 close(fd)
                 return moved
             }
@@ -48,6 +58,13 @@ package enum PluginDescriptors {
         }
         errno = EBADF
         return -1
+    }
+
+    private static func isFile(_ fd: Int32, at path: String) -> Bool {
+        var opened = stat()
+        var named = stat()
+        return fstat(fd, &opened) == 0 && stat(path, &named) == 0 && opened.st_dev == named.st_dev
+            && opened.st_ino == named.st_ino
     }
 
     /// Puts /dev/null back on each of 3 and 4 that is free, in a process that runs pipeline
