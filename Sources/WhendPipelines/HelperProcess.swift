@@ -1,7 +1,6 @@
 import CLinux
 import Foundation
 import WhendConfiguration
-import WhendPluginHost
 import WhendSystem
 import WhendWire
 
@@ -35,13 +34,13 @@ enum HelperProcess {
             // 3 and 4 are taken from the first instruction on: the runtime opens its event poll
             // and wakeup descriptors as the child starts, and on a free 4 `takeDescriptors`
             // put /dev/null over them (the check died of a trap when the runtime next polled).
-            for target in Self.pluginsNull where !descriptors.contains(where: { $0.1 == target }) {
+            for target in PluginDescriptors.null where !descriptors.contains(where: { $0.1 == target }) {
                 posix_spawn_file_actions_addopen(&actions, target, "/dev/null", O_RDWR, 0)
             }
             // Nothing else of the daemon's: an inherited client or control connection would stay
             // open in the child after the daemon closed it, and its peer would never see the end.
             _ = whend_spawn_file_actions_addclosefrom(
-                &actions, max(Self.pluginsNull.max()!, descriptors.map(\.1).max() ?? 2) + 1)
+                &actions, max(PluginDescriptors.null.max()!, descriptors.map(\.1).max() ?? 2) + 1)
         }
     }
 }
@@ -61,15 +60,11 @@ extension HelperProcess {
         let null = open("/dev/null", O_RDWR | O_CLOEXEC)
         guard !moved.contains(where: { $0 < 0 }), null >= 0 else { return nil }
         // Both are this process's since `spawn`: whatever the runtime opened is above them.
-        for fd in pluginsNull { dup2(null, fd) }
+        for fd in PluginDescriptors.null { dup2(null, fd) }
         close(null)
         PluginDescriptors.guarding.store(true, ordering: .relaxed)
         return moved
     }
-
-    /// The descriptors a plugin finds /dev/null on in a helper; the daemon gives a helper its
-    /// channels on them, and `takeDescriptors` moves them away.
-    static let pluginsNull = PluginDescriptors.null
 
     /// SIGTERM (whend stopping the helper) sets `workerStopRequested`: the record in hand is
     /// finished, the cursor saved, the plugins closed. whend's blocked signals are inherited

@@ -135,9 +135,8 @@ package enum DurableFile {
     /// Syncs the directory holding `path`: a rename or a new file is durable only then.
     package static func syncDirectory(of path: String) throws(DurableFileError) {
         let directory = (path as NSString).deletingLastPathComponent
-        let fd = PluginDescriptors.opened(path: directory.isEmpty ? "." : directory) {
-            open(directory.isEmpty ? "." : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        }
+        let opened = directory.isEmpty ? "." : directory
+        let fd = PluginDescriptors.opened(path: opened) { open(opened, O_RDONLY | O_DIRECTORY | O_CLOEXEC) }
         guard fd >= 0 else { throw DurableFileError(operation: "open the directory", path: directory, code: errno) }
         defer { close(fd) }
         guard fsync(fd) == 0 else {
