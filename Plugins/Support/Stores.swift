@@ -12,6 +12,26 @@ package enum CrashReportStore {
         directory(pluginState: stateDirectory + "/plugins/crash-reports")
     }
 
+    /// The reports of every instance: crash-reports in more than one pipeline keeps each
+    /// instance's in `<state>/plugins/crash-reports@<pipeline>` besides the first's. Sorted by
+    /// file name, each name once (two instances that saw one record wrote one report of it);
+    /// the first instance's copy is the one listed.
+    package static func reports(stateDirectory: String) -> [(file: String, path: String)] {
+        let plugins = stateDirectory + "/plugins"
+        let others = ((try? FileManager.default.contentsOfDirectory(atPath: plugins)) ?? [])
+            .filter { $0.hasPrefix("crash-reports@") }.sorted()
+        var found: [String: String] = [:]
+        for directory in [self.directory(stateDirectory: stateDirectory)]
+            + others.map({ self.directory(pluginState: plugins + "/" + $0) })
+        {
+            for file in (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []
+            where file.hasSuffix(".json") && found[file] == nil {
+                found[file] = directory + "/" + file
+            }
+        }
+        return found.sorted { $0.key < $1.key }.map { (file: $0.key, path: $0.value) }
+    }
+
     package static func fileName(seq: UInt64, kind: String) -> String {
         let digits = String(seq)
         return String(repeating: "0", count: max(0, 20 - digits.count)) + digits + "-" + kind + ".json"

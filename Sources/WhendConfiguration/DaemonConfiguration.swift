@@ -103,6 +103,25 @@ package struct DaemonConfiguration: Sendable {
         return result.filter { !$0.value.isEmpty }
     }
 
+    /// The directory under `<state>/plugins` where the instance of `plugin` in `pipeline` (nil:
+    /// in ingest) keeps its state. Each instance has one of its own: two that shared one would
+    /// read and rewrite each other's files (analytics' spool compacted by one instance drops what
+    /// the other has yet to send). The plugin's first place keeps the plain `<plugin>` that
+    /// whenctl and the docs name (ingest, else the built-in pipeline of that plugin, else the
+    /// pipeline first by name); each other pipeline's instance has `<plugin>@<pipeline>`.
+    package func pluginStateName(_ plugin: String, pipeline: String?) -> String {
+        guard let pipeline else { return plugin }
+        let home: String? =
+            ingestPlugins.contains(plugin)
+            ? nil
+            : {
+                let places = effectivePipelines.filter { $0.value.contains(plugin) }.keys
+                return places.filter { Self.builtinPipelineDefaults[$0]?.contains(plugin) == true }.min()
+                    ?? places.min()
+            }()
+        return home == pipeline ? plugin : plugin + "@" + pipeline
+    }
+
     /// Whether pipeline `name` is a built-in one that nobody configured.
     package func isImplicitBuiltin(_ name: String) -> Bool {
         builtinPipelines && pipelines[name] == nil && Self.builtinPipelineDefaults[name] != nil

@@ -288,7 +288,8 @@ final class ConfigurationService: Service, Sendable {
             plugins.append(
                 try PluginInstance(
                     library: library, configuration: settings, secrets: configuration.secrets(of: name),
-                    stateDirectory: configuration.stateDirectory + "/plugins/" + name, logger: logger))
+                    stateDirectory: configuration.stateDirectory + "/plugins/"
+                        + configuration.pluginStateName(name, pipeline: nil), logger: logger))
         }
         return PluginChain(plugins)
     }

@@ -70,7 +70,8 @@ final class PipelineService: Sendable {
                 stages: plugins.map {
                     PipelineSpec.Stage(
                         plugin: $0, configuration: configuration.pluginConfigurations[$0] ?? "{}",
-                        secrets: configuration.secrets(of: $0).sorted())
+                        secrets: configuration.secrets(of: $0).sorted(),
+                        state: configuration.pluginStateName($0, pipeline: name))
                 },
                 journalDirectory: configuration.journal.directory.path,
                 directory: configuration.stateDirectory + "/pipelines/" + name,

@@ -16,11 +16,15 @@ package struct PipelineSpec: Codable, Sendable, Equatable {
         /// Its secret values (`DaemonConfiguration.secrets(of:)`): what the plugin says prints
         /// them as `***`.
         package var secrets: [String]?
+        /// Its state directory's name under `pluginStateRoot`
+        /// (`DaemonConfiguration.pluginStateName`); nil: the plugin's name.
+        package var state: String?
 
-        package init(plugin: String, configuration: String, secrets: [String]?) {
+        package init(plugin: String, configuration: String, secrets: [String]?, state: String? = nil) {
             self.plugin = plugin
             self.configuration = configuration
             self.secrets = secrets
+            self.state = state
         }
     }
 
@@ -29,7 +33,7 @@ package struct PipelineSpec: Codable, Sendable, Equatable {
     package var journalDirectory: String
     /// The pipeline's own directory: its cursor and dead letters.
     package var directory: String
-    /// Where each plugin keeps its state: `<pluginStateRoot>/<plugin>`.
+    /// Where each stage's plugin keeps its state: `<pluginStateRoot>/<stage's state>`.
     package var pluginStateRoot: String
     package var pluginDirectories: [String]
     /// Attempts at one record before it goes to the dead letters; 0: retry forever.

@@ -84,7 +84,9 @@ package enum PipelineWorker {
                 try DurableFile.createDirectory(spec.directory)
                 let built = try PipelineChainBuilder.build(
                     spec.stages.map {
-                        .init(plugin: $0.plugin, configuration: $0.configuration, secrets: Set($0.secrets ?? []))
+                        .init(
+                            plugin: $0.plugin, configuration: $0.configuration, secrets: Set($0.secrets ?? []),
+                            state: $0.state)
                     }, directories: spec.pluginDirectories, stateRoot: spec.pluginStateRoot,
                     logger: logger,
                     services: .init(

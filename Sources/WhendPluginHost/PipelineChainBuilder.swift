@@ -12,11 +12,14 @@ package enum PipelineChainBuilder {
         package var configuration: String
         /// Its secret values: what the plugin says prints them as `***`.
         package var secrets: Set<String>
+        /// Its state directory's name under the state root; nil: the plugin's name.
+        package var state: String?
 
-        package init(plugin: String, configuration: String, secrets: Set<String> = []) {
+        package init(plugin: String, configuration: String, secrets: Set<String> = [], state: String? = nil) {
             self.plugin = plugin
             self.configuration = configuration
             self.secrets = secrets
+            self.state = state
         }
     }
 
@@ -57,7 +60,7 @@ package enum PipelineChainBuilder {
         return libraries
     }
 
-    /// Creates each stage's plugin, in order, with its state in `<stateRoot>/<plugin>`, and
+    /// Creates each stage's plugin, in order, with its state in `<stateRoot>/<state or plugin>`, and
     /// chains them. `deferred`: whether the last stage finishes records later.
     package static func build(
         _ stages: [Stage], directories: [String], stateRoot: String, logger: Logger,
@@ -69,7 +72,8 @@ package enum PipelineChainBuilder {
             instances.append(
                 try PluginInstance(
                     library: library, configuration: stage.configuration, secrets: stage.secrets,
-                    stateDirectory: stateRoot + "/" + stage.plugin, logger: logger, emit: services.emit,
+                    stateDirectory: stateRoot + "/" + (stage.state ?? stage.plugin), logger: logger,
+                    emit: services.emit,
                     complete: services.complete, completeThrough: services.completeThrough))
         }
         let deferred = libraries.last.map { $0.roles & WHEND_ROLE_DEFERRED != 0 } ?? false

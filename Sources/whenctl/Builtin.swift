@@ -131,10 +131,11 @@ struct Crashes: ParsableCommand {
     var json = false
 
     func run() throws {
-        let directory = CrashReportStore.directory(
-            stateDirectory: location.stateDir ?? SocketLocation.readerStateDirectory())
-        let files = ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? [])
-            .filter { $0.hasSuffix(".json") }.sorted()
+        let state = location.stateDir ?? SocketLocation.readerStateDirectory()
+        let directory = CrashReportStore.directory(stateDirectory: state)
+        let reports = CrashReportStore.reports(stateDirectory: state)
+        let files = reports.map(\.file)
+        let paths = Dictionary(uniqueKeysWithValues: reports.map { ($0.file, $0.path) })
         let out = Output()
         if let report {
             // As the list shows it (#172), as a number (172), or the file's name.
@@ -144,7 +145,7 @@ struct Crashes: ParsableCommand {
                 ?? seq.flatMap { seq in
                     files.first { $0.hasPrefix(CrashReportStore.fileName(seq: seq, kind: "").dropLast(5)) }
                 }
-            guard let file, let data = FileManager.default.contents(atPath: directory + "/" + file),
+            guard let file, let data = paths[file].flatMap({ FileManager.default.contents(atPath: $0) }),
                 let object = foundationObject(data)
             else {
                 throw Failure(
@@ -162,11 +163,11 @@ struct Crashes: ParsableCommand {
         }
         if files.isEmpty && !json { out.write("no crash reports in \(directory)") }
         for file in files {
-            guard let data = FileManager.default.contents(atPath: directory + "/" + file),
+            guard let data = paths[file].flatMap({ FileManager.default.contents(atPath: $0) }),
                 let r = foundationObject(data)
             else {
                 FileHandle.standardError.write(
-                    Data("whenctl crashes: \(directory)/\(file) is not a crash report; skipped\n".utf8))
+                    Data("whenctl crashes: \(paths[file] ?? file) is not a crash report; skipped\n".utf8))
                 continue
             }
             let error = r["error"] as? [String: Any] ?? [:]

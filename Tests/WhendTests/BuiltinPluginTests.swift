@@ -251,6 +251,36 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
         #expect(analytics?["failures"] as? Int == 0, "no record refused for a full spool")
     }
 
+    /// Each instance of a plugin keeps its state in a directory of its own. The built-in
+    /// analytics pipeline and a second one naming analytics each send every event once, to a
+    /// file of their own; the built-in one keeps the directory the docs name. (Sharing one
+    /// directory, both wrote one file and compacted one spool: each event twice in one file.)
+    @Test func twoPipelinesOfOnePluginKeepTheirStateApart() throws {
+        let daemon = try daemonWithBuiltins(
+            "builtin-two-analytics",
+            settings: "pipeline.second = analytics\nplugin.analytics = {\"flush_interval\": 0.2}")
+        defer { daemon.stop() }
+        let names = (1...300).map { "step\($0)" }
+        try sendSession(
+            daemon, app: "com.example.twice", session: "t", names.map { #"{"type":"when","name":"\#($0)"}"# })
+        #expect(try daemon.waitForPipelinesToCatchUp())
+        func sent(_ directory: String) -> [String] {
+            let text =
+                (try? String(contentsOfFile: daemon.stateDirectory + directory + "/events.ndjson", encoding: .utf8))
+            return (text ?? "").split(separator: "\n").flatMap { line -> [String] in
+                let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
+                return (object?["batch"] as? [[String: Any]] ?? []).compactMap { $0["event"] as? String }
+            }
+        }
+        for directory in ["/plugins/analytics", "/plugins/analytics@second"] {
+            #expect(eventually(30) { sent(directory).count >= names.count })
+            let counts = Dictionary(sent(directory).map { ($0, 1) }, uniquingKeysWith: +)
+            #expect(
+                counts.count == names.count && counts.values.allSatisfy { $0 == 1 },
+                "\(directory): \(counts.count) events, \(counts.values.filter { $0 > 1 }.count) more than once")
+        }
+    }
+
     /// analytics writes its spool in batches; its worker flushes them before its cursor passes
     /// the records. Killed once the cursor is past every record, while the destination refuses
     /// everything, the worker must have every event in the spool: the next one delivers them.
@@ -433,8 +463,15 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
                 navigation("present", "ChangeEmail"), #"{"type":"when","name":"poison"}"#,
                 #"{"type":"when","name":"fine"}"#,
             ])
-        let reports = CrashReportStoreProbe(stateDirectory: daemon.stateDirectory)
-        #expect(eventually { reports.files.contains { $0.hasSuffix("plugin_failure.json") } })
+        // This pipeline's crash-reports keeps a directory of its own beside the built-in `crashes`
+        // pipeline's; `whenctl crashes` shows the reports of both.
+        let listed = { try whenctl(["crashes", "--state-dir", daemon.stateDirectory, "--json"]).output }
+        #expect(eventually { (try? listed().contains(#""kind":"plugin_failure""#)) == true })
+        let own = daemon.stateDirectory + "/plugins/crash-reports@main/reports"
+        #expect(
+            ((try? FileManager.default.contentsOfDirectory(atPath: own)) ?? []).contains {
+                $0.hasSuffix("plugin_failure.json")
+            })
         // The failure went on to the pipeline: retried, then dead-lettered, and the pipeline moved on.
         let deadLetters = daemon.stateDirectory + "/pipelines/main/dead-letter.jsonl"
         #expect(eventually { (try? String(contentsOfFile: deadLetters, encoding: .utf8))?.contains("poison") == true })

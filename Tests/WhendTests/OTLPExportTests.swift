@@ -3,13 +3,6 @@ import Testing
 import WhendWire
 
 /// The crash reports on disk, as `whenctl crashes` finds them.
-struct CrashReportStoreProbe {
-    let stateDirectory: String
-    var files: [String] {
-        (try? FileManager.default.contentsOfDirectory(atPath: stateDirectory + "/plugins/crash-reports/reports")) ?? []
-    }
-}
-
 /// What the otlp plugin posted, decoded by OpenTelemetry's own generated code (PyPI's
 /// opentelemetry-proto) in protobuf's JSON mapping.
 private func decodedOTLP(_ bodies: [Data], in directory: String) throws -> [[String: Any]] {

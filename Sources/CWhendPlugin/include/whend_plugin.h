@@ -85,7 +85,8 @@ typedef struct whend_host {
     int (*emit)(void *context, const uint8_t *json, size_t length);
     /* Adds delta to the plugin's counter `name` (shown by whenctl plugins and in metrics). */
     void (*count)(void *context, const char *name, int64_t delta);
-    /* A directory that is the plugin's own, kept across restarts. */
+    /* A directory that is this instance's own, kept across restarts: <state>/plugins/<name>,
+     * or <name>@<pipeline> for the instances in a plugin's further pipelines. */
     const char *state_directory;
     /* Added within ABI 1 (present when struct_size covers it): a WHEND_ROLE_DEFERRED plugin
      * says that record `seq` is done. Callable from any thread. */

@@ -87,16 +87,15 @@ struct UISource: Sendable {
 
     private var crashDirectory: String { CrashReportStore.directory(stateDirectory: stateDirectory) }
 
-    private func crashFiles() -> [String] {
-        ((try? FileManager.default.contentsOfDirectory(atPath: crashDirectory)) ?? []).filter { $0.hasSuffix(".json") }
-            .sorted()
+    private func crashFiles() -> [(file: String, path: String)] {
+        CrashReportStore.reports(stateDirectory: stateDirectory)
     }
 
     /// crash-reports' reports, newest first: `{"reports": [{seq, kind, app, session, time, screen, message}]}`.
     func crashes() -> [String: Any] {
         var reports: [[String: Any]] = []
-        for file in crashFiles().reversed() {
-            guard let data = FileManager.default.contents(atPath: crashDirectory + "/" + file),
+        for (file, path) in crashFiles().reversed() {
+            guard let data = FileManager.default.contents(atPath: path),
                 let r = foundationObject(data)
             else { continue }
             let error = r["error"] as? [String: Any] ?? [:]
@@ -117,8 +116,8 @@ struct UISource: Sendable {
     /// One report as crash-reports wrote it, breadcrumbs and all.
     func crash(seq: UInt64) -> [String: Any]? {
         let prefix = String(CrashReportStore.fileName(seq: seq, kind: "").dropLast(5))
-        guard let file = crashFiles().first(where: { $0.hasPrefix(prefix) }),
-            let data = FileManager.default.contents(atPath: crashDirectory + "/" + file)
+        guard let report = crashFiles().first(where: { $0.file.hasPrefix(prefix) }),
+            let data = FileManager.default.contents(atPath: report.path)
         else { return nil }
         return foundationObject(data)
     }
