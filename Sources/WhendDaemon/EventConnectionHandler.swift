@@ -1,9 +1,11 @@
 import Foundation
 import NIOCore
+import NIOPosix
 import WhendConfiguration
 import WhendJournal
 import WhendPluginHost
 import WhendRecord
+import WhendTrackingPlan
 import WhendWire
 
 /// Asks a connection to finish: read nothing more, wait for the journal, send the final ack,
@@ -50,6 +52,16 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     private var closing = false
     private var readPending = false
     private var wroteSinceFlush = false
+    /// A line is being checked against the plan on another thread (`checkElsewhere`): the lines
+    /// after it wait in `queued`, in order, and nothing more is read meanwhile.
+    private var holding = false
+    private var queued: [QueuedPiece] = []
+
+    /// A framed line kept past its read: its own bytes.
+    private enum QueuedPiece {
+        case line([UInt8])
+        case tooLarge(Int)
+    }
 
     init(
         writer: any EventJournal, live: LiveConfiguration, credentials: PeerCredentials, connectionID: UInt64,
@@ -152,7 +164,7 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     /// Stop reading while this connection has too much waiting for the journal, or while a
     /// client that asked for acks does not read them (so replies never pile up without bound).
     private func mayRead(context: ChannelHandlerContext) -> Bool {
-        guard !inputClosed, !closing else { return false }
+        guard !inputClosed, !closing, !holding else { return false }
         // Through `stage`, not a copy of the whole configuration per read.
         if pendingBytes >= stage.configuration.maxPendingBytesPerConnection { return false }
         if stage.acks && !context.channel.isWritable { return false }
@@ -191,7 +203,56 @@ final class EventConnectionHandler: ChannelDuplexHandler {
         // A subscriber's later lines, even those that came in the read of its first, are no
         // events (PROTOCOL.md §9): nothing it sends after that line is stored.
         guard !subscribing else { return }
-        switch stage.take(piece) {
+        if holding {
+            switch piece {
+            case .line(let bytes): queued.append(.line(Array(bytes)))
+            case .tooLarge(let length): queued.append(.tooLarge(length))
+            }
+            return
+        }
+        if case .line(let bytes) = piece, let plan = stage.planToCheckElsewhere(lineBytes: bytes.count) {
+            checkElsewhere(Array(bytes), plan: plan, context: context)
+            return
+        }
+        reply(to: piece, stage.take(piece), context: context)
+    }
+
+    /// Checks a line whose patterns may take long on a thread of the blocking pool, so that the
+    /// event loop goes on serving the other connections (and accepting new ones): this
+    /// connection alone waits, its later lines queued behind it, in order.
+    private func checkElsewhere(_ line: [UInt8], plan: TrackingPlan, context: ChannelHandlerContext) {
+        holding = true
+        let app = stage.planDefaultApp
+        let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
+        let loopContext = NIOLoopBound(context, eventLoop: context.eventLoop)
+        NIOThreadPool.singleton.runIfActive(eventLoop: context.eventLoop) {
+            IngestStage.planVerdict(of: line, plan: plan, defaultApp: app)
+        }.whenComplete { result in
+            // A pool that no longer runs anything: the line is checked here.
+            let verdict = (try? result.get()).map { IngestStage.PlanVerdict.checked($0) } ?? .unchecked
+            handler.value.release(line, verdict, context: loopContext.value)
+        }
+    }
+
+    /// The line checked elsewhere is taken with its verdict, then the lines that came after it.
+    private func release(_ line: [UInt8], _ verdict: IngestStage.PlanVerdict, context: ChannelHandlerContext) {
+        holding = false
+        line.withUnsafeBufferPointer { reply(to: .line($0), stage.take(.line($0), plan: verdict), context: context) }
+        while !holding, !queued.isEmpty {
+            switch queued.removeFirst() {
+            case .line(let bytes): bytes.withUnsafeBufferPointer { handle(.line($0), context: context) }
+            case .tooLarge(let length): handle(.tooLarge(length), context: context)
+            }
+        }
+        submitBatch(context: context)
+        sendAckIfDue(context: context)
+        closeIfDone(context: context)
+        flushIfNeeded(context: context)
+        resumeReadingIfAllowed(context: context)
+    }
+
+    private func reply(to piece: LineFramer.Piece, _ answer: IngestStage.Answer?, context: ChannelHandlerContext) {
+        switch answer {
         case nil:
             return
         case .welcome(let welcome):
@@ -259,7 +320,7 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     }
 
     private func closeIfDone(context: ChannelHandlerContext) {
-        guard inputClosed, !closing, inFlightHead == inFlight.count, stage.batch.isEmpty else { return }
+        guard inputClosed, !closing, !holding, inFlightHead == inFlight.count, stage.batch.isEmpty else { return }
         closing = true
         sendAckIfDue(context: context)
         flushThenClose(context: context)

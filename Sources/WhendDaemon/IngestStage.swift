@@ -88,8 +88,38 @@ struct IngestStage {
         batch.maxReceivedMicros = max(batch.maxReceivedMicros, received)
     }
 
+    /// The plan's verdict on a line, when it was reached elsewhere (`planVerdict(of:…)`).
+    enum PlanVerdict {
+        /// Check the line here.
+        case unchecked
+        /// Checked already: its violation, or nil.
+        case checked(PlanViolation?)
+    }
+
+    /// The plan, when checking a line of `bytes` against it may take long: the connection then
+    /// has it checked on another thread (`planVerdict(of:…)`) and hands the verdict to `take`.
+    func planToCheckElsewhere(lineBytes bytes: Int) -> TrackingPlan? {
+        guard let plan, plan.checkMayTakeLong(lineBytes: bytes) else { return nil }
+        return plan
+    }
+
+    /// The app a plan's per-app rules go by for an event that names none.
+    var planDefaultApp: [UInt8] { defaultApp }
+
+    /// What `plan` says of `line`, as `take` would check it; nil for a line that is no event
+    /// (`take` answers it as ever). Touches nothing of a connection's, so any thread may run it.
+    static func planVerdict(of line: [UInt8], plan: TrackingPlan, defaultApp: [UInt8]) -> PlanViolation? {
+        var members: [EventMember] = []
+        return line.withUnsafeBufferPointer { bytes in
+            guard case .event(let event) = try? EventScanner.scan(bytes, helloAllowed: false, reusing: &members)
+            else { return nil }
+            let subject = PlanSubject(type: event.type, fields: event.planFields, codableWhen: event.codableWhen)
+            return defaultApp.withUnsafeBufferPointer { plan.check(subject, in: bytes, defaultApp: $0) }
+        }
+    }
+
     /// Takes one framed line; returns what the client must be told, if anything.
-    mutating func take(_ piece: LineFramer.Piece) -> Answer? {
+    mutating func take(_ piece: LineFramer.Piece, plan verdict: PlanVerdict = .unchecked) -> Answer? {
         let bytes: UnsafeBufferPointer<UInt8>
         switch piece {
         case .tooLarge(let length):
@@ -146,7 +176,7 @@ struct IngestStage {
                 ))
         }
         // 3. The tracking plan: an event that breaks it is counted, and refused if it is enforced.
-        if plan != nil, let refusal = checkPlan(event, bytes) { return .rejected(line: lineNumber, refusal) }
+        if plan != nil, let refusal = checkPlan(event, bytes, verdict) { return .rejected(line: lineNumber, refusal) }
         // 4. The record body, trusted fields stamped.
         let bodyStart = batch.bodies.count
         let key = encoder.appendBody(of: event, line: bytes, to: &batch.bodies)
@@ -162,11 +192,18 @@ struct IngestStage {
     /// Checks an event against the plan; why it is refused (enforce), or nil when it is to be
     /// stored (it keeps to the plan, or the plan is only reported on). A small result, not an
     /// `Answer`: the path every event takes stays as lean as it was without a plan.
-    private func checkPlan(_ event: ScannedEvent, _ line: UnsafeBufferPointer<UInt8>) -> WireError? {
+    private func checkPlan(_ event: ScannedEvent, _ line: UnsafeBufferPointer<UInt8>, _ verdict: PlanVerdict)
+        -> WireError?
+    {
         // Borrowed from the stage, which holds it: no reference count touched per event.
         guard let plan else { return nil }
         let subject = PlanSubject(type: event.type, fields: event.planFields, codableWhen: event.codableWhen)
-        let violation = defaultApp.withUnsafeBufferPointer { plan.check(subject, in: line, defaultApp: $0) }
+        let violation: PlanViolation?
+        switch verdict {
+        case .unchecked:
+            violation = defaultApp.withUnsafeBufferPointer { plan.check(subject, in: line, defaultApp: $0) }
+        case .checked(let known): violation = known
+        }
         guard let violation else { return nil }
         let enforced = configuration.trackingPlanMode == .enforce
         let app = subject.app.map { app in

@@ -13,7 +13,7 @@ final class Pattern: Sendable {
     private let automaton: PatternAutomaton
     let source: String
 
-    /// The most positions a pattern's counted repetitions may expand to: `x{m,n}` is written
+    /// The most positions a pattern may have, its counted repetitions expanded: `x{m,n}` is written
     /// out as n copies of x, nested ones as the product, and a search costs the string's length
     /// times that (`PatternAutomaton.maxSteps` bounds what costs steps and no position). Real patterns (a UUID, an email, `[0-9]{1,255}`) stay far below.
     static let maxExpandedSize = 1000
@@ -24,7 +24,7 @@ final class Pattern: Sendable {
         guard size <= Self.maxExpandedSize else {
             throw PatternError(
                 reason:
-                    "its counted repetitions ({m,n}) expand to \(size > 1_000_000 ? "over 1000000" : String(size)) positions, over \(Self.maxExpandedSize): the search writes each repetition out (nested ones multiply); use *, + or smaller bounds, and maxLength for the length"
+                    "it is \(size > 1_000_000 ? "over 1000000" : String(size)) positions long once its counted repetitions ({m,n}) are written out, over \(Self.maxExpandedSize) (each character or bracket is one, and a repetition copies its part; nested ones multiply): a search costs that much per character; use *, + or smaller bounds, maxLength for the length, and enum or screen names for long literal text"
             )
         }
         self.automaton = try PatternAutomaton(source)

@@ -422,7 +422,10 @@ struct PatternParser {
         case "$": return .end
         case "*", "+", "?": throw PatternError(reason: "\(Unicode.Scalar(c)!) repeats nothing")
         case "{" where i < scalars.count && (0x30...0x39).contains(scalars[i]):
-            throw PatternError(reason: "{ repeats nothing")
+            throw PatternError(
+                reason:
+                    "a { before a digit is read as a count ({m}, {m,} or {m,n}), and this one is not complete or repeats nothing; write \\{ for the character itself"
+            )
         case "\\":
             guard i < scalars.count else { throw PatternError(reason: "it ends in a lone backslash") }
             i += 1

@@ -41,7 +41,7 @@ package struct PlanInference {
             var seen: [[UInt8]: Set<String>] = [:]
             try? s.scanObject { m throws(WireError) in
                 let raw = UnsafeBufferPointer(rebasing: line[m.key])
-                let key = m.keyHasEscapes ? decodeJSONString(raw) : Array(raw)
+                let key = m.keyHasEscapes ? decodeJSONString(raw, keepingLoneSurrogates: true) : Array(raw)
                 let type = Self.typeName(m.kind, UnsafeBufferPointer(rebasing: line[m.value]))
                 if seen[key] == nil { event.properties[key, default: Property()].present += 1 }
                 if seen[key, default: []].insert(type).inserted { event.properties[key]!.types[type, default: 0] += 1 }
@@ -65,31 +65,63 @@ package struct PlanInference {
     }
 
     /// The proposed plan, as JSON text a plan file can hold (names sorted, two-space indents).
-    package func plan() -> String {
+    package func plan() -> String { proposal().plan }
+
+    /// The proposed plan, and what it leaves unchecked that the records hold, and why: names a
+    /// plan cannot spell (half a surrogate pair, which no UTF-8 text holds), and events with
+    /// more params than a plan may list. The plan still passes every record it came from.
+    package func proposal() -> (plan: String, notes: [String]) {
+        var notes: [String] = []
         var out = "{\n  \"events\": {"
-        for (i, name) in Self.sorted(events.keys).enumerated() {
+        var listed = 0
+        // `When` names are identifiers (the wire's rule): a plan can name every one.
+        for name in Self.sorted(events.keys) {
             let event = events[name]!
-            out += (i == 0 ? "\n" : ",\n") + "    \(Self.quoted(name)): {\n      \"type\": \"object\",\n"
-            out += "      \"properties\": {"
-            for (j, key) in Self.sorted(event.properties.keys).enumerated() {
+            out += (listed == 0 ? "\n" : ",\n") + "    \(Self.quoted(name)): {\n      \"type\": \"object\""
+            listed += 1
+            let keys = Self.sorted(event.properties.keys)
+            let nameable = keys.filter(Self.nameable)
+            guard nameable.count <= SchemaCompiler.maxProperties else {
+                notes.append(
+                    "\(Self.text(name)): \(keys.count) params, over the \(SchemaCompiler.maxProperties) a plan may list: its params are left unchecked"
+                )
+                out += "\n    }"
+                continue
+            }
+            out += ",\n      \"properties\": {"
+            for (j, key) in nameable.enumerated() {
                 out +=
                     (j == 0 ? "\n" : ",\n")
                     + "        \(Self.quoted(key)): {\"type\": \(Self.types(event.properties[key]!))}"
             }
-            out += event.properties.isEmpty ? "},\n" : "\n      },\n"
+            out += nameable.isEmpty ? "},\n" : "\n      },\n"
             // A plan's `required` names at most 64 (TrackingPlan); more would make a plan whend refuses.
-            let required = Self.sorted(event.properties.filter { $0.value.present == event.count }.keys).prefix(64)
+            let required = nameable.filter { event.properties[$0]!.present == event.count }.prefix(64)
             out += "      \"required\": [\(required.map(Self.quoted).joined(separator: ", "))],\n"
-            out += "      \"additionalProperties\": false\n    }"
+            if nameable.count < keys.count {
+                notes.append(
+                    "\(Self.text(name)): \(keys.count - nameable.count) param name(s) with half a surrogate pair, which a plan cannot name: other params are allowed"
+                )
+                out += "      \"additionalProperties\": true\n    }"
+            } else {
+                out += "      \"additionalProperties\": false\n    }"
+            }
         }
-        out += events.isEmpty ? "}" : "\n  }"
-        if !screens.isEmpty {
+        out += listed == 0 ? "}" : "\n  }"
+        if screens.keys.contains(where: { !Self.nameable($0) }) {
+            notes.append(
+                "a screen name with half a surrogate pair, which a plan cannot name: screens are left unchecked")
+        } else if !screens.isEmpty {
             out += ",\n  \"screens\": {\"names\": [\n"
             out += Self.sorted(screens.keys).map { "    " + Self.quoted($0) }.joined(separator: ",\n")
             out += "\n  ]}"
         }
-        return out + "\n}\n"
+        return (out + "\n}\n", notes)
     }
+
+    /// Whether a plan can spell a name: a plan is UTF-8 text, and half a surrogate pair (kept
+    /// as its three bytes, as whend compares names) is none.
+    static func nameable(_ bytes: [UInt8]) -> Bool { String(decoding: bytes, as: UTF8.self).utf8.elementsEqual(bytes) }
 
     /// The types seen, as a schema's `type`: integer is dropped where number is there (it
     /// covers it).

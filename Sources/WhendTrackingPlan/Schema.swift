@@ -84,6 +84,8 @@ struct SchemaCompiler {
     private(set) var patternPositions = 0
     /// And the steps of their automatons (`PatternAutomaton.maxSteps` each at most).
     private(set) var patternSteps = 0
+    /// The steps of the largest automaton: what a search may cost per character.
+    private(set) var largestPatternSteps = 0
 
     /// What one plan may hold, whoever wrote it: each compiled pattern costs memory in
     /// proportion to its positions (about 100 bytes each); an enum is searched, and an object's
@@ -104,6 +106,7 @@ struct SchemaCompiler {
         }
         let compiled = try Pattern(source)
         patternSteps += compiled.size
+        largestPatternSteps = max(largestPatternSteps, compiled.size)
         guard patternSteps <= Self.maxPatternSteps else {
             throw PatternError(
                 reason:
@@ -209,12 +212,11 @@ struct SchemaCompiler {
             if key == "minimum" { node.minimum = n } else { node.maximum = n }
         case "minLength", "maxLength":
             // An integer is any number with no fraction, as JSON Schema counts them: 1.0 and 1e1 too.
-            guard case .number(let text) = value.value, let d = Double(text), d >= 0, d == d.rounded(),
-                d < Self.exactLimit
-            else {
+            guard case .number(let text) = value.value, let d = Double(text), d >= 0, d == d.rounded() else {
                 throw fail("must be an integer, 0 or more")
             }
-            let n = Int(d)
+            // No string is 2^53 characters long: a larger bound means what 2^53 means.
+            let n = Int(min(d, Self.exactLimit))
             if key == "minLength" { node.minLength = n } else { node.maxLength = n }
         default:
             guard Self.annotations.contains(key) else {
@@ -223,6 +225,15 @@ struct SchemaCompiler {
                     reason:
                         "\"\(key)\" is not a keyword whend checks; it checks \(Self.keywords.joined(separator: ", ")) (docs/tracking-plan.md)"
                 )
+            }
+            // Of the type the plan's own JSON Schema gives it, so that what whend takes that schema takes.
+            switch (key, value.value) {
+            case ("title", .string), ("description", .string), ("$comment", .string), ("examples", .array),
+                ("deprecated", .bool), ("readOnly", .bool), ("writeOnly", .bool), ("default", _):
+                break
+            case ("examples", _): throw fail("must be an array")
+            case ("deprecated", _), ("readOnly", _), ("writeOnly", _): throw fail("must be true or false")
+            default: throw fail("must be a string")
             }
         }
     }
@@ -252,7 +263,7 @@ struct SchemaCompiler {
     static let exactLimit: Double = 9_007_199_254_740_992
 
     static func beyondExact(_ text: String) -> String {
-        "\(text.prefix(40)) is beyond ±2^53 (9007199254740992), past which whend cannot compare numbers exactly; use a bound within it"
+        "\(text.prefix(40)) is not strictly within ±2^53 (9007199254740992; 2^53 + 1 reads as 2^53 itself, so whend cannot compare numbers exactly from there on); use a bound of magnitude below it"
     }
 
     private func scalar(_ value: PlanDocument, _ fail: (String) -> PlanError) throws(PlanError) -> Scalar {

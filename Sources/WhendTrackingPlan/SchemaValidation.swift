@@ -26,6 +26,26 @@ struct SchemaFailure {
     var reversedPath: [PathStep] = []
 
     /// `$.params.cart[2].price`; keys that are not plain names as `["a b"]`.
+    /// Half a surrogate pair, kept as its three bytes (as whend compares names), written as
+    /// the `\\uXXXX` it was sent as: as bytes it is no text, and printed as three U+FFFD.
+    static func escapingSurrogates(_ bytes: [UInt8]) -> [UInt8] {
+        guard bytes.contains(0xED) else { return bytes }
+        var out: [UInt8] = []
+        var i = 0
+        while i < bytes.count {
+            if bytes[i] == 0xED, i + 2 < bytes.count, (0xA0...0xBF).contains(bytes[i + 1]), bytes[i + 2] & 0xC0 == 0x80
+            {
+                let scalar = 0xD000 | UInt32(bytes[i + 1] & 0x3F) << 6 | UInt32(bytes[i + 2] & 0x3F)
+                out += Array("\\u\(String(scalar, radix: 16))".utf8)
+                i += 3
+            } else {
+                out.append(bytes[i])
+                i += 1
+            }
+        }
+        return out
+    }
+
     func path(from root: [PathStep]) -> String {
         var out = "$"
         for step in root + reversedPath.reversed() {
@@ -44,7 +64,7 @@ struct SchemaFailure {
                 } else {
                     var quoted: [UInt8] = []
                     appendJSONString(k, to: &quoted)
-                    out += "[\(String(decoding: quoted, as: UTF8.self))]"
+                    out += "[\(String(decoding: Self.escapingSurrogates(quoted), as: UTF8.self))]"
                 }
             }
         }

@@ -31,12 +31,20 @@ package final class TrackingPlan: @unchecked Sendable {
     /// A digest of the plan's text (SipHash-128, both words): a reload says whether the plan
     /// changed by comparing them.
     package let digest: [UInt64]
+    /// What checking one byte of an event may cost at most, in automaton steps: each byte
+    /// of a string is searched by one pattern of a schema, or by every screen pattern of one
+    /// app's rules. A check costs at most about that times the line's length.
+    let patternStepsPerByte: Int
 
     private init(
-        schemas: SchemaTable, rules: Rules, apps: [(name: [UInt8], rules: Rules)], eventCount: Int, digest: [UInt64]
+        schemas: SchemaTable, rules: Rules, apps: [(name: [UInt8], rules: Rules)], eventCount: Int, digest: [UInt64],
+        largestPatternSteps: Int
     ) {
         self.schemas = schemas
         self.digest = digest
+        patternStepsPerByte = ([rules] + apps.map(\.rules)).reduce(largestPatternSteps) { most, rules in
+            max(most, rules.screenPatterns.reduce(0) { $0 + $1.size })
+        }
         ruleStorage = .allocate(capacity: 1 + apps.count)
         _ = ruleStorage.initialize(from: [rules] + apps.map(\.rules))
         var table = EventTable()
@@ -48,6 +56,16 @@ package final class TrackingPlan: @unchecked Sendable {
     deinit {
         _ = ruleStorage.deinitialize()
         ruleStorage.deallocate()
+    }
+
+    /// Steps of pattern search past which a check is worth moving off the thread that serves
+    /// other connections: about 10 ms here (a step costs about 5 ns).
+    package static let longCheckSteps = 2_000_000
+
+    /// Whether checking a line of `bytes` may take long (`longCheckSteps`): its patterns could
+    /// hold every other connection served by the same thread meanwhile.
+    package func checkMayTakeLong(lineBytes bytes: Int) -> Bool {
+        patternStepsPerByte > 0 && bytes > Self.longCheckSteps / patternStepsPerByte
     }
 
     /// The plan's own rules (those of an app it does not name).
@@ -108,7 +126,8 @@ package final class TrackingPlan: @unchecked Sendable {
             }
         }
         return TrackingPlan(
-            schemas: SchemaTable(compiler.nodes), rules: base, apps: apps, eventCount: count, digest: digest)
+            schemas: SchemaTable(compiler.nodes), rules: base, apps: apps, eventCount: count, digest: digest,
+            largestPatternSteps: compiler.largestPatternSteps)
     }
 
     /// An app's section replaces each of `events`, `unplannedEvents` and `screens` it sets;

@@ -51,7 +51,8 @@ struct Plan: ParsableCommand {
             let statistics = inference.statistics().split(separator: "\n", omittingEmptySubsequences: false)
                 .map { printable(String($0), limit: .max) }.joined(separator: "\n")
             FileHandle.standardError.write(Data(statistics.utf8))
-            let plan = inference.plan()
+            let (plan, notes) = inference.proposal()
+            for note in notes { printError("whenctl plan infer: note: \(printable(note, limit: .max))") }
             if let write {
                 guard FileManager.default.createFile(atPath: write, contents: Data(plan.utf8)) else {
                     throw Failure("cannot write the plan to \(write): \(String(cString: strerror(errno)))")

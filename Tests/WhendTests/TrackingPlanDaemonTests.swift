@@ -147,6 +147,50 @@ import WhendWire
         #expect(lines.errors.isEmpty && lines.acks.last == 1, "\(lines)")
     }
 
+    /// A check that may take long (a long string against a pattern of many ways) holds only its
+    /// own connection: the other connections are served meanwhile, and new ones accepted,
+    /// while its lines wait their turn in order, each judged as it would be on the loop. (The
+    /// check held the thread serving it, so every connection on that thread, and the accepting
+    /// of new ones, waited for all its lines: light events answered after 3–6 s.)
+    @Test func aLongCheckHoldsOnlyItsOwnConnection() throws {
+        let directory = scratchDirectory("plan-long-check")
+        let planPath = directory + "/plan.json"
+        let ways = Array(repeating: "a", count: 900).joined(separator: "|")
+        try
+            #"{"events":{"long":{"type":"object","properties":{"s":{"type":"string","pattern":"(\#(ways))*b"}}}},"unplannedEvents":"allow"}"#
+            .write(toFile: planPath, atomically: true, encoding: .utf8)
+        let daemon = TestDaemon(
+            "plan-long-check", arguments: ["--tracking-plan", planPath, "--tracking-plan-mode", "report"])
+        try daemon.start()
+        defer { daemon.stop() }
+        let text = String(repeating: "a", count: 24_000)
+        // Three long events (the second keeps to the plan), then a short one, in one write.
+        let long = [text, text + "b", text].map { #"{"type":"when","name":"long","params":{"s":"\#($0)"}}"# }
+        let heavy = try BlockingSocket(path: daemon.socketPath)
+        try heavy.send(([helloWithAcks] + long + [#"{"type":"when","name":"after"}"#]).joined(separator: "\n") + "\n")
+        heavy.finishSending()
+        // Meanwhile, connections one after another, each with a short event, each answered.
+        for i in 0..<3 {
+            let answers = try exchange(daemon.socketPath, [helloWithAcks, #"{"type":"when","name":"light\#(i)"}"#])
+            #expect(answers.acks.last == 1 && answers.errors.isEmpty, "\(answers)")
+        }
+        var answers: [[String: Any]] = []
+        try heavy.receiveLines { line in
+            if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] { answers.append(o) }
+        }
+        #expect(answers.acks.last == 4 && answers.errors.isEmpty, "\(answers.acks) \(answers.errors)")
+        let stored = daemon.records().compactMap { r in (r["name"] as? String).map { ($0, r["_seq"] as? Int ?? 0) } }
+        let lastLong = stored.filter { $0.0 == "long" }.map(\.1).max() ?? 0
+        // The short events were stored while the long ones were being checked; the long
+        // connection's own lines kept their order.
+        #expect(stored.filter { $0.0.hasPrefix("light") }.allSatisfy { $0.1 < lastLong }, "\(stored)")
+        #expect(stored.filter { !$0.0.hasPrefix("light") }.map(\.0) == ["long", "long", "long", "after"])
+        let counts = (try violations(daemon)["counts"] as? [[String: Any]] ?? []).map {
+            "\($0["event"] as? String ?? "?") \($0["rule"] as? String ?? "?") \($0["count"] as? Int ?? 0)"
+        }
+        #expect(counts == ["long pattern 2"])
+    }
+
     /// A plan path that names a FIFO, a directory or a device is refused at once, saying what
     /// it is (it was "No such file or directory", which sent people looking for a typo).
     @Test func aPlanPathThatIsNoFileIsRefusedAtOnce() throws {

@@ -81,6 +81,55 @@ import WhendWire
         _ = plan
     }
 
+    /// What a plan cannot name is left unchecked, and said so: a screen or a param named with
+    /// half a surrogate pair (no UTF-8 text holds one), and more params than a plan
+    /// may list. `plan infer` proposed a plan that `plan check` refused, or that flagged the
+    /// very records it came from.
+    @Test func anInferredPlanPassesWhatNoPlanCanName() throws {
+        var inference = PlanInference()
+        let wide = (0..<5000).map { #""p\#($0)":\#($0)"# }.joined(separator: ",")
+        let sent = [
+            #"{"type":"screen","name":"\ud800"}"#,
+            #"{"type":"when","name":"k","params":{"\udc00":1,"plain":"x"}}"#,
+            #"{"type":"when","name":"wide","params":{\#(wide)}}"#,
+            #"{"type":"when","name":"fine","params":{"a":1},"screen":"Inbox"}"#,
+        ]
+        for (seq, line) in sent.enumerated() {
+            let stored = #"{"_seq":\#(seq + 1),"# + line.dropFirst()
+            Array(stored.utf8).withUnsafeBufferPointer { inference.add(record: $0) }
+        }
+        let (text, notes) = inference.proposal()
+        _ = try TrackingPlan.parse(Array(text.utf8))
+        for line in sent { #expect(try check(line, text, nil) == nil, "\(line)\n\(text)") }
+        #expect(notes.count == 3, "\(notes)")
+        // What it can name it still checks.
+        #expect(try check(#"{"type":"when","name":"fine","params":{"a":"x"}}"#, text, nil)?.rule == .type)
+        #expect(try check(#"{"type":"when","name":"k","params":{"plain":1}}"#, text, nil)?.rule == .type)
+        // Named in a violation as it was sent, not as three replacement characters.
+        let strict = #"{"events":{"k":{"additionalProperties":false}}}"#
+        #expect(try check(sent[1], strict, nil)?.path == #"$.params["\udc00"]"#)
+    }
+
+    /// What describes a schema is of the type the plan's own JSON Schema gives it, so that a
+    /// plan whend runs keeps to the schema it publishes; a length bound past any string's is
+    /// taken (the schema allows any integer).
+    @Test func annotationsAreOfTheTypesThePublishedSchemaGives() throws {
+        for (annotation, good) in [
+            (#""title":1"#, false), (#""examples":1"#, false), (#""deprecated":"yes""#, false),
+            (#""$comment":[]"#, false), (#""title":"t""#, true), (#""examples":[1]"#, true),
+            (#""readOnly":true"#, true), (#""default":{"a":1}"#, true),
+        ] {
+            let plan = #"{"events":{"e":{"type":"object",\#(annotation)}}}"#
+            if good {
+                #expect(throws: Never.self, "\(plan)") { try TrackingPlan.parse(Array(plan.utf8)) }
+            } else {
+                #expect(throws: PlanError.self, "\(plan)") { try TrackingPlan.parse(Array(plan.utf8)) }
+            }
+        }
+        let huge = #"{"events":{"e":{"properties":{"s":{"type":"string","maxLength":9223372036854775808}}}}}"#
+        #expect(try check(#"{"type":"when","name":"e","params":{"s":"any"}}"#, huge, nil) == nil)
+    }
+
     @Test func namesAPlanGeneratesDoNotCollide() {
         let names = (0..<20_000).map { Array("userTaps\(String(100_000 + $0).dropFirst())OnButton".utf8) }
         #expect(Set(names.map(EventTable.hash)).count == names.count)
