@@ -210,7 +210,8 @@ final class EventConnectionHandler: ChannelDuplexHandler {
             }
             return
         }
-        if case .line(let bytes) = piece, let plan = stage.planToCheckElsewhere(lineBytes: bytes.count) {
+        if case .line(let bytes) = piece, bytes.count > stage.longCheckLineBytes, let plan = stage.planToCheckElsewhere
+        {
             checkElsewhere(Array(bytes), plan: plan, context: context)
             return
         }

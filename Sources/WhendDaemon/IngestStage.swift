@@ -57,6 +57,7 @@ struct IngestStage {
         self.configuration = configuration
         self.ingest = ingest
         self.plan = plan
+        self.longCheckLineBytes = plan?.longCheckLineBytes ?? .max
         self.metrics = metrics
         self.defaultApp = credentials.comm.isEmpty ? Array("unknown".utf8) : Array(credentials.comm.utf8)
         self.limiter = limiter
@@ -72,6 +73,7 @@ struct IngestStage {
         configuration.maxEventBytes = lineLimit
         self.ingest = ingest
         self.plan = plan
+        longCheckLineBytes = plan?.longCheckLineBytes ?? .max
     }
 
     /// A read begins: its lines all arrived at this moment (one `_rt` for them), and the batch
@@ -96,12 +98,13 @@ struct IngestStage {
         case checked(PlanViolation?)
     }
 
-    /// The plan, when checking a line of `bytes` against it may take long: the connection then
-    /// has it checked on another thread (`planVerdict(of:…)`) and hands the verdict to `take`.
-    func planToCheckElsewhere(lineBytes bytes: Int) -> TrackingPlan? {
-        guard let plan, plan.checkMayTakeLong(lineBytes: bytes) else { return nil }
-        return plan
-    }
+    /// Lines longer than this may take long to check against the plan: the connection then
+    /// has each checked on another thread (`planVerdict(of:…)`) and hands the verdict to
+    /// `take`. An integer, so that no other line touches the plan's reference count for it.
+    private(set) var longCheckLineBytes = Int.max
+
+    /// The plan, for a line of `longCheckLineBytes` or more.
+    var planToCheckElsewhere: TrackingPlan? { plan }
 
     /// The app a plan's per-app rules go by for an event that names none.
     var planDefaultApp: [UInt8] { defaultApp }

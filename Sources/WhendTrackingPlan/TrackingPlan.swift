@@ -62,11 +62,9 @@ package final class TrackingPlan: @unchecked Sendable {
     /// other connections: about 10 ms here (a step costs about 5 ns).
     package static let longCheckSteps = 2_000_000
 
-    /// Whether checking a line of `bytes` may take long (`longCheckSteps`): its patterns could
+    /// Lines longer than this may take long to check (`longCheckSteps`): their patterns could
     /// hold every other connection served by the same thread meanwhile.
-    package func checkMayTakeLong(lineBytes bytes: Int) -> Bool {
-        patternStepsPerByte > 0 && bytes > Self.longCheckSteps / patternStepsPerByte
-    }
+    package var longCheckLineBytes: Int { patternStepsPerByte > 0 ? Self.longCheckSteps / patternStepsPerByte : .max }
 
     /// The plan's own rules (those of an app it does not name).
     var baseRules: UnsafePointer<Rules> { UnsafePointer(ruleStorage.baseAddress!) }
