@@ -56,6 +56,10 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     /// after it wait in `queued`, in order, and nothing more is read meanwhile.
     private var holding = false
     private var queued: [QueuedPiece] = []
+    /// Bytes of lines this turn of the event loop may still check against the plan here: past
+    /// them, the next line is checked elsewhere and the rest wait, so that a read of many lines
+    /// just under `longCheckLineBytes` holds the loop no longer than one such line would.
+    private var checkBytesLeft = Int.max
 
     /// A framed line kept past its read: its own bytes.
     private enum QueuedPiece {
@@ -96,6 +100,7 @@ final class EventConnectionHandler: ChannelDuplexHandler {
         }
         counters.add(bytesIn: buffer.readableBytes)
         stage.beginRead(bytes: buffer.readableBytes)
+        checkBytesLeft = stage.longCheckLineBytes
         buffer.withUnsafeReadableBytes { raw in
             framer.feed(raw.assumingMemoryBound(to: UInt8.self)) { piece in handle(piece, context: context) }
         }
@@ -210,10 +215,12 @@ final class EventConnectionHandler: ChannelDuplexHandler {
             }
             return
         }
-        if case .line(let bytes) = piece, bytes.count > stage.longCheckLineBytes, let plan = stage.planToCheckElsewhere
-        {
-            checkElsewhere(Array(bytes), plan: plan, context: context)
-            return
+        if case .line(let bytes) = piece {
+            if bytes.count > checkBytesLeft, let plan = stage.planToCheckElsewhere {
+                checkElsewhere(Array(bytes), plan: plan, context: context)
+                return
+            }
+            checkBytesLeft &-= bytes.count
         }
         reply(to: piece, stage.take(piece), context: context)
     }
@@ -230,7 +237,13 @@ final class EventConnectionHandler: ChannelDuplexHandler {
             IngestStage.planVerdict(of: line, plan: plan, defaultApp: app)
         }.whenComplete { result in
             // A pool that no longer runs anything: the line is checked here.
-            let verdict = (try? result.get()).map { IngestStage.PlanVerdict.checked($0) } ?? .unchecked
+            // (Not `try?`: it would flatten "checked, no violation" into "not checked", and the
+            // line be checked again here, holding the loop after all.)
+            let verdict: IngestStage.PlanVerdict
+            switch result {
+            case .success(let violation): verdict = .checked(violation)
+            case .failure: verdict = .unchecked
+            }
             handler.value.release(line, verdict, context: loopContext.value)
         }
     }
@@ -238,6 +251,7 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     /// The line checked elsewhere is taken with its verdict, then the lines that came after it.
     private func release(_ line: [UInt8], _ verdict: IngestStage.PlanVerdict, context: ChannelHandlerContext) {
         holding = false
+        checkBytesLeft = stage.longCheckLineBytes
         line.withUnsafeBufferPointer { reply(to: .line($0), stage.take(.line($0), plan: verdict), context: context) }
         while !holding, !queued.isEmpty {
             switch queued.removeFirst() {

@@ -68,27 +68,29 @@ package struct PlanInference {
     package func plan() -> String { proposal().plan }
 
     /// The proposed plan, and what it leaves unchecked that the records hold, and why: names a
-    /// plan cannot spell (half a surrogate pair, which no UTF-8 text holds), and events with
-    /// more params than a plan may list. The plan still passes every record it came from.
+    /// plan cannot spell (half a surrogate pair, which no UTF-8 text holds), events with more
+    /// params than a plan may list, and what would make the plan larger than a plan file may be
+    /// (the params of the events that take most room, then the screens). The plan still passes
+    /// every record it came from.
     package func proposal() -> (plan: String, notes: [String]) {
         var notes: [String] = []
-        var out = "{\n  \"events\": {"
-        var listed = 0
+        // Each event: its name's line, then its params' schema, or `bare` when they are left out.
+        let bare = "\n    }"
+        var entries: [(name: [UInt8], head: String, params: String)] = []
         // `When` names are identifiers (the wire's rule): a plan can name every one.
         for name in Self.sorted(events.keys) {
             let event = events[name]!
-            out += (listed == 0 ? "\n" : ",\n") + "    \(Self.quoted(name)): {\n      \"type\": \"object\""
-            listed += 1
+            let head = "    \(Self.quoted(name)): {\n      \"type\": \"object\""
             let keys = Self.sorted(event.properties.keys)
             let nameable = keys.filter(Self.nameable)
             guard nameable.count <= SchemaCompiler.maxProperties else {
                 notes.append(
                     "\(Self.text(name)): \(keys.count) params, over the \(SchemaCompiler.maxProperties) a plan may list: its params are left unchecked"
                 )
-                out += "\n    }"
+                entries.append((name, head, bare))
                 continue
             }
-            out += ",\n      \"properties\": {"
+            var out = ",\n      \"properties\": {"
             for (j, key) in nameable.enumerated() {
                 out +=
                     (j == 0 ? "\n" : ",\n")
@@ -106,17 +108,38 @@ package struct PlanInference {
             } else {
                 out += "      \"additionalProperties\": false\n    }"
             }
+            entries.append((name, head, out))
         }
-        out += listed == 0 ? "}" : "\n  }"
+        var screenList = ""
         if screens.keys.contains(where: { !Self.nameable($0) }) {
             notes.append(
                 "a screen name with half a surrogate pair, which a plan cannot name: screens are left unchecked")
         } else if !screens.isEmpty {
-            out += ",\n  \"screens\": {\"names\": [\n"
-            out += Self.sorted(screens.keys).map { "    " + Self.quoted($0) }.joined(separator: ",\n")
-            out += "\n  ]}"
+            screenList = ",\n  \"screens\": {\"names\": [\n"
+            screenList += Self.sorted(screens.keys).map { "    " + Self.quoted($0) }.joined(separator: ",\n")
+            screenList += "\n  ]}"
         }
-        return (out + "\n}\n", notes)
+        // Within what a plan file may hold (with room for the braces and commas around).
+        let limit = TrackingPlan.maximumSize - 64
+        var size = entries.reduce(screenList.utf8.count) { $0 + $1.head.utf8.count + $1.params.utf8.count + 2 }
+        let widest = entries.indices.sorted { entries[$0].params.utf8.count > entries[$1].params.utf8.count }
+        for i in widest where size > limit && entries[i].params != bare {
+            size -= entries[i].params.utf8.count - bare.utf8.count
+            entries[i].params = bare
+            notes.append(
+                "\(Self.text(entries[i].name)): its params are left unchecked, or the plan would be over the \(TrackingPlan.maximumSize >> 20) MiB a plan file may be"
+            )
+        }
+        if size > limit, !screenList.isEmpty {
+            screenList = ""
+            notes.append(
+                "screens are left unchecked, or the plan would be over the \(TrackingPlan.maximumSize >> 20) MiB a plan file may be"
+            )
+        }
+        var out = "{\n  \"events\": {"
+        for (i, entry) in entries.enumerated() { out += (i == 0 ? "\n" : ",\n") + entry.head + entry.params }
+        out += entries.isEmpty ? "}" : "\n  }"
+        return (out + screenList + "\n}\n", notes)
     }
 
     /// Whether a plan can spell a name: a plan is UTF-8 text, and half a surrogate pair (kept

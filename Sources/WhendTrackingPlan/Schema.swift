@@ -205,15 +205,15 @@ struct SchemaCompiler {
                 throw fail(error.reason)
             }
         case "minimum", "maximum":
-            guard case .number(let text) = value.value, let n = Double(text), n.isFinite else {
-                throw fail("must be a number")
-            }
+            guard case .number(let text) = value.value, let n = Double(text) else { throw fail("must be a number") }
+            guard n.isFinite else { throw fail(Self.beyondExact(text)) }
             guard abs(n) < Self.exactLimit else { throw fail(Self.beyondExact(text)) }
             if key == "minimum" { node.minimum = n } else { node.maximum = n }
         case "minLength", "maxLength":
             // An integer is any number with no fraction, as JSON Schema counts them: 1.0 and 1e1 too.
-            guard case .number(let text) = value.value, let d = Double(text), d >= 0, d == d.rounded() else {
-                throw fail("must be an integer, 0 or more")
+            guard case .number(let text) = value.value, let d = Double(text), d >= 0, d == d.rounded(), d.isFinite
+            else {
+                throw fail("must be an integer, 0 or more, that a double holds (1e400 is none)")
             }
             // No string is 2^53 characters long: a larger bound means what 2^53 means.
             let n = Int(min(d, Self.exactLimit))

@@ -168,8 +168,13 @@ package final class TrackingPlan: @unchecked Sendable {
                 rules.unplannedEvents = s == "allow"
             case "screens":
                 (rules.screens, rules.screenPatterns) = try screens(value, compiler: &compiler)
+            case "apps":
+                break  // compiled once the plan's own rules are
             default:
-                break
+                // `$schema`, `$comment`, `description`: text, as the plan's JSON Schema says.
+                guard case .string = value.value else {
+                    throw PlanError(offset: value.offset, reason: "\(key): must be a string")
+                }
             }
         }
         return rules
@@ -186,6 +191,10 @@ package final class TrackingPlan: @unchecked Sendable {
         var names: ScreenTable?
         var patterns: [Pattern] = []
         for (key, list) in members {
+            if key == "$comment" || key == "description" {
+                guard case .string = list.value else { throw fail(list, "\(key) must be a string") }
+                continue
+            }
             guard case .array(let items) = list.value else { throw fail(list, "\(key) must be a list of strings") }
             var strings: [String] = []
             var seen = Set<[UInt8]>()
@@ -207,8 +216,6 @@ package final class TrackingPlan: @unchecked Sendable {
                         throw fail(item, error.reason)
                     }
                 }
-            case "$comment", "description":
-                break
             default:
                 throw fail(list, shape)
             }

@@ -128,6 +128,42 @@ import WhendWire
         }
         let huge = #"{"events":{"e":{"properties":{"s":{"type":"string","maxLength":9223372036854775808}}}}}"#
         #expect(try check(#"{"type":"when","name":"e","params":{"s":"any"}}"#, huge, nil) == nil)
+        // Notes on the plan, its apps and its screens are text too; numbers a double cannot hold
+        // are refused, saying why.
+        for plan in [
+            #"{"$comment":1,"events":{}}"#, #"{"description":[1],"events":{}}"#, #"{"$schema":null,"events":{}}"#,
+            #"{"events":{},"apps":{"a":{"description":null}}}"#, #"{"events":{},"screens":{"description":["a"]}}"#,
+            #"{"events":{"e":{"properties":{"s":{"maxLength":1e400}}}}}"#,
+        ] {
+            #expect(throws: PlanError.self, "\(plan)") { try TrackingPlan.parse(Array(plan.utf8)) }
+        }
+        let described = #"{"$comment":"c","events":{},"screens":{"description":"ok","$comment":"c","names":["A"]}}"#
+        #expect(throws: Never.self) { try TrackingPlan.parse(Array(described.utf8)) }
+        do {
+            _ = try TrackingPlan.parse(Array(#"{"events":{"e":{"minimum":1e400}}}"#.utf8))
+            Issue.record("a minimum of 1e400 was taken")
+        } catch {
+            #expect(error.reason.contains("2^53"), "\(error)")
+        }
+    }
+
+    /// An inferred plan that would be over what a plan file may hold leaves out the params of
+    /// the events that take most room, and says so: it was written, 19 MB, and `plan check`
+    /// then refused it.
+    @Test func anInferredPlanFitsInAPlanFile() throws {
+        var inference = PlanInference()
+        let padding = String(repeating: "x", count: 200)
+        let params = (0..<4096).map { #""k\#($0)\#(padding)":\#($0)"# }.joined(separator: ",")
+        let sent = (0..<20).map { #"{"type":"when","name":"e\#($0)","params":{\#(params)}}"# }
+        for (seq, line) in sent.enumerated() {
+            let stored = #"{"_seq":\#(seq + 1),"# + line.dropFirst()
+            Array(stored.utf8).withUnsafeBufferPointer { inference.add(record: $0) }
+        }
+        let (text, notes) = inference.proposal()
+        #expect(text.utf8.count <= TrackingPlan.maximumSize)
+        _ = try TrackingPlan.parse(Array(text.utf8))
+        #expect(notes.count >= 1 && notes.allSatisfy { $0.contains("MiB a plan file may be") }, "\(notes)")
+        for line in [sent[0], sent[19]] { #expect(try check(line, text, nil) == nil) }
     }
 
     @Test func namesAPlanGeneratesDoNotCollide() {
