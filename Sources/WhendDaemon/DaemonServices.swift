@@ -55,13 +55,12 @@ package struct DaemonServices: Sendable {
         // The group traps the stop signals before it runs a service: one that came earlier is
         // acted on now (`EarlySignals`).
         let started = NIOLockedValueBox<ServiceGroup?>(nil)
+        let stop: @Sendable () async -> Void = { await started.withLockedValue { $0 }?.triggerGracefulShutdown() }
+        services.append(
+            .init(service: EarlyStop(stop: stop), successTerminationBehavior: .ignore, serviceName: "early-stop"))
         services.append(
             .init(
-                service: EarlyStop { await started.withLockedValue { $0 }?.triggerGracefulShutdown() },
-                successTerminationBehavior: .ignore, serviceName: "early-stop"))
-        services.append(
-            .init(
-                service: Readiness(startup: startup, daemon: daemon), successTerminationBehavior: .ignore,
+                service: Readiness(startup: startup, daemon: daemon, stop: stop), successTerminationBehavior: .ignore,
                 serviceName: "readiness"))
         var configuration = ServiceGroupConfiguration(
             services: services, gracefulShutdownSignals: stopSignals, logger: Self.quiet(daemon.logger))
@@ -145,10 +144,19 @@ private struct Step: Service {
 private struct Readiness: Service {
     let startup: StartupOrder
     let daemon: Daemon
+    let stop: @Sendable () async -> Void
 
     func run() async throws {
         guard await startup.outcome(of: startup.count - 1) == .started else { return }
         daemon.announceReady()
+        // A stop the early handler caught after `EarlyStop` looked is acted on now, not lost:
+        // whether the group's handling of the signals is wholly in place by then is the
+        // runtime's to say (a SIGTERM while whend started once left it running, in a loaded
+        // run of `aSignalWhileWhendStartsIsActedOnOnceItRuns`).
+        if EarlySignals.takeStop() {
+            await stop()
+            return
+        }
         // A SIGHUP while whend started: the configuration it started with may already be old.
         if EarlySignals.takeReload() {
             let configurations = daemon.configurations
