@@ -111,14 +111,9 @@ package struct DaemonConfiguration: Sendable {
     /// pipeline first by name); each other pipeline's instance has `<plugin>@<pipeline>`.
     package func pluginStateName(_ plugin: String, pipeline: String?) -> String {
         guard let pipeline else { return plugin }
-        let home: String? =
-            ingestPlugins.contains(plugin)
-            ? nil
-            : {
-                let places = effectivePipelines.filter { $0.value.contains(plugin) }.keys
-                return places.filter { Self.builtinPipelineDefaults[$0]?.contains(plugin) == true }.min()
-                    ?? places.min()
-            }()
+        if ingestPlugins.contains(plugin) { return plugin + "@" + pipeline }
+        let places = effectivePipelines.filter { $0.value.contains(plugin) }.keys
+        let home = places.filter { Self.builtinPipelineDefaults[$0]?.contains(plugin) == true }.min() ?? places.min()
         return home == pipeline ? plugin : plugin + "@" + pipeline
     }
 

@@ -216,7 +216,7 @@ final class EventConnectionHandler: ChannelDuplexHandler {
             return
         }
         if case .line(let bytes) = piece {
-            if bytes.count > checkBytesLeft, let plan = stage.planToCheckElsewhere {
+            if bytes.count > checkBytesLeft, let plan = stage.plan {
                 checkElsewhere(Array(bytes), plan: plan, context: context)
                 return
             }
@@ -230,7 +230,7 @@ final class EventConnectionHandler: ChannelDuplexHandler {
     /// connection alone waits, its later lines queued behind it, in order.
     private func checkElsewhere(_ line: [UInt8], plan: TrackingPlan, context: ChannelHandlerContext) {
         holding = true
-        let app = stage.planDefaultApp
+        let app = stage.defaultApp
         let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
         let loopContext = NIOLoopBound(context, eventLoop: context.eventLoop)
         NIOThreadPool.singleton.runIfActive(eventLoop: context.eventLoop) {

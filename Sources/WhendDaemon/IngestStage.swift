@@ -26,12 +26,12 @@ struct IngestStage {
 
     private(set) var configuration: DaemonConfiguration
     private var ingest: PluginChain
-    private var plan: TrackingPlan?
+    private(set) var plan: TrackingPlan?
     /// Where violations of the plan are counted (nil: nowhere, as in tests of the stage alone).
     private let metrics: DaemonMetrics?
     /// The app of an event without its own: the hello's, else the sender's process name (as the
     /// encoder stores it), for a plan's per-app rules.
-    private var defaultApp: [UInt8]
+    private(set) var defaultApp: [UInt8]
     private let limiter: SenderRateLimiter
     private let credentials: PeerCredentials
     private let connectionID: UInt64
@@ -100,14 +100,9 @@ struct IngestStage {
 
     /// Lines longer than this may take long to check against the plan: the connection then
     /// has each checked on another thread (`planVerdict(of:…)`) and hands the verdict to
-    /// `take`. An integer, so that no other line touches the plan's reference count for it.
+    /// `take`. An integer, so that no other line touches the plan's reference count for it
+    /// (`plan` is read only for such a line).
     private(set) var longCheckLineBytes = Int.max
-
-    /// The plan, for a line of `longCheckLineBytes` or more.
-    var planToCheckElsewhere: TrackingPlan? { plan }
-
-    /// The app a plan's per-app rules go by for an event that names none.
-    var planDefaultApp: [UInt8] { defaultApp }
 
     /// What `plan` says of `line`, as `take` would check it; nil for a line that is no event
     /// (`take` answers it as ever). Touches nothing of a connection's, so any thread may run it.
@@ -116,9 +111,18 @@ struct IngestStage {
         return line.withUnsafeBufferPointer { bytes in
             guard case .event(let event) = try? EventScanner.scan(bytes, helloAllowed: false, reusing: &members)
             else { return nil }
-            let subject = PlanSubject(type: event.type, fields: event.planFields, codableWhen: event.codableWhen)
-            return defaultApp.withUnsafeBufferPointer { plan.check(subject, in: bytes, defaultApp: $0) }
+            return check(event, bytes, against: plan, defaultApp: defaultApp)
         }
+    }
+
+    /// One check of `event` against `plan`, wherever it runs: inlined, as the check it replaced
+    /// on every event's path was.
+    @inline(__always)
+    private static func check(
+        _ event: ScannedEvent, _ line: UnsafeBufferPointer<UInt8>, against plan: TrackingPlan, defaultApp: [UInt8]
+    ) -> PlanViolation? {
+        let subject = PlanSubject(type: event.type, fields: event.planFields, codableWhen: event.codableWhen)
+        return defaultApp.withUnsafeBufferPointer { plan.check(subject, in: line, defaultApp: $0) }
     }
 
     /// Takes one framed line; returns what the client must be told, if anything.
@@ -200,16 +204,14 @@ struct IngestStage {
     {
         // Borrowed from the stage, which holds it: no reference count touched per event.
         guard let plan else { return nil }
-        let subject = PlanSubject(type: event.type, fields: event.planFields, codableWhen: event.codableWhen)
         let violation: PlanViolation?
         switch verdict {
-        case .unchecked:
-            violation = defaultApp.withUnsafeBufferPointer { plan.check(subject, in: line, defaultApp: $0) }
+        case .unchecked: violation = Self.check(event, line, against: plan, defaultApp: defaultApp)
         case .checked(let known): violation = known
         }
         guard let violation else { return nil }
         let enforced = configuration.trackingPlanMode == .enforce
-        let app = subject.app.map { app in
+        let app = event.planFields.app.map { app in
             let raw = UnsafeBufferPointer(rebasing: line[app.contents])
             return app.escaped ? decodeJSONString(raw) : Array(raw)
         }

@@ -25,7 +25,6 @@ struct SchemaFailure {
     var detail: String
     var reversedPath: [PathStep] = []
 
-    /// `$.params.cart[2].price`; keys that are not plain names as `["a b"]`.
     /// Half a surrogate pair, kept as its three bytes (as whend compares names), written as
     /// the `\\uXXXX` it was sent as: as bytes it is no text, and printed as three U+FFFD.
     static func escapingSurrogates(_ bytes: [UInt8]) -> [UInt8] {
@@ -46,6 +45,7 @@ struct SchemaFailure {
         return out
     }
 
+    /// `$.params.cart[2].price`; keys that are not plain names as `["a b"]`.
     func path(from root: [PathStep]) -> String {
         var out = "$"
         for step in root + reversedPath.reversed() {
