@@ -1,4 +1,5 @@
 import Foundation
+import SeededRandom
 import Testing
 import WhendWire
 
@@ -189,6 +190,44 @@ import WhendWire
             "\($0["event"] as? String ?? "?") \($0["rule"] as? String ?? "?") \($0["count"] as? Int ?? 0)"
         }
         #expect(counts == ["long pattern 2"])
+    }
+
+    /// SIGKILLed while lines wait for a check on another thread, whend loses nothing it
+    /// acknowledged and stores nothing twice, in the order sent: the ack never covers a line
+    /// still waiting, and the lines after it wait with it. Seeded: where the long lines fall,
+    /// and when the kill comes.
+    @Test(arguments: [1, 2, 3])
+    func aKillWhileLinesWaitForTheirCheckLosesNothingAcked(seed: UInt64) throws {
+        var random = SplitMix64(state: seed)
+        let directory = scratchDirectory("plan-kill-\(seed)")
+        let planPath = directory + "/plan.json"
+        let ways = Array(repeating: "a", count: 900).joined(separator: "|")
+        try
+            #"{"events":{"long":{"type":"object","properties":{"s":{"type":"string","pattern":"(\#(ways))*b"}}}},"unplannedEvents":"allow"}"#
+            .write(toFile: planPath, atomically: true, encoding: .utf8)
+        let arguments = ["--tracking-plan", planPath, "--tracking-plan-mode", "report"]
+        let daemon = TestDaemon.live("plan-kill-\(seed)", arguments: arguments)
+        try daemon.start()
+        let text = String(repeating: "a", count: 16_000)
+        let count = 40
+        let lines = (0..<count).map { i in
+            random.int(4) == 0
+                ? #"{"type":"when","name":"long","id":"k-\#(i)","params":{"s":"\#(text)"}}"#
+                : #"{"type":"when","name":"short","id":"k-\#(i)"}"#
+        }
+        let connection = try AckedConnection(daemon.socketPath)
+        try connection.connection.send(lines.joined(separator: "\n") + "\n")
+        try connection.read(until: 1 + random.int(count / 2))
+        daemon.crash()
+        try daemon.start()
+        defer { daemon.stop() }
+        let stored = storedIDs(daemon.journal)
+        #expect(connection.errors.isEmpty, "\(connection.errors)")
+        #expect(
+            lostEvents("k", connection.lastAck, from: Set(stored)).isEmpty,
+            "acked \(connection.lastAck), stored \(stored)")
+        #expect(Set(stored).count == stored.count, "stored twice: \(stored)")
+        #expect(stored == (0..<stored.count).map { "k-\($0)" }, "out of order: \(stored)")
     }
 
     /// A plan path that names a FIFO, a directory or a device is refused at once, saying what
