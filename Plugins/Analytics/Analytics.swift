@@ -59,8 +59,7 @@ final class Analytics: WhendPlugin {
 
     func handle(_ record: PluginRecord, next: PluginNext) throws {
         if record.has(.type, "when") || record.has(.type, "screen") {
-            if let event = filter.event(for: record) {
-                let line = event.bytes
+            if let line = filter.event(for: record) {
                 if line.count > eventMaxBytes {
                     host.log(
                         .warning,
@@ -88,17 +87,6 @@ struct AnalyticsFilter {
         return library.bytes
     }()
 
-    /// Stable per record, so that an event sent twice is one event downstream: `whend-<_seq>-<id>`,
-    /// under the 100 characters Segment allows (a longer id is replaced by its digest).
-    static func messageID(seq: UInt64, id: String) -> String {
-        let plain = "whend-\(seq)-" + id
-        guard plain.utf8.count >= 100 else { return plain }
-        var hash = SipHash128()
-        hash.write(Array(id.utf8))
-        let (a, b) = hash.finalize()
-        return "whend-\(seq)-" + String(a, radix: 16) + String(b, radix: 16)
-    }
-
     var includeApps: Set<String>?
     var excludeApps: Set<String>
     var includeWhens: Set<String>?
@@ -115,12 +103,21 @@ struct AnalyticsFilter {
     }
 
     /// The Segment event for `r`, keys in alphabetical order; nil when the filters leave it out.
-    func event(for r: PluginRecord) -> JSONObjectWriter? {
-        let app = r.string(.app) ?? ""
-        guard includeApps?.contains(app) ?? true, excludeApps.isEmpty || !excludeApps.contains(app) else { return nil }
-        let session = r.string(.session) ?? ""
+    ///
+    /// Written straight into one buffer, the nested objects in place: this runs for every `when`
+    /// and screen view, and building it from a writer per object and a `String` per field was
+    /// most of the plugin's time. A string the event repeats (app, session, id) is copied as
+    /// stored when it is plain printable ASCII, else decoded and escaped again, exactly as the
+    /// writers did it.
+    func event(for r: PluginRecord) -> [UInt8]? {
+        let app = r[.app]
+        if includeApps != nil || !excludeApps.isEmpty {
+            let text = app?.string ?? ""
+            guard includeApps?.contains(text) ?? true, !excludeApps.contains(text) else { return nil }
+        }
+        let session = r[.session]
+        let hasSession = session?.stringContents.map { !$0.isEmpty } ?? false
         let isWhen = r.has(.type, "when")
-        var out = JSONObjectWriter(capacity: 512)
         let name: JSONValue
         if isWhen {
             guard !r.isDerived, let n = r[.name], n.kind == .string else { return nil }
@@ -130,46 +127,172 @@ struct AnalyticsFilter {
             }
             name = n
         } else {
-            let origin = r.string(.origin) ?? "app"
-            guard origin == screensFrom, let n = r[.name], n.kind == .string else { return nil }
+            guard Self.isFrom(r[.origin], screensFrom), let n = r[.name], n.kind == .string else { return nil }
             name = n
         }
+        var out: [UInt8] = []
+        out.reserveCapacity(512)
         // Both ids, the one not given null, and a screen's `category` null: as Segment's own
         // libraries send them.
-        if r[.user] == nil {
-            out.string("anonymousId", session.isEmpty ? app : app + ":" + session)
-        } else {
-            out.null("anonymousId")
-        }
-        if !isWhen { out.null("category") }
-        var context = JSONObjectWriter()
-        var appObject = JSONObjectWriter()
-        appObject.string("name", app)
-        context.object("app", appObject)
-        // Who sent it, where Segment's own libraries say it (`context.library`).
-        context.raw("library", Self.library)
-        if isWhen { context.value("screen", r[.screen]) }
-        if !session.isEmpty { context.string("session", session) }
-        out.object("context", context)
-        if isWhen { out.value("event", name) }
-        out.raw("integrations", Array("{}".utf8))
-        out.string("messageId", Self.messageID(seq: r.seq, id: r.string(.id) ?? app + ":" + session))
-        if !isWhen { out.value("name", name) }
-        if isWhen {
-            if let params = r[.params] {
-                out.value("properties", params)
-            } else {
-                out.raw("properties", Array("{}".utf8))
+        let user = r[.user]
+        if user == nil {
+            Self.literal(#"{"anonymousId":"#, &out)
+            Self.quoted(&out) { text in
+                text.append(app)
+                if hasSession {
+                    text.append(":")
+                    text.append(session)
+                }
             }
         } else {
-            var properties = JSONObjectWriter()
-            properties.value("previous", r[.previous].flatMap { $0.kind == .string ? $0 : nil })
-            out.object("properties", properties)
+            Self.literal(#"{"anonymousId":null"#, &out)
         }
-        if let time = r.time { out.value("timestamp", time) } else { out.string("timestamp", "") }
-        out.string("type", isWhen ? "track" : "screen")
-        out.valueOrNull("userId", r[.user])
+        if !isWhen { Self.literal(#","category":null"#, &out) }
+        Self.literal(#","context":{"app":{"name":"#, &out)
+        Self.quoted(&out) { $0.append(app) }
+        // Who sent it, where Segment's own libraries say it (`context.library`).
+        Self.literal(#"},"library":"#, &out)
+        out += Self.library
+        if isWhen, let screen = r[.screen] { Self.member(#","screen":"#, screen, &out) }
+        if hasSession {
+            Self.literal(#","session":"#, &out)
+            Self.quoted(&out) { $0.append(session) }
+        }
+        Self.literal("}", &out)
+        if isWhen { Self.member(#","event":"#, name, &out) }
+        Self.literal(#","integrations":{},"messageId":"#, &out)
+        Self.messageID(seq: r.seq, &out) { text in
+            if let id = r[.id], id.kind == .string {
+                text.append(id)
+            } else {
+                text.append(app)
+                text.append(":")
+                text.append(session)
+            }
+        }
+        if !isWhen { Self.member(#","name":"#, name, &out) }
+        if isWhen {
+            Self.member(#","properties":"#, r[.params], or: "{}", &out)
+        } else if let previous = r[.previous], previous.kind == .string {
+            Self.member(#","properties":{"previous":"#, previous, &out)
+            Self.literal("}", &out)
+        } else {
+            Self.literal(#","properties":{}"#, &out)
+        }
+        Self.member(#","timestamp":"#, r.time, or: #""""#, &out)
+        Self.literal(isWhen ? #","type":"track""# : #","type":"screen""#, &out)
+        Self.member(#","userId":"#, user, or: "null", &out)
+        Self.literal("}", &out)
         return out
+    }
+
+    /// Whether a record's `_origin` (`app` when it has none) is `source`.
+    private static func isFrom(_ origin: JSONValue?, _ source: String) -> Bool {
+        guard let origin, let contents = origin.stringContents else { return source == "app" }
+        guard DecodedText.isPlain(contents) else { return origin.string == source }
+        var source = source
+        return source.withUTF8 { JSONBytes.equal(contents, $0) }
+    }
+
+    @inline(__always)
+    private static func literal(_ text: StaticString, _ out: inout [UInt8]) {
+        out.append(contentsOf: UnsafeBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
+    }
+
+    @inline(__always)
+    private static func member(_ prefix: StaticString, _ value: JSONValue, _ out: inout [UInt8]) {
+        literal(prefix, &out)
+        out.append(contentsOf: value.raw)
+    }
+
+    @inline(__always)
+    private static func member(
+        _ prefix: StaticString, _ value: JSONValue?, or absent: StaticString, _ out: inout [UInt8]
+    ) {
+        literal(prefix, &out)
+        if let value { out.append(contentsOf: value.raw) } else { literal(absent, &out) }
+    }
+
+    /// A JSON string of the text `body` appends.
+    private static func quoted(_ out: inout [UInt8], _ body: (inout DecodedText) -> Void) {
+        var text = DecodedText(out: out, start: out.count + 1)
+        out = []
+        text.out.append(UInt8(ascii: "\""))
+        body(&text)
+        out = text.finishQuoted()
+    }
+
+    /// Stable per record, so that an event sent twice is one event downstream: `whend-<_seq>-<id>`
+    /// as a JSON string, `id` the text `body` appends, under the 100 characters Segment allows (a
+    /// longer id is replaced by its digest).
+    private static func messageID(seq: UInt64, _ out: inout [UInt8], _ body: (inout DecodedText) -> Void) {
+        var text = DecodedText(out: out, start: out.count + 1)
+        out = []
+        text.out.append(UInt8(ascii: "\""))
+        literal("whend-", &text.out)
+        JSONBytes.appendDecimal(seq, to: &text.out)
+        text.out.append(UInt8(ascii: "-"))
+        let idStart = text.out.count
+        body(&text)
+        if text.out.count - text.start >= 100 {
+            let id = Array(text.out[idStart...])
+            text.out.removeSubrange(idStart...)
+            var hash = SipHash128()
+            hash.write(id)
+            let (a, b) = hash.finalize()
+            text.out.append(contentsOf: (String(a, radix: 16) + String(b, radix: 16)).utf8)
+        }
+        out = text.finishQuoted()
+    }
+}
+
+/// The decoded text of string fields, appended after an opening quote: a field's contents as
+/// stored when they are plain printable ASCII (nothing to decode, nothing to escape), else
+/// decoded as `JSONValue.string` decodes them. `finishQuoted()` escapes the text again where it
+/// needs it and closes the quote.
+struct DecodedText {
+    var out: [UInt8]
+    /// Where the text starts in `out`.
+    let start: Int
+    /// Whether every byte appended is plain printable ASCII other than a quote or backslash.
+    private var plain = true
+
+    init(out: [UInt8], start: Int) {
+        self.out = out
+        self.start = start
+    }
+
+    /// A string field's text; nothing for a field that is absent or not a string.
+    mutating func append(_ value: JSONValue?) {
+        guard let value, let contents = value.stringContents else { return }
+        if Self.isPlain(contents) {
+            out.append(contentsOf: contents)
+        } else if let text = value.string {
+            plain = false
+            out.append(contentsOf: text.utf8)
+        }
+    }
+
+    mutating func append(_ text: StaticString) {
+        out.append(contentsOf: UnsafeBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
+    }
+
+    consuming func finishQuoted() -> [UInt8] {
+        if plain {
+            out.append(UInt8(ascii: "\""))
+            return out
+        }
+        let text = Array(out[start...])
+        out.removeSubrange((start - 1)...)
+        appendJSONString(text, to: &out)
+        return out
+    }
+
+    static func isPlain(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+        for b in bytes where b < 0x20 || b >= 0x7F || b == UInt8(ascii: "\"") || b == UInt8(ascii: "\\") {
+            return false
+        }
+        return true
     }
 }
 

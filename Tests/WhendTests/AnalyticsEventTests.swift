@@ -1,0 +1,167 @@
+import Foundation
+import SeededRandom
+import Testing
+import WhendJournal
+import WhendWire
+
+/// analytics' Segment events carry what the app sent, decoded: for any string an app may send
+/// as its app, session, user, id, screen or names (escaped or not, quotes, backslashes, control
+/// characters, non-ASCII, pairs and lone halves of surrogates, ids long enough to be digested),
+/// each event read by a JSON reader holds exactly those strings where Segment's shape puts them.
+/// The events are built straight as bytes, copying the plain strings as stored; this is the
+/// promise that copying keeps.
+@Suite struct AnalyticsEventTests {
+    /// A piece of text as the app means it and as its JSON spells it.
+    private static let pieces: [(text: String, json: String)] = [
+        ("a", "a"), ("Zz9", "Zz9"), (":", ":"), (" ", " "), ("-", "-"), ("\"", #"\""#), ("\\", #"\\"#),
+        ("\n", #"\n"#), ("\u{1}", #"\u0001"#), ("\u{1F}", #"\u001f"#), ("/", #"\/"#), ("A", #"\u0041"#),
+        ("é", "é"), ("é", #"\u00e9"#), ("日本", "日本"), ("😀", "😀"), ("😀", #"\ud83d\ude00"#),
+        ("\u{FFFD}", #"\ud800"#), ("\u{7F}", "\u{7F}"), ("~", "~"),
+    ]
+
+    /// A string of 1 to `most` pieces whose JSON spelling stays within `bytes`. Strings the event
+    /// copies as stored (names, screens, the user) have no lone surrogate: the JSON reader here refuses one,
+    /// as many do, where the strings the event decodes turn it into U+FFFD.
+    private static func text(_ random: inout SplitMix64, most: Int, bytes: Int = 120, copied: Bool = false) -> (
+        text: String, json: String
+    ) {
+        var text = ""
+        var json = ""
+        for _ in 0..<(1 + random.int(most)) {
+            let piece = pieces[random.int(pieces.count)]
+            if copied && piece.json == #"\ud800"# { continue }
+            guard json.utf8.count + piece.json.utf8.count <= bytes, text.utf8.count + piece.text.utf8.count <= bytes
+            else { break }
+            text += piece.text
+            json += piece.json
+        }
+        if text.isEmpty { return ("a", "a") }
+        return (text, json)
+    }
+
+    private struct Sent {
+        var isWhen: Bool
+        var app: String
+        var session: String
+        var user: String?
+        var id: String?
+        var name: String
+        var screen: String?
+        var previous: String?
+        var line: String
+    }
+
+    private static func generate(seed: UInt64, count: Int) -> [Sent] {
+        var random = SplitMix64(state: seed)
+        var sent: [Sent] = []
+        for _ in 0..<count {
+            let app = text(&random, most: 6)
+            let session = text(&random, most: 6)
+            let user = random.int(3) == 0 ? text(&random, most: 4, copied: true) : nil
+            // Some ids long enough that `whend-<seq>-<id>` reaches Segment's 100 characters.
+            let id: (text: String, json: String)?
+            switch random.int(4) {
+            case 0: id = nil
+            case 1:
+                let long = String(repeating: "x", count: 80 + random.int(48))
+                id = (long, long)
+            default: id = text(&random, most: 30)
+            }
+            let isWhen = random.int(2) == 0
+            var fields = [
+                #""app":"\#(app.json)""#, #""session":"\#(session.json)""#,
+            ]
+            if let user { fields.append(#""user":"\#(user.json)""#) }
+            if let id { fields.append(#""id":"\#(id.json)""#) }
+            let name: String
+            var screen: (text: String, json: String)?
+            var previous: (text: String, json: String)?
+            if isWhen {
+                name = "userDoes" + String(random.int(1000))
+                screen = random.int(2) == 0 ? text(&random, most: 5, copied: true) : nil
+                fields = [#""type":"when""#, #""name":"\#(name)""#, #""params":{"k":"v"}"#] + fields
+                if let screen { fields.append(#""screen":"\#(screen.json)""#) }
+            } else {
+                let shown = text(&random, most: 6, copied: true)
+                name = shown.text
+                previous = random.int(2) == 0 ? text(&random, most: 5, copied: true) : nil
+                fields = [#""type":"screen""#, #""name":"\#(shown.json)""#] + fields
+                if let previous { fields.append(#""previous":"\#(previous.json)""#) }
+            }
+            sent.append(
+                Sent(
+                    isWhen: isWhen, app: app.text, session: session.text, user: user?.text, id: id?.text,
+                    name: name, screen: screen?.text, previous: previous?.text,
+                    line: "{" + fields.joined(separator: ",") + "}"))
+        }
+        return sent
+    }
+
+    private static func messageID(seq: UInt64, id: String) -> String {
+        let plain = "whend-\(seq)-" + id
+        guard plain.utf8.count >= 100 else { return plain }
+        var hash = SipHash128()
+        hash.write(Array(id.utf8))
+        let (a, b) = hash.finalize()
+        return "whend-\(seq)-" + String(a, radix: 16) + String(b, radix: 16)
+    }
+
+    @Test(arguments: [1, 2, 3] as [UInt64])
+    func everyEventCarriesTheStringsTheAppSentDecoded(seed: UInt64) throws {
+        let sent = Self.generate(seed: seed, count: 437)
+        let daemon = TestDaemon("analytics-strings-\(seed)")
+        try daemon.start()
+        let answers = try exchange(daemon.socketPath, [#"{"hello":{"protocol":1,"acks":true}}"#] + sent.map(\.line))
+        #expect(answers.errors.isEmpty, "refused: \(answers.errors.prefix(3))")
+        #expect(answers.acks.last == sent.count)
+        _ = daemon.stop()
+
+        var seqs: [UInt64] = []
+        JournalReader(directory: daemon.journal).read { record, _ in
+            if let seq = record.seq { seqs.append(seq) }
+            return true
+        } onProblem: {
+            Issue.record("journal problem: \($0)")
+        }
+        try #require(seqs.count == sent.count, "\(seqs.count) records stored of \(sent.count)")
+
+        let out = scratchDirectory("analytics-strings-out-\(seed)")
+        let replay = try whenctl([
+            "replay", "--journal", daemon.stateDirectory + "/journal", "--plugin", executable("libanalytics.so"),
+            "--plugin-config", #"{"screens_from":"app"}"#, "--state-out", out,
+        ])
+        try #require(replay.status == 0, "\(replay.error)")
+        let file = FileManager.default.contents(atPath: out + "/analytics/events.ndjson") ?? Data()
+        let events = file.split(separator: 0x0A).flatMap { line -> [[String: Any]] in
+            let batch = (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any]
+            return batch?["batch"] as? [[String: Any]] ?? []
+        }
+        try #require(events.count == sent.count, "\(events.count) events for \(sent.count) records")
+
+        var wrong: [String] = []
+        for (i, (event, s)) in zip(events, sent).enumerated() {
+            func check(_ what: String, _ got: Any?, _ expected: String?) {
+                let value = got as? String
+                if value != expected || (expected == nil && got != nil && !(got is NSNull)) {
+                    wrong.append("event \(i) \(what): \(String(describing: got)) ≠ \(String(describing: expected))")
+                }
+            }
+            let context = event["context"] as? [String: Any] ?? [:]
+            check("type", event["type"], s.isWhen ? "track" : "screen")
+            check("anonymousId", event["anonymousId"], s.user == nil ? s.app + ":" + s.session : nil)
+            check("userId", event["userId"], s.user)
+            check("context.app.name", (context["app"] as? [String: Any])?["name"], s.app)
+            check("context.session", context["session"], s.session)
+            check("context.screen", context["screen"], s.isWhen ? s.screen : nil)
+            check("messageId", event["messageId"], Self.messageID(seq: seqs[i], id: s.id ?? s.app + ":" + s.session))
+            check(s.isWhen ? "event" : "name", event[s.isWhen ? "event" : "name"], s.name)
+            let properties = event["properties"] as? [String: Any]
+            if s.isWhen {
+                check("properties.k", properties?["k"], "v")
+            } else {
+                check("properties.previous", properties?["previous"], s.previous)
+            }
+        }
+        #expect(wrong.isEmpty, "\(wrong.count) fields wrong: \(wrong.prefix(5))")
+    }
+}
