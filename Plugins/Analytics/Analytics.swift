@@ -87,18 +87,21 @@ struct AnalyticsFilter {
         return library.bytes
     }()
 
-    var includeApps: Set<String>?
-    var excludeApps: Set<String>
-    var includeWhens: Set<String>?
-    var excludeWhens: Set<String>
+    // By their UTF-8 bytes: Swift's `String` equality takes "é" and "e\u{301}" for one app,
+    // and an app id or a `when` name is the bytes the app sent, nothing it looks like.
+    var includeApps: Set<[UInt8]>?
+    var excludeApps: Set<[UInt8]>
+    var includeWhens: Set<[UInt8]>?
+    var excludeWhens: Set<[UInt8]>
     /// Screen views from screen-tracking (default), or the `screen` events apps send.
     var screensFrom: String
 
     init(_ c: [String: Any]) {
-        includeApps = (c["include_apps"] as? [String]).map(Set.init)
-        excludeApps = Set(c["exclude_apps"] as? [String] ?? [])
-        includeWhens = (c["include_whens"] as? [String]).map(Set.init)
-        excludeWhens = Set(c["exclude_whens"] as? [String] ?? [])
+        func bytes(_ key: String) -> Set<[UInt8]>? { (c[key] as? [String]).map { Set($0.map { Array($0.utf8) }) } }
+        includeApps = bytes("include_apps")
+        excludeApps = bytes("exclude_apps") ?? []
+        includeWhens = bytes("include_whens")
+        excludeWhens = bytes("exclude_whens") ?? []
         screensFrom = c["screens_from"] as? String ?? "screen-tracking"
     }
 
@@ -112,7 +115,7 @@ struct AnalyticsFilter {
     func event(for r: PluginRecord) -> [UInt8]? {
         let app = r[.app]
         if includeApps != nil || !excludeApps.isEmpty {
-            let text = app?.string ?? ""
+            let text = Array((app?.string ?? "").utf8)
             guard includeApps?.contains(text) ?? true, !excludeApps.contains(text) else { return nil }
         }
         let session = r[.session]
@@ -122,7 +125,7 @@ struct AnalyticsFilter {
         if isWhen {
             guard !r.isDerived, let n = r[.name], n.kind == .string else { return nil }
             if includeWhens != nil || !excludeWhens.isEmpty {
-                let text = n.string ?? ""
+                let text = Array((n.string ?? "").utf8)
                 guard includeWhens?.contains(text) ?? true, !excludeWhens.contains(text) else { return nil }
             }
             name = n
@@ -223,7 +226,7 @@ struct AnalyticsFilter {
     }
 
     /// Stable per record, so that an event sent twice is one event downstream: `whend-<_seq>-<id>`
-    /// as a JSON string, `id` the text `body` appends, under the 100 characters Segment allows (a
+    /// as a JSON string, `id` the text `body` appends, under the 100 characters Segment allows, counted in UTF-8 bytes (a
     /// longer id is replaced by its digest).
     private static func messageID(seq: UInt64, _ out: inout [UInt8], _ body: (inout DecodedText) -> Void) {
         var text = DecodedText(out: out, start: out.count + 1)

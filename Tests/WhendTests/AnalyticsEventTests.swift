@@ -164,4 +164,45 @@ import WhendWire
         }
         #expect(wrong.isEmpty, "\(wrong.count) fields wrong: \(wrong.prefix(5))")
     }
+
+    /// An app filter selects the app ids spelled exactly as configured: spellings Unicode takes
+    /// for the same text ("é" and "e" with a combining accent, the Ångström sign and "Å") are
+    /// different apps, and excluding one leaves the others.
+    @Test func appFiltersMatchTheBytesOfAnAppNotWhatItLooksLike() throws {
+        let spellings = ["\u{E9}", "e\u{301}", "\u{C5}", "\u{212B}", "A\u{30A}"]
+        var random = SplitMix64(state: 7)
+        let apps = (0..<200).map { _ in spellings[random.int(spellings.count)] }
+        let daemon = TestDaemon("analytics-filter")
+        try daemon.start()
+        let lines = apps.map { #"{"type":"when","name":"tap","app":"\#($0)","session":"s"}"# }
+        let answers = try exchange(daemon.socketPath, [#"{"hello":{"protocol":1,"acks":true}}"#] + lines)
+        #expect(answers.errors.isEmpty && answers.acks.last == apps.count)
+        _ = daemon.stop()
+
+        func replayedApps(_ configuration: String) throws -> [[UInt8]] {
+            let out = scratchDirectory("analytics-filter-out")
+            let replay = try whenctl([
+                "replay", "--journal", daemon.stateDirectory + "/journal", "--plugin",
+                executable("libanalytics.so"), "--plugin-config", configuration, "--state-out", out,
+            ])
+            try #require(replay.status == 0, "\(replay.error)")
+            let file = FileManager.default.contents(atPath: out + "/analytics/events.ndjson") ?? Data()
+            return file.split(separator: 0x0A).flatMap { line -> [[UInt8]] in
+                let batch = (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any]
+                return (batch?["batch"] as? [[String: Any]] ?? []).map {
+                    let context = $0["context"] as? [String: Any]
+                    return Array(((context?["app"] as? [String: Any])?["name"] as? String ?? "").utf8)
+                }
+            }
+        }
+        for chosen in spellings {
+            let bytes = Array(chosen.utf8)
+            let included = try replayedApps(#"{"include_apps":["\#(chosen)"]}"#)
+            #expect(included.count == apps.filter { Array($0.utf8) == bytes }.count, "include \(bytes)")
+            #expect(included.allSatisfy { $0 == bytes }, "include \(bytes)")
+            let excluded = try replayedApps(#"{"exclude_apps":["\#(chosen)"]}"#)
+            #expect(excluded.count == apps.filter { Array($0.utf8) != bytes }.count, "exclude \(bytes)")
+            #expect(!excluded.contains(bytes), "exclude \(bytes)")
+        }
+    }
 }
