@@ -2,13 +2,15 @@ import BuiltinPluginSupport
 import Foundation
 import PluginHTTP
 import WhendPluginSDK
+import WhendSystem
 import WhendWire
 
 /// Turns `when` records into track events and screen views into screen events, in the Segment
 /// HTTP Tracking API's batch shape, and delivers the batches to an NDJSON file and/or an HTTP
-/// endpoint. Events wait in a spool file under the plugin's state directory until delivered,
-/// so a restart loses none; `messageId` is stable per record, so that what is sent twice after a
-/// failure de-duplicates downstream. The configuration keys are in docs/plugins.md.
+/// endpoint. With an endpoint, events wait in a spool file under the plugin's state directory
+/// until delivered, so a restart loses none; with only a file, the file is where they wait
+/// (`AnalyticsFileBatches`). `messageId` is stable per record, so that what is sent twice after
+/// a failure de-duplicates downstream. The configuration keys are in docs/plugins.md.
 final class Analytics: WhendPlugin {
     static let name = "analytics"
     static let version = "1.0.0"
@@ -17,8 +19,14 @@ final class Analytics: WhendPlugin {
     private let host: PluginHost
     private let filter: AnalyticsFilter
     private let eventMaxBytes: Int
-    private let spool: AnalyticsSpool
-    private let sender: AnalyticsSender
+    private let route: Route
+
+    /// Where events go: straight to the file from the pipeline's thread when it is the only
+    /// destination, else through the spool and its sender thread.
+    private enum Route {
+        case file(AnalyticsFileBatches)
+        case spool(AnalyticsSpool, AnalyticsSender)
+    }
 
     init(host: PluginHost, configuration c: [String: Any]) throws {
         self.host = host
@@ -40,22 +48,62 @@ final class Analytics: WhendPlugin {
         guard file != nil || delivery != nil else {
             throw PluginError.fail(#"analytics: nowhere to send: set "file" or "endpoint""#)
         }
-        spool = try AnalyticsSpool(
-            path: host.stateDirectory + "/spool.ndjson", maxBytes: c["spool_max_bytes"] as? Int ?? 64 << 20,
-            compactBytes: c["spool_compact_bytes"] as? Int ?? 1 << 20)
-        sender = AnalyticsSender(
-            spool: spool, host: host, file: file, delivery: delivery, writeKey: writeKey,
-            batchEvents: c["batch_events"] as? Int ?? 100, batchBytes: c["batch_max_bytes"] as? Int ?? 500_000,
-            flushInterval: c["flush_interval"] as? Double ?? 1, timeout: timeout)
-        sender.start()
+        // Segment takes at most 2,500 events and 500 KB in a batch.
+        let batchEvents = max(1, min(c["batch_events"] as? Int ?? 100, 2_500))
+        let batchBytes = max(1024, min(c["batch_max_bytes"] as? Int ?? 500_000, 500_000))
+        let spoolPath = host.stateDirectory + "/spool.ndjson"
+        if delivery == nil, let file {
+            let batches = AnalyticsFileBatches(
+                file: AnalyticsFileDestination(path: file), host: host, batchEvents: batchEvents,
+                batchBytes: batchBytes)
+            try Self.drainSpool(at: spoolPath, into: batches)
+            route = .file(batches)
+        } else {
+            let spool = try AnalyticsSpool(
+                path: spoolPath, maxBytes: c["spool_max_bytes"] as? Int ?? 64 << 20,
+                compactBytes: c["spool_compact_bytes"] as? Int ?? 1 << 20)
+            let sender = AnalyticsSender(
+                spool: spool, host: host, file: file, delivery: delivery, writeKey: writeKey,
+                batchEvents: batchEvents, batchBytes: batchBytes, flushInterval: c["flush_interval"] as? Double ?? 1,
+                timeout: timeout)
+            sender.start()
+            route = .spool(spool, sender)
+        }
         host.log(
             .info,
             "analytics to \([file, delivery?.endpoint.absoluteString].compactMap { $0 }.joined(separator: " and "))")
     }
 
-    deinit { sender.stop() }
+    deinit { if case .spool(_, let sender) = route { sender.stop() } }
 
-    func flush() throws { try spool.flush() }
+    /// Events a spool holds (an endpoint configured before, or an older whend) go to the file
+    /// before any new one, and then the spool goes: nothing waits in it that no sender will send.
+    /// Opened as the spool always is, so a link put in its place is refused, not followed.
+    private static func drainSpool(at path: String, into batches: AnalyticsFileBatches) throws {
+        var status = stat()
+        guard lstat(path, &status) == 0 else { return }
+        let spool = try AnalyticsSpool(path: path, maxBytes: .max)
+        while case let events = spool.peek(maxEvents: 2_500, maxBytes: .max, wait: 0), !events.isEmpty {
+            for event in events { try batches.append(event) }
+            spool.remove(events.count)
+        }
+        try batches.flush()
+        guard unlink(path) == 0 || errno == ENOENT else {
+            throw PluginError.fail("analytics: cannot remove the spool \(path): \(String(cString: strerror(errno)))")
+        }
+        do {
+            try DurableFile.syncDirectory(of: path)
+        } catch {
+            throw PluginError.fail("analytics: \(error)")
+        }
+    }
+
+    func flush() throws {
+        switch route {
+        case .file(let batches): try batches.flush()
+        case .spool(let spool, _): try spool.flush()
+        }
+    }
 
     func handle(_ record: PluginRecord, next: PluginNext) throws {
         if record.has(.type, "when") || record.has(.type, "screen") {
@@ -66,7 +114,9 @@ final class Analytics: WhendPlugin {
                         "analytics: the event of _seq \(record.seq) is \(line.count) bytes, over event_max_bytes \(eventMaxBytes); not sent"
                     )
                     host.count("oversized")
-                } else if try !spool.append(line) {
+                } else if case .file(let batches) = route {
+                    try batches.append(line)
+                } else if case .spool(let spool, _) = route, try !spool.append(line) {
                     // The destination has been down for long: hold the pipeline at this record.
                     throw PluginError.fail(
                         "analytics: the spool is full (\(spool.maxBytes) bytes); is the destination down?")

@@ -162,26 +162,8 @@ final class AnalyticsSender: @unchecked Sendable {
                 }
             }
         }
-        // Stopping with only a file to deliver to: what waits goes to it now, not at the next
-        // start (a replay's file ended a partial batch short, however long the stop waited).
-        if delivery == nil, let file { drain(to: file) }
         // Stopping: what was delivered leaves the spool, so that a restart sends none of it again.
         if spool.holdsDelivered { try? spool.compact { try file?.sync() } }
-    }
-
-    /// Writes every event still waiting to the file, in batches; one that cannot be written stays
-    /// in the spool for the next start.
-    private func drain(to file: AnalyticsFileDestination) {
-        while case let batch = spool.peek(maxEvents: batchEvents, maxBytes: batchBytes, wait: 0), !batch.isEmpty {
-            do {
-                try file.append(Self.batchBody(batch, writeKey: nil) + [0x0A])
-            } catch {
-                host.log(.error, "analytics: cannot write \(file.path): \(error); the rest is sent at the next start")
-                return
-            }
-            host.count("events_sent", by: Int64(batch.count))
-            spool.remove(batch.count)
-        }
     }
 
     /// A batch as Segment's libraries post it: `{"batch":[…],"sentAt":…,"writeKey":…}`, `sentAt`

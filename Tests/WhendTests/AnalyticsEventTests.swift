@@ -205,4 +205,89 @@ import WhendWire
             #expect(!excluded.contains(bytes), "exclude \(bytes)")
         }
     }
+
+    /// With only a file, the pipeline writes the batches itself: whatever `batch_events` and
+    /// `batch_max_bytes` say and whatever the events' sizes, each line is one batch within those
+    /// bounds (its events and separators at most the bytes less 64, or a single event), and the
+    /// lines together hold every event once, in the journal's order.
+    @Test(arguments: [11, 12, 13] as [UInt64])
+    func fileBatchesKeepTheirBoundsAndEveryEventOnce(seed: UInt64) throws {
+        var random = SplitMix64(state: seed)
+        let daemon = TestDaemon("analytics-batches-\(seed)")
+        try daemon.start()
+        let count = 300 + random.int(300)
+        let lines = (0..<count).map { i in
+            #"{"type":"when","name":"e\#(i)","app":"a","session":"s","params":{"p":"\#(String(repeating: "x", count: random.int(3000)))"}}"#
+        }
+        let answers = try exchange(daemon.socketPath, [#"{"hello":{"protocol":1,"acks":true}}"#] + lines)
+        #expect(answers.errors.isEmpty && answers.acks.last == count)
+        _ = daemon.stop()
+        let batchEvents = 1 + random.int(120)
+        let batchBytes = 1024 + random.int(40_000)
+        let out = scratchDirectory("analytics-batches-out")
+        let replay = try whenctl([
+            "replay", "--journal", daemon.stateDirectory + "/journal", "--plugin", executable("libanalytics.so"),
+            "--plugin-config", #"{"batch_events":\#(batchEvents),"batch_max_bytes":\#(batchBytes)}"#,
+            "--state-out", out,
+        ])
+        try #require(replay.status == 0, "\(replay.error)")
+        let file = FileManager.default.contents(atPath: out + "/analytics/events.ndjson") ?? Data()
+        var names: [String] = []
+        for line in file.split(separator: 0x0A) {
+            let batch = try #require(
+                (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any], "a line is not JSON")
+            let events = batch["batch"] as? [[String: Any]] ?? []
+            #expect(!events.isEmpty && events.count <= batchEvents, "\(events.count) events, at most \(batchEvents)")
+            // The events as the batch joins them, between `{"batch":[` and `],"sentAt"`; the sender's
+            // measure is each event's bytes and one separator: one byte more.
+            let text = String(decoding: line, as: UTF8.self)
+            let end = try #require(text.range(of: #"],"sentAt":"#))
+            let eventBytes =
+                text.utf8.distance(from: text.startIndex, to: end.lowerBound) - #"{"batch":["#.utf8.count + 1
+            #expect(
+                events.count == 1 || eventBytes <= batchBytes - 64, "\(eventBytes) bytes, at most \(batchBytes - 64)")
+            names += events.compactMap { $0["event"] as? String }
+        }
+        #expect(names == (0..<count).map { "e\($0)" }, "\(names.count) events of \(count)")
+    }
+
+    /// Events a spool holds when the endpoint leaves the configuration (the destination was
+    /// down) reach the file, each once, before the new ones; and the spool goes, since nothing
+    /// would send what waits in it.
+    @Test func eventsASpoolHoldsReachTheFileWhenOnlyAFileIsLeft() throws {
+        let server = try HTTPTestServer(answers: [.init(status: 503)])
+        defer { server.stop() }
+        let endpoint =
+            #"plugin.analytics = {"endpoint": "http://127.0.0.1:\#(server.port)/v1/batch", "file": null, "max_backoff": 0.2}"#
+        let first = try daemonWithBuiltins("analytics-drain", settings: endpoint)
+        let early = (1...30).map { #"{"type":"when","name":"early\#($0)"}"# }
+        try sendSession(first, app: "com.example.drain", session: "d", early)
+        #expect(try first.waitForPipeline("analytics", cursor: early.count))
+        _ = first.stop()
+        let spool = first.stateDirectory + "/plugins/analytics/spool.ndjson"
+        let waiting = (try? String(contentsOfFile: spool, encoding: .utf8))?.split(separator: "\n").count ?? 0
+        #expect(waiting == early.count, "\(waiting) events in the spool")
+
+        let directory = scratchDirectory("analytics-drain-conf")
+        try "\n".write(toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
+        let second = TestDaemon(
+            "analytics-drain-2", arguments: ["--builtin-pipelines", "true", "--config", directory + "/whend.conf"],
+            stateDirectory: first.stateDirectory)
+        try second.start()
+        defer { second.stop() }
+        let late = (1...20).map { #"{"type":"when","name":"late\#($0)"}"# }
+        try sendSession(second, app: "com.example.drain", session: "d", late)
+        #expect(try second.waitForPipelinesToCatchUp())
+        let file = second.stateDirectory + "/plugins/analytics/events.ndjson"
+        func names() -> [String] {
+            let data = FileManager.default.contents(atPath: file) ?? Data()
+            return data.split(separator: 0x0A).flatMap { line -> [String] in
+                let batch = (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any]
+                return (batch?["batch"] as? [[String: Any]] ?? []).compactMap { $0["event"] as? String }
+            }
+        }
+        let expected = (1...30).map { "early\($0)" } + (1...20).map { "late\($0)" }
+        #expect(eventually(30) { names() == expected }, "\(names())")
+        #expect(!FileManager.default.fileExists(atPath: spool), "the spool is still there")
+    }
 }
