@@ -70,6 +70,13 @@ private let tap = #"{"type":"when","when":{"userTapsCharacter":{"characterId":10
         }
         #expect(eventually { journeys.keys.allSatisfy { views($0).count >= 3 } })
         #expect(try daemon.waitForPipelinesToCatchUp())  // a fourth view would be stored by now
+        // Its counters say what it derived: counted at its checkpoints, not at each record.
+        func counted() -> [String: Int] {
+            let pipeline = try? daemon.pipeline("screens")
+            let counters = (pipeline?["counters"] as? [String: Any])?["screen-tracking"] as? [String: Any]
+            return (counters ?? [:]).compactMapValues { $0 as? Int }
+        }
+        #expect(eventually { counted() == ["screen": 15, "screen_time": 10] }, "\(counted())")
         daemon.stop()
         for session in journeys.keys {
             let v = views(session)
