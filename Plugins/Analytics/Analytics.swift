@@ -19,6 +19,8 @@ final class Analytics: WhendPlugin {
     private let host: PluginHost
     private let filter: AnalyticsFilter
     private let eventMaxBytes: Int
+    /// What `eventMaxBytes` comes from, as the log says it.
+    private let eventBound: String
     private let route: Route
 
     /// Where events go: straight to the file from the pipeline's thread when it is the only
@@ -31,7 +33,6 @@ final class Analytics: WhendPlugin {
     init(host: PluginHost, configuration c: [String: Any]) throws {
         self.host = host
         filter = AnalyticsFilter(c)
-        eventMaxBytes = c["event_max_bytes"] as? Int ?? 32_000
         let file: String? =
             c["file"] is NSNull ? nil : (c["file"] as? String ?? host.stateDirectory + "/events.ndjson")
         let writeKey = c["write_key"] as? String
@@ -51,6 +52,13 @@ final class Analytics: WhendPlugin {
         // Segment takes at most 2,500 events and 500 KB in a batch.
         let batchEvents = max(1, min(c["batch_events"] as? Int ?? 100, 2_500))
         let batchBytes = max(1024, min(c["batch_max_bytes"] as? Int ?? 500_000, 500_000))
+        // An event a batch cannot hold within its bound is oversized too.
+        let configured = c["event_max_bytes"] as? Int ?? 32_000
+        eventMaxBytes = min(configured, batchBytes - 65)
+        eventBound =
+            eventMaxBytes == configured
+            ? "event_max_bytes \(configured)"
+            : "the \(eventMaxBytes) bytes a batch of batch_max_bytes \(batchBytes) holds"
         let spoolPath = host.stateDirectory + "/spool.ndjson"
         if delivery == nil, let file {
             let batches = AnalyticsFileBatches(
@@ -62,6 +70,7 @@ final class Analytics: WhendPlugin {
             let spool = try AnalyticsSpool(
                 path: spoolPath, maxBytes: c["spool_max_bytes"] as? Int ?? 64 << 20,
                 compactBytes: c["spool_compact_bytes"] as? Int ?? 1 << 20)
+            Self.sayDamaged(spool, host: host)
             let sender = AnalyticsSender(
                 spool: spool, host: host, file: file, delivery: delivery, writeKey: writeKey,
                 batchEvents: batchEvents, batchBytes: batchBytes, flushInterval: c["flush_interval"] as? Double ?? 1,
@@ -83,6 +92,7 @@ final class Analytics: WhendPlugin {
         var status = stat()
         guard lstat(path, &status) == 0 else { return }
         let spool = try AnalyticsSpool(path: path, maxBytes: .max)
+        sayDamaged(spool, host: batches.host)
         while case let events = spool.peek(maxEvents: 2_500, maxBytes: .max, wait: 0), !events.isEmpty {
             for event in events { try batches.append(event) }
             spool.remove(events.count)
@@ -98,6 +108,15 @@ final class Analytics: WhendPlugin {
         }
     }
 
+    private static func sayDamaged(_ spool: AnalyticsSpool, host: PluginHost) {
+        guard spool.damagedLines > 0 else { return }
+        host.log(
+            .warning,
+            "analytics: \(spool.damagedLines) lines of the spool were not whole events (a write cut short?) and are left out"
+        )
+        host.count("spool_lines_damaged", by: Int64(spool.damagedLines))
+    }
+
     func flush() throws {
         switch route {
         case .file(let batches): try batches.flush()
@@ -111,7 +130,7 @@ final class Analytics: WhendPlugin {
                 if line.count > eventMaxBytes {
                     host.log(
                         .warning,
-                        "analytics: the event of _seq \(record.seq) is \(line.count) bytes, over event_max_bytes \(eventMaxBytes); not sent"
+                        "analytics: the event of _seq \(record.seq) is \(line.count) bytes, over \(eventBound); not sent"
                     )
                     host.count("oversized")
                 } else if case .file(let batches) = route {

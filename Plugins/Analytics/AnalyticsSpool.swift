@@ -38,6 +38,8 @@ final class AnalyticsSpool: @unchecked Sendable {
     /// The events the sender waits for to make a batch, while it waits.
     private var batchWaiter: Int?
     private var stopping = false
+    /// Lines of the spool file found at start that were not whole events, and left out.
+    private(set) var damagedLines = 0
 
     init(path: String, maxBytes: Int, compactBytes: Int = 1 << 20) throws {
         self.path = path
@@ -54,7 +56,14 @@ final class AnalyticsSpool: @unchecked Sendable {
         }
         let existing = existed ? FileManager.default.contents(atPath: path) : nil
         for line in (existing ?? Data()).split(separator: 0x0A) {
-            events.append(Array(line))
+            // Only whole events: a line a write or a power cut cut short, or anything else put
+            // there, would make the batch it joined unreadable, and the good events with it.
+            let event = Array(line)
+            guard Self.isObject(event) else {
+                damagedLines += 1
+                continue
+            }
+            events.append(event)
             bytes += line.count
         }
         directoryUnsynced = !existed
@@ -66,6 +75,17 @@ final class AnalyticsSpool: @unchecked Sendable {
         close(file)
     }
 
+    /// Whether `line` is one JSON object, as whend's own scanner reads one.
+    private static func isObject(_ line: [UInt8]) -> Bool {
+        line.withUnsafeBufferPointer { bytes in
+            var scanner = JSONScanner(bytes)
+            scanner.skipWhitespace()
+            guard let (kind, _) = try? scanner.scanValue(), kind == .object else { return false }
+            scanner.skipWhitespace()
+            return scanner.atEnd
+        }
+    }
+
     /// Spools one event, in memory and in the spool file's write buffer. False when the spool
     /// is full; throws when the buffer, full, cannot be written (the pipeline then retries the
     /// record). The worker calls `flush()` before its cursor passes the record: an event is
@@ -73,6 +93,10 @@ final class AnalyticsSpool: @unchecked Sendable {
     func append(_ line: [UInt8]) throws -> Bool {
         condition.lock()
         defer { condition.unlock() }
+        // The buffer is written before the event joins it: a write that fails (a full disk)
+        // then throws with the event not taken, and the record retried adds it once, where each
+        // retry added it again.
+        if unwritten.count >= 64 << 10 { try writeUnwritten() }
         // Full: the sender may only be behind (a replay reads faster than any destination
         // takes); wait a little for it to make room before refusing the record.
         if bytes + line.count > maxBytes {
@@ -93,7 +117,6 @@ final class AnalyticsSpool: @unchecked Sendable {
             batchWaiter = nil
             condition.broadcast()
         }
-        if unwritten.count >= 64 << 10 { try writeUnwritten() }
         return true
     }
 

@@ -208,26 +208,31 @@ import WhendWire
 
     /// With only a file, the pipeline writes the batches itself: whatever `batch_events` and
     /// `batch_max_bytes` say and whatever the events' sizes, each line is one batch within those
-    /// bounds (its events and separators at most the bytes less 64, or a single event), and the
-    /// lines together hold every event once, in the journal's order.
+    /// bounds (its events and separators at most the bytes less 64), and the lines together hold
+    /// every event once, in the journal's order, but an event no batch can hold: that one is
+    /// left out as oversized, however high `event_max_bytes`.
     @Test(arguments: [11, 12, 13] as [UInt64])
     func fileBatchesKeepTheirBoundsAndEveryEventOnce(seed: UInt64) throws {
         var random = SplitMix64(state: seed)
         let daemon = TestDaemon("analytics-batches-\(seed)")
         try daemon.start()
         let count = 300 + random.int(300)
+        let huge = random.int(count)
         let lines = (0..<count).map { i in
-            #"{"type":"when","name":"e\#(i)","app":"a","session":"s","params":{"p":"\#(String(repeating: "x", count: random.int(3000)))"}}"#
+            let size = i == huge ? 41_000 : random.int(3000)
+            return
+                #"{"type":"when","name":"e\#(i)","app":"a","session":"s","params":{"p":"\#(String(repeating: "x", count: size))"}}"#
         }
         let answers = try exchange(daemon.socketPath, [#"{"hello":{"protocol":1,"acks":true}}"#] + lines)
         #expect(answers.errors.isEmpty && answers.acks.last == count)
         _ = daemon.stop()
         let batchEvents = 1 + random.int(120)
-        let batchBytes = 1024 + random.int(40_000)
+        let batchBytes = 8_000 + random.int(33_000)
         let out = scratchDirectory("analytics-batches-out")
         let replay = try whenctl([
             "replay", "--journal", daemon.stateDirectory + "/journal", "--plugin", executable("libanalytics.so"),
-            "--plugin-config", #"{"batch_events":\#(batchEvents),"batch_max_bytes":\#(batchBytes)}"#,
+            "--plugin-config",
+            #"{"batch_events":\#(batchEvents),"batch_max_bytes":\#(batchBytes),"event_max_bytes":100000}"#,
             "--state-out", out,
         ])
         try #require(replay.status == 0, "\(replay.error)")
@@ -244,11 +249,10 @@ import WhendWire
             let end = try #require(text.range(of: #"],"sentAt":"#))
             let eventBytes =
                 text.utf8.distance(from: text.startIndex, to: end.lowerBound) - #"{"batch":["#.utf8.count + 1
-            #expect(
-                events.count == 1 || eventBytes <= batchBytes - 64, "\(eventBytes) bytes, at most \(batchBytes - 64)")
+            #expect(eventBytes <= batchBytes - 64, "\(eventBytes) bytes, at most \(batchBytes - 64)")
             names += events.compactMap { $0["event"] as? String }
         }
-        #expect(names == (0..<count).map { "e\($0)" }, "\(names.count) events of \(count)")
+        #expect(names == (0..<count).filter { $0 != huge }.map { "e\($0)" }, "\(names.count) events of \(count)")
     }
 
     /// Events a spool holds when the endpoint leaves the configuration (the destination was
@@ -267,6 +271,11 @@ import WhendWire
         let spool = first.stateDirectory + "/plugins/analytics/spool.ndjson"
         let waiting = (try? String(contentsOfFile: spool, encoding: .utf8))?.split(separator: "\n").count ?? 0
         #expect(waiting == early.count, "\(waiting) events in the spool")
+        // What a write cut short, or anyone else, left in it: not events, and left out.
+        let damage = FileHandle(forWritingAtPath: spool)
+        damage?.seekToEndOfFile()
+        damage?.write(Data("not an event\n{\"batch\":[{\"messageId\":\"torn".utf8))
+        try damage?.close()
 
         let directory = scratchDirectory("analytics-drain-conf")
         try "\n".write(toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
@@ -288,6 +297,61 @@ import WhendWire
         }
         let expected = (1...30).map { "early\($0)" } + (1...20).map { "late\($0)" }
         #expect(eventually(30) { names() == expected }, "\(names())")
+        let lines = (FileManager.default.contents(atPath: file) ?? Data()).split(separator: 0x0A)
+        #expect(lines.allSatisfy { (try? JSONSerialization.jsonObject(with: Data($0))) != nil }, "a line is not JSON")
+        func damaged() -> Int? {
+            let counters = (try? second.pipeline("analytics"))?["counters"] as? [String: Any]
+            return (counters?["analytics"] as? [String: Any])?["spool_lines_damaged"] as? Int
+        }
+        #expect(eventually { damaged() == 2 }, "\(String(describing: damaged())) damaged lines counted")
         #expect(!FileManager.default.fileExists(atPath: spool), "the spool is still there")
+    }
+
+    /// A disk that fills under the spool (an endpoint down meanwhile): the record whose event
+    /// could not be written is retried until there is room, and its event is spooled once, not
+    /// once per attempt; every event reaches the endpoint once it answers, each once.
+    @Test(.enabled(if: canMountTmpfs(), "needs to mount a small tmpfs (root in a sandbox that allows it)"))
+    func aFullDiskUnderTheSpoolSpoolsEachEventOnce() throws {
+        let server = try HTTPTestServer(answers: [.init(status: 503)])
+        defer { server.stop() }
+        let state = scratchDirectory("analytics-full")
+        let plugin = state + "/plugins/analytics"
+        try FileManager.default.createDirectory(atPath: plugin, withIntermediateDirectories: true)
+        try #require(mount(plugin, size: "2m"))
+        defer { unmount(plugin) }
+        let directory = scratchDirectory("analytics-full-conf")
+        let endpoint = "http://127.0.0.1:\(server.port)/v1/batch"
+        try #"plugin.analytics = {"endpoint": "\#(endpoint)", "file": null, "max_backoff": 0.2, "flush_interval": 0.1}"#
+            .write(toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
+        let daemon = TestDaemon(
+            "analytics-full", arguments: ["--builtin-pipelines", "true", "--config", directory + "/whend.conf"],
+            stateDirectory: state)
+        try daemon.start()
+        defer { daemon.stop() }
+        let filler = fillFileSystem(under: plugin)
+        // Events of 20 KB: a few fill the spool's 64 KiB buffer between two of the pipeline's
+        // flushes, so that the buffer's write fails in the middle of a record's handling.
+        let noise = String(repeating: "n", count: 20_000)
+        let names = (1...40).map { "e\($0)" }
+        try sendSession(
+            daemon, app: "com.example.full", session: "f",
+            names.map { #"{"type":"when","name":"\#($0)","params":{"noise":"\#(noise)"}}"# })
+        func failures() -> Int { (try? daemon.pipeline("analytics"))?["failures"] as? Int ?? 0 }
+        #expect(eventually(30) { failures() >= 3 }, "the spool never met the full disk")
+        unlink(filler)
+        #expect(try daemon.waitForPipeline("analytics", cursor: names.count))
+        let refusedBefore = server.requests.count
+        server.answer([.init(status: 200)])
+        func delivered() -> [String] {
+            server.requests.dropFirst(refusedBefore).flatMap { body -> [String] in
+                let batch = (try? JSONSerialization.jsonObject(with: body) as? [String: Any])?["batch"]
+                return (batch as? [[String: Any]] ?? []).compactMap { $0["event"] as? String }
+            }
+        }
+        #expect(eventually(30) { Set(delivered()) == Set(names) }, "delivered: \(delivered().count)")
+        let counts = Dictionary(delivered().map { ($0, 1) }, uniquingKeysWith: +)
+        #expect(
+            counts.values.allSatisfy { $0 == 1 }, "sent more than once: \(counts.filter { $0.value > 1 }.keys.sorted())"
+        )
     }
 }
