@@ -274,7 +274,7 @@ struct AnalyticsFilter {
     @inline(__always)
     private static func member(_ prefix: StaticString, _ value: JSONValue, _ out: inout [UInt8]) {
         literal(prefix, &out)
-        out.append(contentsOf: value.raw)
+        appendCopied(value.raw, &out)
     }
 
     @inline(__always)
@@ -282,7 +282,63 @@ struct AnalyticsFilter {
         _ prefix: StaticString, _ value: JSONValue?, or absent: StaticString, _ out: inout [UInt8]
     ) {
         literal(prefix, &out)
-        if let value { out.append(contentsOf: value.raw) } else { literal(absent, &out) }
+        if let value { appendCopied(value.raw, &out) } else { literal(absent, &out) }
+    }
+
+    /// A value as stored, but with the escape of a lone surrogate (a `\ud800` without its
+    /// partner, which whend stores as an app sent it) written as U+FFFD's, as the strings the
+    /// event decodes have it: strict JSON readers (Foundation's; I-JSON) refuse a whole batch for
+    /// one. Escapes are only ever replaced by escapes, so the value's shape is the same.
+    static func appendCopied(_ raw: UnsafeBufferPointer<UInt8>, _ out: inout [UInt8]) {
+        guard let base = raw.baseAddress, memchr(base, 0x5C, raw.count) != nil else {
+            out.append(contentsOf: raw)
+            return
+        }
+        func hex4(_ at: Int) -> UInt32? {
+            var v: UInt32 = 0
+            for k in at..<at + 4 {
+                let b = raw[k]
+                let digit: UInt8
+                switch b {
+                case 0x30...0x39: digit = b - 0x30
+                case 0x41...0x46: digit = b - 0x41 + 10
+                case 0x61...0x66: digit = b - 0x61 + 10
+                default: return nil
+                }
+                v = v << 4 | UInt32(digit)
+            }
+            return v
+        }
+        let n = raw.count
+        var i = 0
+        var copied = 0
+        while i < n {
+            guard raw[i] == UInt8(ascii: "\\") else {
+                i += 1
+                continue
+            }
+            // `\uXXXX` with its four digits; any other escape is two bytes.
+            guard i + 5 < n, raw[i + 1] == UInt8(ascii: "u"), let v = hex4(i + 2) else {
+                i += 2
+                continue
+            }
+            if v >= 0xD800 && v <= 0xDBFF, i + 11 < n, raw[i + 6] == UInt8(ascii: "\\"),
+                raw[i + 7] == UInt8(ascii: "u"),
+                let w = hex4(i + 8), w >= 0xDC00 && w <= 0xDFFF
+            {
+                i += 12
+                continue
+            }
+            guard v >= 0xD800 && v <= 0xDFFF else {
+                i += 6
+                continue
+            }
+            out.append(contentsOf: UnsafeBufferPointer(rebasing: raw[copied..<i]))
+            out.append(contentsOf: #"\ufffd"#.utf8)
+            i += 6
+            copied = i
+        }
+        out.append(contentsOf: UnsafeBufferPointer(rebasing: raw[copied..<n]))
     }
 
     /// A JSON string of the text `body` appends.

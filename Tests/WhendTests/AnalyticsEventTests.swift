@@ -7,9 +7,10 @@ import WhendWire
 /// analytics' Segment events carry what the app sent, decoded: for any string an app may send
 /// as its app, session, user, id, screen or names (escaped or not, quotes, backslashes, control
 /// characters, non-ASCII, pairs and lone halves of surrogates, ids long enough to be digested),
-/// each event read by a JSON reader holds exactly those strings where Segment's shape puts them.
-/// The events are built straight as bytes, copying the plain strings as stored; this is the
-/// promise that copying keeps.
+/// each event read by a strict JSON reader holds exactly those strings where Segment's shape
+/// puts them, a lone half of a surrogate as U+FFFD whether the event decodes the string or
+/// copies it as stored. The events are built straight as bytes; this is the promise that
+/// copying keeps.
 @Suite struct AnalyticsEventTests {
     /// A piece of text as the app means it and as its JSON spells it.
     private static let pieces: [(text: String, json: String)] = [
@@ -17,19 +18,16 @@ import WhendWire
         ("\n", #"\n"#), ("\u{1}", #"\u0001"#), ("\u{1F}", #"\u001f"#), ("/", #"\/"#), ("A", #"\u0041"#),
         ("é", "é"), ("é", #"\u00e9"#), ("日本", "日本"), ("😀", "😀"), ("😀", #"\ud83d\ude00"#),
         ("\u{FFFD}", #"\ud800"#), ("\u{7F}", "\u{7F}"), ("~", "~"),
+        // Lone halves that no neighbour can pair, and a backslash before "ud800" (no escape).
+        ("-\u{FFFD}", #"-\udc00"#), ("\u{FFFD}-", #"\uDBFF-"#), ("\\ud800", #"\\ud800"#),
     ]
 
-    /// A string of 1 to `most` pieces whose JSON spelling stays within `bytes`. Strings the event
-    /// copies as stored (names, screens, the user) have no lone surrogate: the JSON reader here refuses one,
-    /// as many do, where the strings the event decodes turn it into U+FFFD.
-    private static func text(_ random: inout SplitMix64, most: Int, bytes: Int = 120, copied: Bool = false) -> (
-        text: String, json: String
-    ) {
+    /// A string of 1 to `most` pieces whose JSON spelling stays within `bytes`.
+    private static func text(_ random: inout SplitMix64, most: Int, bytes: Int = 120) -> (text: String, json: String) {
         var text = ""
         var json = ""
         for _ in 0..<(1 + random.int(most)) {
             let piece = pieces[random.int(pieces.count)]
-            if copied && piece.json == #"\ud800"# { continue }
             guard json.utf8.count + piece.json.utf8.count <= bytes, text.utf8.count + piece.text.utf8.count <= bytes
             else { break }
             text += piece.text
@@ -48,6 +46,7 @@ import WhendWire
         var name: String
         var screen: String?
         var previous: String?
+        var params: String?
         var line: String
     }
 
@@ -57,7 +56,7 @@ import WhendWire
         for _ in 0..<count {
             let app = text(&random, most: 6)
             let session = text(&random, most: 6)
-            let user = random.int(3) == 0 ? text(&random, most: 4, copied: true) : nil
+            let user = random.int(3) == 0 ? text(&random, most: 4) : nil
             // Some ids long enough that `whend-<seq>-<id>` reaches Segment's 100 characters.
             let id: (text: String, json: String)?
             switch random.int(4) {
@@ -76,22 +75,25 @@ import WhendWire
             let name: String
             var screen: (text: String, json: String)?
             var previous: (text: String, json: String)?
+            var params: String?
             if isWhen {
                 name = "userDoes" + String(random.int(1000))
-                screen = random.int(2) == 0 ? text(&random, most: 5, copied: true) : nil
-                fields = [#""type":"when""#, #""name":"\#(name)""#, #""params":{"k":"v"}"#] + fields
+                screen = random.int(2) == 0 ? text(&random, most: 5) : nil
+                let param = text(&random, most: 6)
+                params = param.text
+                fields = [#""type":"when""#, #""name":"\#(name)""#, #""params":{"k":"\#(param.json)"}"#] + fields
                 if let screen { fields.append(#""screen":"\#(screen.json)""#) }
             } else {
-                let shown = text(&random, most: 6, copied: true)
+                let shown = text(&random, most: 6)
                 name = shown.text
-                previous = random.int(2) == 0 ? text(&random, most: 5, copied: true) : nil
+                previous = random.int(2) == 0 ? text(&random, most: 5) : nil
                 fields = [#""type":"screen""#, #""name":"\#(shown.json)""#] + fields
                 if let previous { fields.append(#""previous":"\#(previous.json)""#) }
             }
             sent.append(
                 Sent(
                     isWhen: isWhen, app: app.text, session: session.text, user: user?.text, id: id?.text,
-                    name: name, screen: screen?.text, previous: previous?.text,
+                    name: name, screen: screen?.text, previous: previous?.text, params: params,
                     line: "{" + fields.joined(separator: ",") + "}"))
         }
         return sent
@@ -157,7 +159,7 @@ import WhendWire
             check(s.isWhen ? "event" : "name", event[s.isWhen ? "event" : "name"], s.name)
             let properties = event["properties"] as? [String: Any]
             if s.isWhen {
-                check("properties.k", properties?["k"], "v")
+                check("properties.k", properties?["k"], s.params)
             } else {
                 check("properties.previous", properties?["previous"], s.previous)
             }
