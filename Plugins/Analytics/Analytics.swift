@@ -64,7 +64,7 @@ final class Analytics: WhendPlugin {
             let batches = AnalyticsFileBatches(
                 file: AnalyticsFileDestination(path: file), host: host, batchEvents: batchEvents,
                 batchBytes: batchBytes)
-            try Self.drainSpool(at: spoolPath, into: batches)
+            try Self.drainSpool(at: spoolPath, into: batches, host: host)
             route = .file(batches)
         } else {
             let spool = try AnalyticsSpool(
@@ -88,11 +88,11 @@ final class Analytics: WhendPlugin {
     /// Events a spool holds (an endpoint configured before, or an older whend) go to the file
     /// before any new one, and then the spool goes: nothing waits in it that no sender will send.
     /// Opened as the spool always is, so a link put in its place is refused, not followed.
-    private static func drainSpool(at path: String, into batches: AnalyticsFileBatches) throws {
+    private static func drainSpool(at path: String, into batches: AnalyticsFileBatches, host: PluginHost) throws {
         var status = stat()
         guard lstat(path, &status) == 0 else { return }
         let spool = try AnalyticsSpool(path: path, maxBytes: .max)
-        sayDamaged(spool, host: batches.host)
+        sayDamaged(spool, host: host)
         while case let events = spool.peek(maxEvents: 2_500, maxBytes: .max, wait: 0), !events.isEmpty {
             for event in events { try batches.append(event) }
             spool.remove(events.count)

@@ -102,9 +102,9 @@ final class AnalyticsSender: @unchecked Sendable {
         self.file = file.map(AnalyticsFileDestination.init)
         self.delivery = delivery
         self.writeKey = writeKey
-        // Segment takes at most 2,500 events and 500 KB in a batch.
-        self.batchEvents = max(1, min(batchEvents, 2_500))
-        self.batchBytes = max(1024, min(batchBytes, 500_000))
+        // Within Segment's bounds already (`Analytics.init`).
+        self.batchEvents = batchEvents
+        self.batchBytes = batchBytes
         self.flushInterval = flushInterval
         self.timeout = timeout
     }

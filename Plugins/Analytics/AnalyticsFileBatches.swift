@@ -17,7 +17,7 @@ import WhendWire
 /// file within its checkpoint's period rather than a flush interval.
 final class AnalyticsFileBatches {
     private let file: AnalyticsFileDestination
-    let host: PluginHost
+    private let host: PluginHost
     private let batchEvents: Int
     private let batchBytes: Int
     /// The open batch, `{"batch":[` and its events so far.

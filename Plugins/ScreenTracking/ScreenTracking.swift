@@ -39,7 +39,7 @@ final class ScreenTracking: PersistentStatePlugin {
 
     func flush() throws {
         for (i, n) in unreported.enumerated() where n > 0 { host.count(DerivedScreenRecord.typeNames[i], by: n) }
-        unreported = [0, 0, 0]
+        for i in unreported.indices { unreported[i] = 0 }
     }
 
     deinit { try? flush() }

@@ -39,6 +39,17 @@ import WhendWire
         return daemon
     }
 
+    /// A plan whose one pattern, `(a|a|…900)*b`, costs whend's automaton long for a long string:
+    /// a check that runs on the blocking pool.
+    func writeSlowPatternPlan(in directory: String) throws -> String {
+        let planPath = directory + "/plan.json"
+        let ways = Array(repeating: "a", count: 900).joined(separator: "|")
+        try
+            #"{"events":{"long":{"type":"object","properties":{"s":{"type":"string","pattern":"(\#(ways))*b"}}}},"unplannedEvents":"allow"}"#
+            .write(toFile: planPath, atomically: true, encoding: .utf8)
+        return planPath
+    }
+
     func violations(_ daemon: TestDaemon) throws -> [String: Any] {
         let r = try daemon.whenctl(["plan", "violations", "--json"])
         #expect(r.status == 0, "\(r.error)")
@@ -155,11 +166,7 @@ import WhendWire
     /// of new ones, waited for all its lines: light events answered after 3–6 s.)
     @Test func aLongCheckHoldsOnlyItsOwnConnection() throws {
         let directory = scratchDirectory("plan-long-check")
-        let planPath = directory + "/plan.json"
-        let ways = Array(repeating: "a", count: 900).joined(separator: "|")
-        try
-            #"{"events":{"long":{"type":"object","properties":{"s":{"type":"string","pattern":"(\#(ways))*b"}}}},"unplannedEvents":"allow"}"#
-            .write(toFile: planPath, atomically: true, encoding: .utf8)
+        let planPath = try writeSlowPatternPlan(in: directory)
         let daemon = TestDaemon(
             "plan-long-check", arguments: ["--tracking-plan", planPath, "--tracking-plan-mode", "report"])
         try daemon.start()
@@ -200,11 +207,7 @@ import WhendWire
     func aKillWhileLinesWaitForTheirCheckLosesNothingAcked(seed: UInt64) throws {
         var random = SplitMix64(state: seed)
         let directory = scratchDirectory("plan-kill-\(seed)")
-        let planPath = directory + "/plan.json"
-        let ways = Array(repeating: "a", count: 900).joined(separator: "|")
-        try
-            #"{"events":{"long":{"type":"object","properties":{"s":{"type":"string","pattern":"(\#(ways))*b"}}}},"unplannedEvents":"allow"}"#
-            .write(toFile: planPath, atomically: true, encoding: .utf8)
+        let planPath = try writeSlowPatternPlan(in: directory)
         let arguments = ["--tracking-plan", planPath, "--tracking-plan-mode", "report"]
         let daemon = TestDaemon.live("plan-kill-\(seed)", arguments: arguments)
         try daemon.start()
