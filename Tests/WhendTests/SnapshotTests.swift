@@ -18,16 +18,17 @@ func builtinPipelineDaemon(_ name: String, keeping kept: String, settings: [Stri
 }
 
 /// SIGKILLs `pipeline`'s worker as it runs now (it may be starting again after the last kill);
-/// false if none runs within 5 s.
-private func killWorker(_ daemon: TestDaemon, _ pipeline: String) -> Bool {
-    var pid = 0
-    _ = eventually(30) {  // a restart waits out its backoff, longer on a busy machine
-        let entry = try? daemon.pipeline(pipeline)
-        pid = entry?["state"] as? String == "running" ? entry?["pid"] as? Int ?? 0 : 0
-        return pid > 0
+/// nil when it did, else why not: no worker ran within 30 s (with the pipeline's last status).
+/// A worker seen running that is gone by the kill (it ended on its own: a restart whend asked
+/// for) is not one to kill: the next one is.
+private func killWorker(_ daemon: TestDaemon, _ pipeline: String) -> String? {
+    var last: [String: Any]?
+    let killed = eventually(30) {  // a restart waits out its backoff, longer on a busy machine
+        last = try? daemon.pipeline(pipeline)
+        guard last?["state"] as? String == "running", let pid = last?["pid"] as? Int, pid > 0 else { return false }
+        return Glibc.kill(pid_t(pid), SIGKILL) == 0
     }
-    guard pid > 0 else { return false }
-    return Glibc.kill(pid_t(pid), SIGKILL) == 0
+    return killed ? nil : "no \(pipeline) worker to kill within 30 s; its status: \(last.map { "\($0)" } ?? "none")"
 }
 
 @Suite(.serialized) struct SnapshotTests {
@@ -53,7 +54,10 @@ private func killWorker(_ daemon: TestDaemon, _ pipeline: String) -> Bool {
                 try daemon.start()
                 continue
             }
-            guard killWorker(daemon, "screens") else { break }
+            if let why = killWorker(daemon, "screens") {
+                Issue.record("after \(workerKills) kills: \(why)\n\(daemon.log.suffix(3000))")
+                break
+            }
             workerKills += 1
         }
         demo.waitUntilExit()
@@ -84,7 +88,10 @@ private func killWorker(_ daemon: TestDaemon, _ pipeline: String) -> Bool {
         var kills = 0
         while kills < 10 {
             usleep(UInt32.random(in: 200_000...500_000))
-            guard killWorker(daemon, "sessions") else { break }
+            if let why = killWorker(daemon, "sessions") {
+                Issue.record("after \(kills) kills: \(why)\n\(daemon.log.suffix(3000))")
+                break
+            }
             kills += 1
         }
         demo.waitUntilExit()
