@@ -42,7 +42,7 @@ final class SessionRecorder: PersistentStatePlugin {
         if let app = record[.app], let session = record[.session], session.stringContents?.isEmpty == false,
             index.record(
                 seq: record.seq, session: sessionIDs.id(of: record), app: app, session: session,
-                type: record.string(.type) ?? "", time: record.time)
+                type: record[.type], time: record.time)
         {
             export()
         }

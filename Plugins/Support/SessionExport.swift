@@ -36,8 +36,13 @@ extension SessionIndex {
 
     /// The export, written directly and handed to `write` a piece at a time: JSONEncoder took a
     /// fifth of a replay's time for an index of 10,000 sessions; the whole export in one buffer,
-    /// grown as it was written, held three times its size at its peak.
-    func writeSnapshotJSON(_ write: ([UInt8]) throws(DurableFileError) -> Void) throws(DurableFileError) {
+    /// grown as it was written, held three times its size at its peak. A session is written
+    /// from its compact form, each app's and type's name escaped once for the whole export
+    /// (`compact`; else, and for a session with a spilled field, from its `Entry`, which built
+    /// four strings and a table of counts each: a tenth of a replay's time).
+    func writeSnapshotJSON(compact: Bool = true, _ write: ([UInt8]) throws(DurableFileError) -> Void)
+        throws(DurableFileError)
+    {
         let piece = 1 << 16
         var out: [UInt8] = []
         out.reserveCapacity(piece + 4096)
@@ -50,38 +55,14 @@ extension SessionIndex {
         out += #","sessions":["#.utf8
         let order = mostRecentFirst()
         let listed = min(order.count, maxSessions ?? order.count)
+        var names = ExportNames(types: types.names)
         for (n, position) in order.enumerated() {
             if n == listed { out += #"],"sessionsBeyondMax":["#.utf8 }
-            let (key, e) = entry(at: position)
-            out += (n > 0 && n != listed ? #",{"app":"# : #"{"app":"#).utf8
-            appendJSONString(e.app.utf8, to: &out)
-            out += #","counts":{"#.utf8
-            for (j, (type, count)) in e.counts.enumerated() {
-                if j > 0 { out.append(UInt8(ascii: ",")) }
-                appendJSONString(type.utf8, to: &out)
-                out.append(UInt8(ascii: ":"))
-                JSONBytes.appendDecimal(UInt64(count), to: &out)
+            if n > 0 && n != listed { out.append(UInt8(ascii: ",")) }
+            if !compact || !appendCompact(kept[position], to: &out, names: &names) {
+                let (key, e) = entry(at: position)
+                Self.append(e, key: key, to: &out)
             }
-            out += "}".utf8
-            // Only an id holding U+FFFD may be one its strings do not give.
-            if e.app.unicodeScalars.contains("\u{FFFD}") || e.session.unicodeScalars.contains("\u{FFFD}"),
-                SessionDigest(app: e.app, session: e.session) != key
-            {
-                out += #","digest":""#.utf8
-                out += key.hex.utf8
-                out += #"""#.utf8
-            }
-            out += #","firstSeq":"#.utf8
-            JSONBytes.appendDecimal(e.firstSeq, to: &out)
-            out += #","firstTime":"#.utf8
-            appendJSONString(e.firstTime.utf8, to: &out)
-            out += #","lastSeq":"#.utf8
-            JSONBytes.appendDecimal(e.lastSeq, to: &out)
-            out += #","lastTime":"#.utf8
-            appendJSONString(e.lastTime.utf8, to: &out)
-            out += #","session":"#.utf8
-            appendJSONString(e.session.utf8, to: &out)
-            out.append(UInt8(ascii: "}"))
             if out.count >= piece {
                 try write(out)
                 out.removeAll(keepingCapacity: true)
@@ -90,6 +71,101 @@ extension SessionIndex {
         if maxSessions != nil && listed == order.count { out += #"],"sessionsBeyondMax":["#.utf8 }
         out += "]}".utf8
         try write(out)
+    }
+
+    /// Each app's and type's name as a JSON string, made once per export.
+    private struct ExportNames {
+        var types: [[UInt8]]
+        /// nil for a name holding U+FFFD, whose session may need its digest written.
+        var apps: [String: [UInt8]?] = [:]
+
+        init(types names: [String]) {
+            types = names.map { name in
+                var json: [UInt8] = []
+                appendJSONString(name.utf8, to: &json)
+                return json
+            }
+        }
+
+        mutating func app(_ name: String) -> [UInt8]? {
+            if let known = apps[name] { return known }
+            var json: [UInt8]? = []
+            if name.unicodeScalars.contains("\u{FFFD}") { json = nil } else { appendJSONString(name.utf8, to: &json!) }
+            if apps.count < 4096 { apps[name] = json }
+            return json
+        }
+    }
+
+    /// Writes the session `k` as `append(_:key:to:)` writes its entry; false, having written
+    /// nothing, when a field is spilled or its strings hold U+FFFD (then its digest may be due).
+    private func appendCompact(_ k: Kept, to out: inout [UInt8], names: inout ExportNames) -> Bool {
+        guard !k.counts.isSpilled, k.firstTime != .spilled, k.lastTime != .spilled, let app = names.app(k.app),
+            k.session.withText({ !Self.holdsReplacementCharacter($0) }) == true
+        else { return false }
+        out += #"{"app":"#.utf8
+        out += app
+        out += #","counts":{"#.utf8
+        var first = true
+        k.counts.forEach { type, count in
+            if !first { out.append(UInt8(ascii: ",")) }
+            first = false
+            out += names.types[Int(type)]
+            out.append(UInt8(ascii: ":"))
+            JSONBytes.appendDecimal(UInt64(count), to: &out)
+        }
+        out += #"},"firstSeq":"#.utf8
+        JSONBytes.appendDecimal(k.firstSeq, to: &out)
+        out += #","firstTime":"#.utf8
+        _ = k.firstTime.withText { appendJSONString($0, to: &out) }
+        out += #","lastSeq":"#.utf8
+        JSONBytes.appendDecimal(k.lastSeq, to: &out)
+        out += #","lastTime":"#.utf8
+        _ = k.lastTime.withText { appendJSONString($0, to: &out) }
+        out += #","session":"#.utf8
+        _ = k.session.withText { appendJSONString($0, to: &out) }
+        out.append(UInt8(ascii: "}"))
+        return true
+    }
+
+    private static func holdsReplacementCharacter(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard bytes.count >= 3 else { return false }
+        for i in 0..<bytes.count - 2 where bytes[i] == 0xEF && bytes[i + 1] == 0xBF && bytes[i + 2] == 0xBD {
+            return true
+        }
+        return false
+    }
+
+    /// One session as exported, from its entry.
+    private static func append(_ e: Entry, key: SessionDigest, to out: inout [UInt8]) {
+        out += #"{"app":"#.utf8
+        appendJSONString(e.app.utf8, to: &out)
+        out += #","counts":{"#.utf8
+        for (j, (type, count)) in e.counts.enumerated() {
+            if j > 0 { out.append(UInt8(ascii: ",")) }
+            appendJSONString(type.utf8, to: &out)
+            out.append(UInt8(ascii: ":"))
+            JSONBytes.appendDecimal(UInt64(count), to: &out)
+        }
+        out += "}".utf8
+        // Only an id holding U+FFFD may be one its strings do not give.
+        if e.app.unicodeScalars.contains("\u{FFFD}") || e.session.unicodeScalars.contains("\u{FFFD}"),
+            SessionDigest(app: e.app, session: e.session) != key
+        {
+            out += #","digest":""#.utf8
+            out += key.hex.utf8
+            out += #"""#.utf8
+        }
+        out += #","firstSeq":"#.utf8
+        JSONBytes.appendDecimal(e.firstSeq, to: &out)
+        out += #","firstTime":"#.utf8
+        appendJSONString(e.firstTime.utf8, to: &out)
+        out += #","lastSeq":"#.utf8
+        JSONBytes.appendDecimal(e.lastSeq, to: &out)
+        out += #","lastTime":"#.utf8
+        appendJSONString(e.lastTime.utf8, to: &out)
+        out += #","session":"#.utf8
+        appendJSONString(e.session.utf8, to: &out)
+        out.append(UInt8(ascii: "}"))
     }
 }
 

@@ -1,5 +1,7 @@
 // The compact forms a `SessionIndex` keeps a session's fields in.
 
+import WhendWire
+
 /// A time as `YYYY-MM-DDTHH:MM:SS[.f…]Z` (up to six digits of fraction, fields in their
 /// ranges) packed in 63 bits below a flag bit: the same text is made from it, byte for byte.
 /// 0 is no time (empty); 1, a time kept as text elsewhere.
@@ -52,11 +54,14 @@ package struct PackedTime: Equatable {
     }
 
     /// The text, or nil for one kept elsewhere.
-    package var string: String? {
-        if bits == 0 { return "" }
+    package var string: String? { withText { String(decoding: $0, as: UTF8.self) } }
+
+    /// `body` given the text's bytes (no allocation), or nil for one kept elsewhere.
+    func withText<R>(_ body: (UnsafeBufferPointer<UInt8>) -> R) -> R? {
         if bits == 1 { return nil }
+        if bits == 0 { return body(UnsafeBufferPointer(start: nil, count: 0)) }
         let fractionDigits = Int((bits >> 20) & 7)
-        return String(unsafeUninitializedCapacity: 20 + (fractionDigits > 0 ? fractionDigits + 1 : 0)) { out in
+        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 28) { out in
             var i = 0
             func put(_ value: UInt64, _ count: Int) {
                 var v = value
@@ -86,7 +91,7 @@ package struct PackedTime: Equatable {
                 put(bits & 0xFFFFF, fractionDigits)
             }
             char("Z")
-            return i
+            return body(UnsafeBufferPointer(rebasing: out[0..<i]))
         }
     }
 }
@@ -149,17 +154,22 @@ struct InlineText {
         if !fits { return nil }
     }
 
+    var isSpilled: Bool { withUnsafeBytes(of: words) { $0[31] == 0xFF } }
+
     /// The text, or nil for one kept elsewhere.
-    var string: String? {
-        withUnsafeBytes(of: words) { b -> String? in
+    var string: String? { withText { String(decoding: $0, as: UTF8.self) } }
+
+    /// `body` given the text's bytes (no allocation), or nil for one kept elsewhere.
+    func withText<R>(_ body: (UnsafeBufferPointer<UInt8>) -> R) -> R? {
+        withUnsafeBytes(of: words) { b -> R? in
             let tag = b[31]
             if tag == 0xFF { return nil }
             if tag & 0x80 == 0 {
-                return String(decoding: UnsafeRawBufferPointer(rebasing: b[0..<Int(tag)]), as: UTF8.self)
+                return body(UnsafeBufferPointer(rebasing: b.bindMemory(to: UInt8.self)[0..<Int(tag)]))
             }
             let count = Int(tag & 0x7F)
             let alphabet = Self.alphabet
-            return String(unsafeUninitializedCapacity: count) { out in
+            return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 41) { out in
                 var bit = 0
                 for i in 0..<count {
                     let byte = bit >> 3
@@ -169,7 +179,7 @@ struct InlineText {
                     out[i] = alphabet[code & 0x3F]
                     bit += 6
                 }
-                return count
+                return body(UnsafeBufferPointer(rebasing: out[0..<count]))
             }
         }
     }
@@ -196,14 +206,37 @@ struct TypeTable {
     }
 
     func name(_ index: UInt16) -> String { names[Int(index)] }
+
+    /// Each name's first spelling as stored (a JSON string, quotes included), by number: a
+    /// record's type is found by its bytes, without making a string of it (the same bytes
+    /// decode to the same name). Empty for a name not seen so.
+    private var spellings: [[UInt8]] = []
+
+    /// `index(of:)` the type of a record as stored: a string's text, else "".
+    mutating func index(ofStored value: JSONValue?) -> UInt16? {
+        guard let value, value.stringContents != nil else { return index(of: "") }
+        for (i, spelling) in spellings.prefix(16).enumerated()
+        where spelling.withUnsafeBufferPointer({ JSONBytes.equal($0, value.raw) }) {
+            return UInt16(i)
+        }
+        guard let i = index(of: value.string ?? "") else { return nil }
+        while spellings.count <= Int(i) { spellings.append([]) }
+        if spellings[Int(i)].isEmpty { spellings[Int(i)] = Array(value.raw) }
+        return i
+    }
 }
 
-/// A session's counts by type, up to four types, in order of their names (as `TypeCounts`):
-/// each a word of the type's number in `TypeTable` (plus one) above a count of 48 bits. All
-/// ones in the first word: the counts are kept elsewhere.
+/// A session's counts by type, up to eight types, in order of their names (as `TypeCounts`):
+/// each a lane of 32 bits, the type's number in `TypeTable` (plus one) in 11 bits above a
+/// count of 21. A session of an app's journeys has five types or six (its screens' lifecycle,
+/// navigation, `When` events, errors, and what screen-tracking derives): with four, most
+/// spilled their counts to a table of their own. All ones in the first lane: the counts are
+/// kept elsewhere (2,047 is no type's number).
 struct InlineCounts {
     private var words: (UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0)
-    private static let countMask: UInt64 = (1 << 48) - 1
+    private static let lanes = 8
+    private static let countBits: UInt32 = 21
+    private static let countMask: UInt32 = (1 << countBits) - 1
 
     static let spilled: InlineCounts = {
         var c = InlineCounts()
@@ -215,18 +248,18 @@ struct InlineCounts {
 
     func forEach(_ body: (UInt16, Int) -> Void) {
         withUnsafeBytes(of: words) { raw in
-            for w in raw.bindMemory(to: UInt64.self) where w != 0 {
-                body(UInt16(w >> 48) - 1, Int(w & Self.countMask))
+            for w in raw.bindMemory(to: UInt32.self) where w != 0 {
+                body(UInt16(w >> Self.countBits) - 1, Int(w & Self.countMask))
             }
         }
     }
 
     /// One more of `type`; false if it does not fit.
     mutating func add(_ type: UInt16, names: TypeTable) -> Bool {
-        let tag = UInt64(type + 1) << 48
+        let tag = UInt32(type + 1) << Self.countBits
         let found = withUnsafeMutableBytes(of: &words) { raw -> Bool? in
-            let w = raw.bindMemory(to: UInt64.self)
-            for i in 0..<4 where w[i] & ~Self.countMask == tag {
+            let w = raw.bindMemory(to: UInt32.self)
+            for i in 0..<Self.lanes where w[i] & ~Self.countMask == tag {
                 guard w[i] & Self.countMask < Self.countMask else { return false }
                 w[i] += 1
                 return true
@@ -239,19 +272,20 @@ struct InlineCounts {
 
     /// Counts `n` of a type not counted yet; false if it does not fit.
     mutating func set(_ type: UInt16, _ n: Int, names: TypeTable) -> Bool {
-        guard n >= 0, UInt64(n) <= Self.countMask else { return false }
+        guard n >= 0, n <= Int(Self.countMask), type < 2046 else { return false }
         let name = names.name(type)
         return withUnsafeMutableBytes(of: &words) { raw -> Bool in
-            let w = raw.bindMemory(to: UInt64.self)
-            guard w[3] == 0 else { return false }
+            let w = raw.bindMemory(to: UInt32.self)
+            let last = Self.lanes - 1
+            guard w[last] == 0 else { return false }
             var at = 0
-            while at < 4, w[at] != 0, names.name(UInt16(w[at] >> 48) - 1) < name { at += 1 }
-            var i = 3
+            while at < Self.lanes, w[at] != 0, names.name(UInt16(w[at] >> Self.countBits) - 1) < name { at += 1 }
+            var i = last
             while i > at {
                 w[i] = w[i - 1]
                 i -= 1
             }
-            w[at] = UInt64(type + 1) << 48 | UInt64(n)
+            w[at] = UInt32(type + 1) << Self.countBits | UInt32(n)
             return true
         }
     }

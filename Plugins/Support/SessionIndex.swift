@@ -54,7 +54,7 @@ package struct SessionIndex {
     }
 
     /// One session as kept. What does not fit the compact forms (a long session id, a time
-    /// not written as `YYYY-MM-DDTHH:MM:SS[.ffffff]Z`, more than four types) is in `spilled`.
+    /// not written as `YYYY-MM-DDTHH:MM:SS[.ffffff]Z`, more than eight types) is in `spilled`.
     struct Kept {
         var key: SessionDigest
         var firstSeq: UInt64
@@ -77,9 +77,9 @@ package struct SessionIndex {
     /// Where each session is in `kept`: by the digest of app and session, so that a record
     /// finds its entry without building strings.
     private var slots: [SessionDigest: Int32] = [:]
-    private var kept: [Kept] = []
+    private(set) var kept: [Kept] = []
     private var spilled: [SessionDigest: Spilled] = [:]
-    private var types = TypeTable()
+    private(set) var types = TypeTable()
     package private(set) var indexedThrough: UInt64 = 0
     package let directory: String
     /// How many sessions are listed (none: all); past it and a tenth more, the least recently
@@ -207,6 +207,14 @@ package struct SessionIndex {
         spilled[key] = spills ? spill : nil
     }
 
+    /// `count(_:at:)` the type of a record as stored (a string's text, else "").
+    private mutating func count(stored type: JSONValue?, at slot: Int) {
+        if !kept[slot].counts.isSpilled, let t = types.index(ofStored: type), kept[slot].counts.add(t, names: types) {
+            return
+        }
+        count(type?.string ?? "", at: slot)
+    }
+
     /// One more record of `type` for the session at `slot`.
     private mutating func count(_ type: String, at slot: Int) {
         if !kept[slot].counts.isSpilled, let t = types.index(of: type), kept[slot].counts.add(t, names: types) {
@@ -296,12 +304,12 @@ package struct SessionIndex {
         pendingSlot = -1
     }
 
-    /// `apply(seq:session:app:sessionID:type:time:)` with the time as a JSON value as stored (a
-    /// string counts, anything else is no time): the same index, its newest time kept as bytes
-    /// until `settle()`.
+    /// `apply(seq:session:app:sessionID:type:time:)` with the type and time as JSON values as
+    /// stored (a string counts, anything else is "" for a type and no time): the same index,
+    /// its newest time kept as bytes until `settle()`.
     @discardableResult
     package mutating func apply(
-        seq: UInt64, session key: SessionDigest, app: () -> String, sessionID: () -> String, type: String,
+        seq: UInt64, session key: SessionDigest, app: () -> String, sessionID: () -> String, type: JSONValue?,
         time: JSONValue?
     ) -> Bool {
         guard seq > indexedThrough else { return false }
@@ -309,7 +317,7 @@ package struct SessionIndex {
             settle()
             guard let slot = slots[key] else {
                 return apply(
-                    seq: seq, session: key, app: app, sessionID: sessionID, type: type,
+                    seq: seq, session: key, app: app, sessionID: sessionID, type: type?.string ?? "",
                     time: { time?.kind == .string ? time?.string ?? "" : "" })
             }
             pendingKey = key
@@ -322,7 +330,7 @@ package struct SessionIndex {
             pendingTime.removeAll(keepingCapacity: true)
             pendingTime.append(contentsOf: time.raw)
         }
-        count(type, at: pendingSlot)
+        count(stored: type, at: pendingSlot)
         return true
     }
     /// Indexes a record as the journal stores it (for a reader completing the export from the

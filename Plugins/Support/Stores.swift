@@ -145,10 +145,10 @@ package final class SessionIndexExport {
         kept.maxSessions = self.maxSessions
     }
 
-    /// Indexes a record. `app`, `session` and `time` are JSON values as stored; true when the
+    /// Indexes a record. `app`, `session`, `type` and `time` are JSON values as stored; true when the
     /// index is due for an export.
     package func record(
-        seq: UInt64, session key: SessionDigest, app: JSONValue, session: JSONValue, type: String, time: JSONValue?
+        seq: UInt64, session key: SessionDigest, app: JSONValue, session: JSONValue, type: JSONValue?, time: JSONValue?
     ) -> Bool {
         guard
             kept.apply(
@@ -163,7 +163,10 @@ package final class SessionIndexExport {
     /// version left, which the export now holds.
     package func export() throws {
         kept.settle()
-        try DurableFile.replace(kept.directory + "/sessions.json", writing: kept.writeSnapshotJSON)
+        let index = kept
+        try DurableFile.replace(kept.directory + "/sessions.json") { write throws(DurableFileError) in
+            try index.writeSnapshotJSON(write)
+        }
         sinceExport = 0
         let log = kept.directory + "/sessions.log"
         if FileManager.default.fileExists(atPath: log) { try? FileManager.default.removeItem(atPath: log) }

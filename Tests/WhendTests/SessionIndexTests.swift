@@ -230,6 +230,50 @@ struct SessionIndexTests {
         #expect(reader.sessions.map(\.records) == [2, 2, 1, 1])
     }
 
+    /// The export written from each session's compact form is, byte for byte, the one written
+    /// from its entry, for sessions of every kind: ids, apps and types that need escapes or
+    /// hold U+FFFD (decoded lone surrogates, whose digests are written), times and counts that
+    /// do not fit the compact forms, with a limit or none.
+    @Test func anExportFromCompactSessionsIsTheOneFromTheirEntries() throws {
+        for seed in UInt64(1)...20 {
+            var random = SplitMix64(state: seed)
+            let apps = ["com.example.a", #"app \"quoted\""#, #"a\ud800"#, #"é\u0001"#, "app\u{FFFD}"]
+            let sessions = [
+                "s1", "cbca3ba3-712d-62311df02c34", "6F9619FF-8B86-D011-B42D-00C04FC964FF", #"s\udfff"#,
+                String(repeating: "x", count: 60), #"with \"quotes\" and é"#, #"tab\t"#, "s\u{FFFD}",
+            ]
+            let times = [
+                "2026-11-24T05:57:45.681Z", "2026-11-24T05:57:45+02:00", "", "2026-11-24T05:57:45Z", "later",
+            ]
+            let types = ["lifecycle", "navigation", "when", "screen", "error", "a", "é", "", #"q\"uote"#]
+            var index = SessionIndex(directory: "", indexedThrough: 0, entries: [:])
+            index.maxSessions = random.int(3) == 0 ? nil : 1 + random.int(30)
+            for seq in UInt64(1)...UInt64(200 + random.int(800)) {
+                let app = apps[random.int(apps.count)]
+                // One session in seven of every type, more than its compact form counts.
+                let many = seq % 7 == 0
+                let session = many ? "many" : sessions[random.int(sessions.count)] + "\(random.int(6))"
+                let type = types[random.int(many || random.int(4) == 0 ? types.count : 4)]
+                let time = times[random.int(times.count)]
+                let ts = time.isEmpty ? "" : #","ts":"\#(time)""#
+                let line = #"{"app":"\#(app)","session":"\#(session)","type":"\#(type)"\#(ts)}"#
+                Array(line.utf8).withUnsafeBufferPointer { index.apply(stored: $0, seq: seq) }
+            }
+            func export(compact: Bool) throws -> [UInt8] {
+                var out: [UInt8] = []
+                try index.writeSnapshotJSON(compact: compact) { out += $0 }
+                return out
+            }
+            let compact = try export(compact: true)
+            let fromEntries = try export(compact: false)
+            #expect(
+                compact == fromEntries,
+                "seed \(seed): \(String(decoding: compact.prefix(600), as: UTF8.self)) against \(String(decoding: fromEntries.prefix(600), as: UTF8.self))"
+            )
+            #expect((try? JSONSerialization.jsonObject(with: Data(compact))) != nil, "seed \(seed)")
+        }
+    }
+
     /// One stored record, as session-recorder's `handle` gives it to its index.
     static func record(_ line: [UInt8], seq: UInt64, into index: SessionIndexExport) {
         line.withUnsafeBufferPointer { bytes in
@@ -251,7 +295,7 @@ struct SessionIndexTests {
             guard let app, let session else { return }
             _ = index.record(
                 seq: seq, session: SessionDigest(app: app, session: session), app: app, session: session,
-                type: type?.string ?? "", time: ts)
+                type: type, time: ts)
         }
     }
 }
