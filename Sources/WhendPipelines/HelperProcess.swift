@@ -92,4 +92,16 @@ package enum MallocTuning {
     package static func apply() {
         _ = whend_malloc_thresholds(mmapThreshold, trimThreshold)
     }
+
+    /// The daemon's malloc: one arena. It keeps glibc's own thresholds (see `apply()`), so a
+    /// burst's blocks of megabytes are freed into the arena of the thread that freed them, and
+    /// `malloc_trim`, which whend calls once ingest goes quiet, gives back no arena's free top
+    /// but the main one's: after 1M events whend held 42–56 MiB of PSS 11 s later, most of it
+    /// the free tops of two threads' arenas (`malloc_info`); with one arena, 27 MiB, and the
+    /// same CPU per event over three interleaved pairs of `whend-bench --only ingest` (a small
+    /// block comes from the thread's cache, without the arena's lock). First thing in `main`,
+    /// before threads have arenas of their own.
+    package static func applyToDaemon() {
+        _ = whend_malloc_arena_max(1)
+    }
 }

@@ -106,7 +106,10 @@ struct Whend: AsyncParsableCommand {
     /// signals' default actions.
     static func main() async {
         let once = ["--pipeline-worker", "--pipeline-host", "--plugin-check", "--check-config", "--help", "-h"]
-        if !CommandLine.arguments.dropFirst().contains(where: once.contains) { EarlySignals.catch() }
+        if !CommandLine.arguments.dropFirst().contains(where: once.contains) {
+            MallocTuning.applyToDaemon()
+            EarlySignals.catch()
+        }
         await main(nil)
     }
 
