@@ -76,8 +76,9 @@ extension SessionIndex {
     /// Each app's and type's name as a JSON string, made once per export.
     private struct ExportNames {
         var types: [[UInt8]]
-        /// nil for a name holding U+FFFD, whose session may need its digest written.
-        var apps: [String: [UInt8]?] = [:]
+        /// By the name's bytes (Swift's `==` takes "é" and "e\u{301}" for one); nil for a name
+        /// holding U+FFFD, whose session may need its digest written.
+        var apps: [[UInt8]: [UInt8]?] = [:]
 
         init(types names: [String]) {
             types = names.map { name in
@@ -88,10 +89,11 @@ extension SessionIndex {
         }
 
         mutating func app(_ name: String) -> [UInt8]? {
-            if let known = apps[name] { return known }
+            let bytes = Array(name.utf8)
+            if let known = apps[bytes] { return known }
             var json: [UInt8]? = []
             if name.unicodeScalars.contains("\u{FFFD}") { json = nil } else { appendJSONString(name.utf8, to: &json!) }
-            if apps.count < 4096 { apps[name] = json }
+            if apps.count < 4096 { apps[bytes] = json }
             return json
         }
     }

@@ -186,22 +186,23 @@ struct InlineText {
 }
 
 /// The names of the types counted, each once, for `InlineCounts` to count them by number: at
-/// most 1,024 (a type past those is counted by name).
+/// most 1,024 (a type past those is counted by name). Names are told apart by their bytes, as the
+/// journal stores them: Swift's `==` on strings takes "é" and "e\u{301}" for one.
 struct TypeTable {
     private(set) var names: [String] = []
-    private var numbers: [String: UInt16] = [:]
+    private var numbers: [[UInt8]: UInt16] = [:]
 
     /// The number of `type`, added if new and there is room.
     mutating func index(of type: String) -> UInt16? {
         if names.count <= 16 {
-            if let i = names.firstIndex(of: type) { return UInt16(i) }
-        } else if let i = numbers[type] {
+            if let i = names.firstIndex(where: { $0.utf8.elementsEqual(type.utf8) }) { return UInt16(i) }
+        } else if let i = numbers[Array(type.utf8)] {
             return i
         }
         guard names.count < 1024 else { return nil }
         let i = UInt16(names.count)
         names.append(type)
-        numbers[type] = i
+        numbers[Array(type.utf8)] = i
         return i
     }
 
@@ -226,7 +227,7 @@ struct TypeTable {
     }
 }
 
-/// A session's counts by type, up to eight types, in order of their names (as `TypeCounts`):
+/// A session's counts by type, up to eight types, in the order of their names' bytes (as `TypeCounts`):
 /// each a lane of 32 bits, the type's number in `TypeTable` (plus one) in 11 bits above a
 /// count of 21. A session of an app's journeys has five types or six (its screens' lifecycle,
 /// navigation, `When` events, errors, and what screen-tracking derives): with four, most
@@ -279,7 +280,11 @@ struct InlineCounts {
             let last = Self.lanes - 1
             guard w[last] == 0 else { return false }
             var at = 0
-            while at < Self.lanes, w[at] != 0, names.name(UInt16(w[at] >> Self.countBits) - 1) < name { at += 1 }
+            while at < Self.lanes, w[at] != 0,
+                names.name(UInt16(w[at] >> Self.countBits) - 1).utf8.lexicographicallyPrecedes(name.utf8)
+            {
+                at += 1
+            }
             var i = last
             while i > at {
                 w[i] = w[i - 1]

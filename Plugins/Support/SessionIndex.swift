@@ -92,7 +92,8 @@ package struct SessionIndex {
 
     /// `app`, as the copy kept in `apps` when there is one.
     private mutating func sharedApp(_ app: String) -> String {
-        if let kept = apps.first(where: { $0 == app }) { return kept }
+        // By bytes: Swift's `==` takes "é" and "e\u{301}" for one app, which the journal keeps apart.
+        if let kept = apps.first(where: { $0.utf8.elementsEqual(app.utf8) }) { return kept }
         if apps.count < 64 { apps.append(app) }
         return app
     }

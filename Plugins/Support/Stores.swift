@@ -54,7 +54,8 @@ package struct TypeCounts: Codable, Equatable, Sendable, Sequence, ExpressibleBy
         var count: Int
     }
 
-    /// By type, ascending: each type once.
+    /// By type, in the order of their bytes: each type once. Told apart by their bytes, as the
+    /// journal stores them (Swift's `==` and `<` on strings take "é" and "e\u{301}" for one).
     private var pairs: [Pair] = []
 
     package init() {}
@@ -72,9 +73,9 @@ package struct TypeCounts: Codable, Equatable, Sendable, Sequence, ExpressibleBy
         var high = pairs.count
         while low < high {
             let middle = (low + high) / 2
-            if pairs[middle].type < type { low = middle + 1 } else { high = middle }
+            if pairs[middle].type.utf8.lexicographicallyPrecedes(type.utf8) { low = middle + 1 } else { high = middle }
         }
-        return (low, low < pairs.count && pairs[low].type == type)
+        return (low, low < pairs.count && pairs[low].type.utf8.elementsEqual(type.utf8))
     }
 
     package subscript(type: String) -> Int? {
@@ -103,12 +104,23 @@ package struct TypeCounts: Codable, Equatable, Sendable, Sequence, ExpressibleBy
         pairs.lazy.map { (key: $0.type, value: $0.count) }.makeIterator()
     }
 
-    package init(from decoder: any Decoder) throws {
-        for (type, count) in try [String: Int](from: decoder) { self[type] = count }
+    private struct TypeKey: CodingKey {
+        var stringValue: String
+        var intValue: Int? { nil }
+        init(stringValue: String) { self.stringValue = stringValue }
+        init?(intValue: Int) { nil }
     }
 
+    package init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: TypeKey.self)
+        for key in c.allKeys { self[key.stringValue] = try c.decode(Int.self, forKey: key) }
+    }
+
+    /// Each type a key of its own: a dictionary of strings would take two types that differ in
+    /// bytes only for one, and trap.
     package func encode(to encoder: any Encoder) throws {
-        try Dictionary(uniqueKeysWithValues: pairs.map { ($0.type, $0.count) }).encode(to: encoder)
+        var c = encoder.container(keyedBy: TypeKey.self)
+        for pair in pairs { try c.encode(pair.count, forKey: TypeKey(stringValue: pair.type)) }
     }
 }
 

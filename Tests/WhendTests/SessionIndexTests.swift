@@ -274,6 +274,43 @@ struct SessionIndexTests {
         }
     }
 
+    /// Apps and types that Swift's `==` takes for one ("é" as one code point, and "e" with a
+    /// combining accent) are as many as their bytes are, in the index, in its export and in a
+    /// listing completed from the journal. The export once gave a session the app another
+    /// session had spelled first, and the listing, finding the journal's bytes elsewhere, split
+    /// that session in two.
+    @Test func namesThatDifferOnlyInTheirBytesStayApart() throws {
+        let directory = scratchDirectory("bytes-export")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let composed = #"{"app":"\u00e9","session":"X","type":"when"}"#
+        let decomposed = #"{"app":"e\u0301","session":"Y","type":"when"}"#
+        let plugin = try SessionIndexExport(directory: directory)
+        Self.record(Array(composed.utf8), seq: 1, into: plugin)
+        Self.record(Array(decomposed.utf8), seq: 2, into: plugin)
+        Self.record(Array(#"{"app":"a","session":"T","type":"\u00e9"}"#.utf8), seq: 3, into: plugin)
+        Self.record(Array(#"{"app":"a","session":"T","type":"e\u0301"}"#.utf8), seq: 4, into: plugin)
+        let types = try #require(plugin.index.sessions.first { $0.session == "T" }).counts
+        #expect(types.keys.map { Array($0.utf8) } == [Array("e\u{301}".utf8), Array("\u{e9}".utf8)])
+        try plugin.export()
+        let export = try #require(FileManager.default.contents(atPath: directory + "/sessions.json"))
+        let text = String(decoding: export, as: UTF8.self)
+        #expect(text.contains(#""app":"e\#u{301}","#) && text.contains(#""app":"\#u{e9}","#), "\(text)")
+        #expect(text.contains(#""counts":{"e\#u{301}":1,"\#u{e9}":1}"#), "\(text)")
+
+        var reader = SessionIndex(directory: directory)
+        Array(#"{"_seq":5,"app":"e\u0301","session":"Y","type":"when"}"#.utf8).withUnsafeBufferPointer {
+            reader.apply(stored: $0, seq: 5)
+        }
+        let y = reader.sessions.filter { $0.session == "Y" }
+        #expect(y.count == 1 && y.first?.records == 2, "\(y)")
+        #expect(y.first.map { Array($0.app.utf8) } == Array("e\u{301}".utf8))
+        // `whenctl sessions --json` encodes the entries: two such types are two keys, not a trap.
+        let entry = SessionIndex.Entry(
+            app: "a", session: "T", firstSeq: 3, lastSeq: 4, firstTime: "", lastTime: "", counts: types)
+        let encoded = String(decoding: try JSONEncoder().encode(entry), as: UTF8.self)
+        #expect(encoded.contains("e\u{301}") && encoded.contains("\u{e9}"), "\(encoded)")
+    }
+
     /// One stored record, as session-recorder's `handle` gives it to its index.
     static func record(_ line: [UInt8], seq: UInt64, into index: SessionIndexExport) {
         line.withUnsafeBufferPointer { bytes in
