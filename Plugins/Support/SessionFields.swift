@@ -165,7 +165,7 @@ struct InlineText {
             let tag = b[31]
             if tag == 0xFF { return nil }
             if tag & 0x80 == 0 {
-                return body(UnsafeBufferPointer(rebasing: b.bindMemory(to: UInt8.self)[0..<Int(tag)]))
+                return b.withMemoryRebound(to: UInt8.self) { body(UnsafeBufferPointer(rebasing: $0[0..<Int(tag)])) }
             }
             let count = Int(tag & 0x7F)
             let alphabet = Self.alphabet
@@ -208,21 +208,23 @@ struct TypeTable {
 
     func name(_ index: UInt16) -> String { names[Int(index)] }
 
-    /// Each name's first spelling as stored (a JSON string, quotes included), by number: a
-    /// record's type is found by its bytes, without making a string of it (the same bytes
-    /// decode to the same name). Empty for a name not seen so.
+    /// The first 16 names' first spellings as stored (a JSON string, quotes included), by
+    /// number: a record's type is found by its bytes, without making a string of it (the same
+    /// bytes decode to the same name). Empty for a name not seen so.
     private var spellings: [[UInt8]] = []
 
     /// `index(of:)` the type of a record as stored: a string's text, else "".
     mutating func index(ofStored value: JSONValue?) -> UInt16? {
         guard let value, value.stringContents != nil else { return index(of: "") }
-        for (i, spelling) in spellings.prefix(16).enumerated()
+        for (i, spelling) in spellings.enumerated()
         where spelling.withUnsafeBufferPointer({ JSONBytes.equal($0, value.raw) }) {
             return UInt16(i)
         }
         guard let i = index(of: value.string ?? "") else { return nil }
-        while spellings.count <= Int(i) { spellings.append([]) }
-        if spellings[Int(i)].isEmpty { spellings[Int(i)] = Array(value.raw) }
+        if i < 16 {
+            while spellings.count <= Int(i) { spellings.append([]) }
+            if spellings[Int(i)].isEmpty { spellings[Int(i)] = Array(value.raw) }
+        }
         return i
     }
 }
@@ -234,7 +236,7 @@ struct TypeTable {
 /// spilled their counts to a table of their own. All ones in the first lane: the counts are
 /// kept elsewhere (2,047 is no type's number).
 struct InlineCounts {
-    private var words: (UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0)
+    private var words: (UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32) = (0, 0, 0, 0, 0, 0, 0, 0)
     private static let lanes = 8
     private static let countBits: UInt32 = 21
     private static let countMask: UInt32 = (1 << countBits) - 1
@@ -257,6 +259,7 @@ struct InlineCounts {
 
     /// One more of `type`; false if it does not fit.
     mutating func add(_ type: UInt16, names: TypeTable) -> Bool {
+        guard type < 2046 else { return false }
         let tag = UInt32(type + 1) << Self.countBits
         let found = withUnsafeMutableBytes(of: &words) { raw -> Bool? in
             let w = raw.bindMemory(to: UInt32.self)

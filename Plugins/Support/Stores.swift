@@ -116,8 +116,9 @@ package struct TypeCounts: Codable, Equatable, Sendable, Sequence, ExpressibleBy
         for key in c.allKeys { self[key.stringValue] = try c.decode(Int.self, forKey: key) }
     }
 
-    /// Each type a key of its own: a dictionary of strings would take two types that differ in
-    /// bytes only for one, and trap.
+    /// Each type a key of its own, where a dictionary of strings trapped on two types that
+    /// differ in their bytes only ("é" and "e\u{301}"). Foundation's encoder and decoder keep an
+    /// object's keys in such a dictionary: through them, one of the two is lost (docs/plugins.md).
     package func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: TypeKey.self)
         for pair in pairs { try c.encode(pair.count, forKey: TypeKey(stringValue: pair.type)) }
