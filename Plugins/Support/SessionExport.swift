@@ -13,7 +13,7 @@ import WhendWire
 /// `maxSessions`, `sessionsBeyondMax` nor `digest`.
 extension SessionIndex {
     /// The export as read.
-    struct Snapshot: Decodable {
+    struct Snapshot {
         var indexedThrough: UInt64
         var maxSessions: Int?
         var sessions: [Exported]
@@ -21,16 +21,116 @@ extension SessionIndex {
     }
 
     /// One session as exported, and its digest.
-    struct Exported: Decodable {
+    struct Exported {
         var entry: Entry
         var key: SessionDigest
+    }
 
-        private enum Keys: String, CodingKey { case digest }
+    /// Reads an export, as this version writes it or as JSONEncoder wrote it before (keys
+    /// sorted, no limit): nil for anything else. With whend's own scanner rather than
+    /// Foundation's decoder, which took two thirds of `whenctl sessions`' time for 53,000
+    /// sessions, and kept an object's keys in a dictionary of strings, where two types whose
+    /// bytes differ only as Unicode's equivalence allows ("é", "e\u{301}") were one.
+    static func readExport(_ bytes: UnsafeBufferPointer<UInt8>) -> Snapshot? {
+        var through: UInt64?
+        var limit: Int??
+        var listed: [Exported]?
+        var beyond: [Exported]??
+        var scanner = JSONScanner(bytes)
+        do throws(WireError) {
+            try scanner.scanObject { m throws(WireError) in
+                let value = UnsafeBufferPointer(rebasing: bytes[m.value])
+                switch try ExportField.key(m, in: bytes) {
+                case "indexedThrough" where through == nil: through = try ExportField.unsigned(m, value)
+                case "maxSessions" where limit == nil:
+                    limit = m.kind == .null ? .some(nil) : Int(try ExportField.unsigned(m, value))
+                case "sessions" where listed == nil: listed = try readSessions(value)
+                case "sessionsBeyondMax" where beyond == nil:
+                    beyond = m.kind == .null ? .some(nil) : try readSessions(value)
+                default: break
+                }
+            }
+            scanner.skipWhitespace()
+            guard scanner.atEnd else { return nil }
+        } catch {
+            return nil
+        }
+        guard let through, let listed else { return nil }
+        return Snapshot(
+            indexedThrough: through, maxSessions: limit ?? nil, sessions: listed, sessionsBeyondMax: beyond ?? nil)
+    }
 
-        init(from decoder: any Decoder) throws {
-            entry = try Entry(from: decoder)
-            let digest = try decoder.container(keyedBy: Keys.self).decodeIfPresent(String.self, forKey: .digest)
-            key = digest.flatMap(SessionDigest.init(hex:)) ?? SessionDigest(app: entry.app, session: entry.session)
+    /// An array of exported sessions.
+    private static func readSessions(_ bytes: UnsafeBufferPointer<UInt8>) throws(WireError) -> [Exported] {
+        var sessions: [Exported] = []
+        var scanner = JSONScanner(bytes)
+        try scanner.scanArray { kind, range throws(WireError) in
+            sessions.append(try readSession(UnsafeBufferPointer(rebasing: bytes[range])))
+        }
+        return sessions
+    }
+
+    /// One exported session: every member of an `Entry` (the first of each), and its digest
+    /// where written, else the one its strings give.
+    private static func readSession(_ bytes: UnsafeBufferPointer<UInt8>) throws(WireError) -> Exported {
+        var strings: [String: String] = [:]
+        var numbers: [String: UInt64] = [:]
+        var counts: TypeCounts?
+        var scanner = JSONScanner(bytes)
+        try scanner.scanObject { m throws(WireError) in
+            let value = UnsafeBufferPointer(rebasing: bytes[m.value])
+            let key = try ExportField.key(m, in: bytes)
+            switch key {
+            case "app", "session", "firstTime", "lastTime", "digest":
+                if strings[key] == nil { strings[key] = try ExportField.string(m, value) }
+            case "firstSeq", "lastSeq":
+                if numbers[key] == nil { numbers[key] = try ExportField.unsigned(m, value) }
+            case "counts" where counts == nil:
+                var read = TypeCounts()
+                var inner = JSONScanner(value)
+                try inner.scanObject { c throws(WireError) in
+                    let type = try ExportField.key(c, in: value)
+                    let n = try ExportField.unsigned(c, UnsafeBufferPointer(rebasing: value[c.value]))
+                    guard let n = Int(exactly: n) else { throw WireError(.invalidField, "a count past Int") }
+                    if read[type] == nil { read[type] = n }
+                }
+                counts = read
+            default: break
+            }
+        }
+        guard let app = strings["app"], let session = strings["session"], let firstTime = strings["firstTime"],
+            let lastTime = strings["lastTime"], let firstSeq = numbers["firstSeq"], let lastSeq = numbers["lastSeq"],
+            let counts
+        else { throw WireError(.missingField, "an exported session lacks a member") }
+        let entry = Entry(
+            app: app, session: session, firstSeq: firstSeq, lastSeq: lastSeq, firstTime: firstTime,
+            lastTime: lastTime, counts: counts)
+        let key = strings["digest"].flatMap(SessionDigest.init(hex:)) ?? SessionDigest(app: app, session: session)
+        return Exported(entry: entry, key: key)
+    }
+
+    /// The members of an export, read as Foundation's decoder read them.
+    private enum ExportField {
+        static func key(_ m: JSONScanner.Member, in bytes: UnsafeBufferPointer<UInt8>) throws(WireError) -> String {
+            guard let key = decodedJSONString(UnsafeBufferPointer(rebasing: bytes[m.key]), hasEscapes: m.keyHasEscapes)
+            else { throw WireError(.invalidField, "a key that is not a string of Unicode") }
+            return key
+        }
+
+        static func string(_ m: JSONScanner.Member, _ value: UnsafeBufferPointer<UInt8>) throws(WireError) -> String {
+            guard m.kind == .string, value.count >= 2,
+                let text = decodedJSONString(
+                    UnsafeBufferPointer(rebasing: value[1..<value.count - 1]), hasEscapes: m.valueHasEscapes)
+            else { throw WireError(.invalidField, "a member that is not a string") }
+            return text
+        }
+
+        /// A whole number written as digits.
+        static func unsigned(_ m: JSONScanner.Member, _ value: UnsafeBufferPointer<UInt8>) throws(WireError) -> UInt64 {
+            guard m.kind == .number, let n = UInt64(String(decoding: value, as: UTF8.self)) else {
+                throw WireError(.invalidField, "a member that is not a whole number")
+            }
+            return n
         }
     }
 
@@ -61,7 +161,7 @@ extension SessionIndex {
             if n > 0 && n != listed { out.append(UInt8(ascii: ",")) }
             if !compact || !appendCompact(kept[position], to: &out, names: &names) {
                 let (key, e) = entry(at: position)
-                Self.append(e, key: key, to: &out)
+                Self.appendJSON(e, key: key, to: &out)
             }
             if out.count >= piece {
                 try write(out)
@@ -137,8 +237,9 @@ extension SessionIndex {
         return false
     }
 
-    /// One session as exported, from its entry.
-    private static func append(_ e: Entry, key: SessionDigest, to out: inout [UInt8]) {
+    /// One session as exported, from its entry (its `digest` where its strings do not give
+    /// `key`). `whenctl sessions --json` writes each session so too.
+    package static func appendJSON(_ e: Entry, key: SessionDigest, to out: inout [UInt8]) {
         out += #"{"app":"#.utf8
         appendJSONString(e.app.utf8, to: &out)
         out += #","counts":{"#.utf8

@@ -123,7 +123,7 @@ package struct SessionIndex {
     package init(directory: String) {
         self.directory = directory
         if let data = FileManager.default.contents(atPath: directory + "/sessions.json"),
-            let snapshot = try? JSONDecoder().decode(Snapshot.self, from: data)
+            let snapshot = data.withUnsafeBytes({ Self.readExport($0.bindMemory(to: UInt8.self)) })
         {
             indexedThrough = snapshot.indexedThrough
             maxSessions = snapshot.maxSessions.map { max(1, $0) }

@@ -46,9 +46,14 @@ struct Sessions: ParsableCommand {
         }
         let out = Output()
         if json {
-            let encoder = JSONEncoder()
-            encoder.outputFormatting = [.sortedKeys]
-            for s in sessions.prefix(limit) { out.write(String(decoding: try encoder.encode(s), as: UTF8.self)) }
+            // As the export writes them: Foundation's encoder keeps an object's keys in a
+            // dictionary of strings, where two types whose bytes differ only as Unicode's
+            // equivalence allows ("é", "e\u{301}") are one.
+            for s in sessions.prefix(limit) {
+                var line: [UInt8] = []
+                SessionIndex.appendJSON(s, key: SessionDigest(app: s.app, session: s.session), to: &line)
+                out.write(String(decoding: line, as: UTF8.self))
+            }
         } else {
             out.write("\(listed.count) session(s), indexed through _seq \(index.indexedThrough)")
             for s in sessions.prefix(limit) {

@@ -285,6 +285,19 @@ struct SessionIndexTests {
                 "seed \(seed): \(String(decoding: compact.prefix(600), as: UTF8.self)) against \(String(decoding: fromEntries.prefix(600), as: UTF8.self))"
             )
             #expect((try? JSONSerialization.jsonObject(with: Data(compact))) != nil, "seed \(seed)")
+            // Read back, the export is the index's sessions, digests included; cut anywhere, or
+            // with a byte changed to one JSON does not allow there, it is no export at all.
+            let read = try #require(compact.withUnsafeBufferPointer { SessionIndex.readExport($0) }, "seed \(seed)")
+            let all = read.sessions + (read.sessionsBeyondMax ?? [])
+            #expect(all.map(\.entry) == index.allSessions && read.indexedThrough == index.indexedThrough)
+            #expect(Set(all.map(\.key)) == Set((0..<index.count).map { index.entry(at: $0).key }))
+            for _ in 0..<20 {
+                let cut = random.int(compact.count - 1)
+                #expect(compact[..<cut].withUnsafeBufferPointer { SessionIndex.readExport($0) } == nil, "cut at \(cut)")
+                var changed = compact
+                changed[cut] = 0x01
+                #expect(changed.withUnsafeBufferPointer { SessionIndex.readExport($0) } == nil, "changed at \(cut)")
+            }
         }
     }
 
@@ -294,8 +307,10 @@ struct SessionIndexTests {
     /// session had spelled first, and the listing, finding the journal's bytes elsewhere, split
     /// that session in two.
     @Test func namesThatDifferOnlyInTheirBytesStayApart() throws {
-        let directory = scratchDirectory("bytes-export")
-        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let state = scratchDirectory("bytes-export")
+        defer { try? FileManager.default.removeItem(atPath: state) }
+        let directory = SessionIndex.directory(stateDirectory: state)
+        try FileManager.default.createDirectory(atPath: state + "/journal", withIntermediateDirectories: true)
         let composed = #"{"app":"\u00e9","session":"X","type":"when"}"#
         let decomposed = #"{"app":"e\u0301","session":"Y","type":"when"}"#
         let plugin = try SessionIndexExport(directory: directory)
@@ -323,11 +338,15 @@ struct SessionIndexTests {
         let y = reader.sessions.filter { $0.session == "Y" }
         #expect(y.count == 1 && y.first?.records == 2, "\(y)")
         #expect(y.first.map { Array($0.app.utf8) } == Array("e\u{301}".utf8))
-        // `whenctl sessions --json` encodes the entries with Foundation's encoder: two such types
-        // no longer trap it (it keeps one of the two keys, as docs/plugins.md says).
-        let entry = SessionIndex.Entry(
-            app: "a", session: "T", firstSeq: 3, lastSeq: 4, firstTime: "", lastTime: "", counts: types)
-        #expect(!(try JSONEncoder().encode(entry)).isEmpty)
+        // The export read back keeps both types (Foundation's decoder kept one).
+        let t = try #require(reader.sessions.first { $0.session == "T" })
+        #expect(t.counts.keys.map { Array($0.utf8) } == types.keys.map { Array($0.utf8) } && t.records == 2)
+        // And `whenctl sessions --json` writes both (Foundation's encoder trapped, then kept one).
+        let listed = try whenctl(["sessions", "--state-dir", state, "--json", "--limit", "10"])
+        #expect(listed.status == 0, "\(listed.error)")
+        let line = Array((listed.output.split(separator: "\n").first { $0.contains(#""session":"T""#) } ?? "").utf8)
+        let counts = Array(#""counts":{"e\#u{301}":1,"\#u{e9}":1}"#.utf8)
+        #expect(line.indices.contains { line[$0...].starts(with: counts) }, "\(listed.output)")
     }
 
     /// One stored record, as session-recorder's `handle` gives it to its index.
