@@ -24,6 +24,8 @@ final class PipelineService: Sendable {
         var retentionLosses: [String: UInt64] = [:]
         /// Built-in pipelines nobody asked for whose plugin is missing: off, they hold no records.
         var off: Set<String> = []
+        /// Where the journal tells the workers the last `_seq` it stored, once made.
+        var storedThrough: SharedWord?
     }
 
     private let state = NIOLockedValueBox(State())
@@ -48,6 +50,27 @@ final class PipelineService: Sendable {
         return true
     }
 
+    /// The path of the word the journal tells the workers the last `_seq` it stored in, made
+    /// the first time; nil if it cannot be (the workers then read as far as the journal is
+    /// written, as before, and say nothing of it: whend logs why once).
+    private func shareStoredThrough(stateDirectory: String) -> String? {
+        let path = PipelineSpec.storedThroughPath(stateDirectory: stateDirectory)
+        return state.withLockedValue { s -> String? in
+            if s.storedThrough != nil { return path }
+            guard (try? DurableFile.createDirectory(stateDirectory + "/pipelines")) != nil,
+                let word = SharedWord.create(path)
+            else {
+                logger.error(
+                    "cannot map \(path): pipelines read records before they are stored, and a power cut may leave a cursor past the journal"
+                )
+                return nil
+            }
+            writer.share(storedThrough: word)
+            s.storedThrough = word
+            return path
+        }
+    }
+
     /// The worker specs that `configuration` asks for, by pipeline name. Each new or changed
     /// pipeline's plugins are loaded, checked (ABI, role, where it lives) and created once in
     /// `whend --plugin-check`, a process of their own, so that a bad pipeline is refused at start
@@ -61,6 +84,7 @@ final class PipelineService: Sendable {
         -> [String: PipelineSpec]
     {
         var specs: [String: PipelineSpec] = [:]
+        let storedThrough = shareStoredThrough(stateDirectory: configuration.stateDirectory)
         // A pipeline with an unloaded plugin waits at its cursor: it never skips a stage.
         for (name, plugins) in configuration.effectivePipelines where unloaded.isDisjoint(with: plugins) {
             // Only found, not loaded (a missing one is the plugin check's to refuse).
@@ -81,6 +105,7 @@ final class PipelineService: Sendable {
                 snapshotRebuild: UInt64(configuration.pipelineSnapshotRebuild),
                 shared: zip(plugins, found).allSatisfy { configuration.runsShared($0, library: $1?.path) },
                 libraries: Dictionary(found.compactMap { $0 }.map { ($0.path, $0.file) }) { a, _ in a })
+            specs[name]?.storedThroughPath = storedThrough
         }
         // A pipeline running as asked keeps what its check found; the others are checked now.
         let running = state.withLockedValue { $0.supervisors.mapValues(\.spec) }

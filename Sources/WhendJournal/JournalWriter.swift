@@ -1,4 +1,5 @@
 import Foundation
+import WhendSystem
 import WhendWire
 
 /// The one place that orders records: it gives each its `_seq`, commits everything that arrived
@@ -25,6 +26,9 @@ package final class JournalWriter: EventJournal, @unchecked Sendable {
     private var acceptedConfiguration: JournalConfiguration
     private var reconfigured = false
     private var commitObserver: CommitObserver?
+    /// Where the last `_seq` stored (acknowledged) is told to the pipeline processes, under
+    /// `condition` (`share(storedThrough:)`).
+    var storedThrough: SharedWord?
 
     let condition = NSCondition()
     private var queue: [(JournalBatch, Completion)] = []
@@ -253,12 +257,6 @@ package final class JournalWriter: EventJournal, @unchecked Sendable {
         return pendingBytesStorage
     }
 
-    package var statistics: JournalStatistics {
-        condition.lock()
-        defer { condition.unlock() }
-        return stats
-    }
-
     /// Commits everything queued, seals the active segment and stops the thread.
     package func shutdown() { thread.stop(condition) }
 
@@ -433,6 +431,7 @@ package final class JournalWriter: EventJournal, @unchecked Sendable {
         // A sealing (no batches) counts for nothing but its sync.
         if case .stored(let lastSeq) = outcome, !group.completions.isEmpty {
             stats.lastSeq = max(stats.lastSeq, lastSeq)
+            storedThrough?.store(stats.lastSeq)
             stats.recordsStored += group.records
             stats.duplicatesSkipped += group.duplicates
             stats.commits += 1

@@ -51,6 +51,9 @@ package struct PipelineSpec: Codable, Sendable, Equatable {
     package var poisonReason: String?
     /// Runs in the shared pipeline host (every stage's plugin trusted), not a process of its own.
     package var shared: Bool?
+    /// The word whend keeps the last `_seq` the journal stored in (`SharedWord`): the worker
+    /// handles no record past it. None: no bound (a worker of an older whend's spec).
+    package var storedThroughPath: String?
     /// Each stage's library as found when the pipeline was set up: its real path, and which
     /// file was there ("device:inode"). A file replaced at a path changes the spec (the
     /// pipeline starts again, on the new file), and retires a shared host that loaded the old.
@@ -75,6 +78,10 @@ package struct PipelineSpec: Codable, Sendable, Equatable {
     }
 
     package var cursorPath: String { directory + "/cursor" }
+    /// Where whend keeps the last `_seq` the journal stored, for the workers of `stateDirectory`.
+    package static func storedThroughPath(stateDirectory: String) -> String {
+        stateDirectory + "/pipelines/stored-through"
+    }
     package var snapshotPath: String { directory + "/snapshot" }
     package var deadLetterPath: String { directory + "/dead-letter.jsonl" }
     /// Eight bytes, shared between the worker and whend: the `_seq` the worker is handling, 0

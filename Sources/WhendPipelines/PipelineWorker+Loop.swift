@@ -43,6 +43,8 @@ struct WorkerLoop {
     var trimmedAt: UInt64
     /// What the daemon was last told of each stage's counters.
     var countersSent: [String: [String: Int64]] = [:]
+    /// The last `_seq` the journal stored, as whend tells it (`PipelineSpec.storedThroughPath`).
+    let storedThrough: SharedWord?
 
     init(
         spec: PipelineSpec, chain: PluginChain, deferred: Bool, keepsState: Bool, cursor: UInt64,
@@ -66,6 +68,7 @@ struct WorkerLoop {
         lastProgressCursor = cursor
         trimmedAt = cursor
         policy = CheckpointPolicy(snapshotInterval: spec.snapshotInterval, now: coarseMonotonicSeconds())
+        storedThrough = spec.storedThroughPath.flatMap(SharedWord.open)
     }
 
     /// Called after every record; the work is done as `CheckpointPolicy` says. The cursor saved
@@ -169,10 +172,25 @@ struct WorkerLoop {
         }
     }
 
+    /// A record the journal has written and not yet stored (under `durability = fsync`, not
+    /// synced): a power cut may still take it, and a cursor or a snapshot saved past it would
+    /// then claim a record the journal does not hold, and skip the one that takes its `_seq`
+    /// next. Waits until whend has stored it (a sync, a few milliseconds), telling whend of its
+    /// progress meanwhile; false if asked to stop first.
+    private mutating func waitUntilStored(_ seq: UInt64, _ storedThrough: SharedWord) -> Bool {
+        while seq > storedThrough.value {
+            guard !link.stopRequested else { return false }
+            report()
+            usleep(250)
+        }
+        return true
+    }
+
     /// One record through the chain; false to stop reading.
     mutating func handle(_ record: JournalRecord) -> Bool {
         guard !link.stopRequested else { return false }
         guard let seq = record.seq, seq > cursor else { return true }
+        if let storedThrough, seq > storedThrough.value, !waitUntilStored(seq, storedThrough) { return false }
         if let expected, seq > expected {
             // Gone before this pipeline read them: said, counted, never silent.
             skipped += seq - expected

@@ -6,6 +6,7 @@ import Synchronization
 import WhendConfiguration
 import WhendJournal
 import WhendPluginHost
+import WhendSystem
 import WhendWire
 
 /// Where a worker's frames go and come from once it moved them away from 3 and 4.
@@ -50,28 +51,16 @@ final class WorkerLink: @unchecked Sendable {
 /// The record a worker is handling, in `PipelineSpec.handlingPath`, mapped shared: one store
 /// before and after each record, which whend reads once the worker is gone.
 final class HandlingMarker: @unchecked Sendable {
-    // Unchecked: written by the worker's thread only.
-    private let word: UnsafeMutablePointer<UInt64>?
+    // Unchecked: written by the worker's thread only. Without a marker (it could not be mapped),
+    // the worker runs as before (its deaths are not put down to a record).
+    private let word: SharedWord?
 
     init(path: String) {
-        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
-        defer { if fd >= 0 { close(fd) } }
-        // Its page allocated now, not at the first store: on a full file system a store to a
-        // mapped hole is a SIGBUS, and the worker died of it. Without a marker, the worker runs
-        // as before (its deaths are not put down to a record).
-        guard fd >= 0, posix_fallocate(fd, 0, 8) == 0,
-            let map = mmap(nil, 8, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), map != MAP_FAILED
-        else {
-            word = nil
-            return
-        }
-        word = map.bindMemory(to: UInt64.self, capacity: 1)
-        word?.pointee = 0
+        word = SharedWord.create(path)
+        word?.store(0)
     }
 
-    deinit { if let word { munmap(word, 8) } }
-
-    func set(_ seq: UInt64) { word?.pointee = seq }
+    func set(_ seq: UInt64) { word?.store(seq) }
 
     /// What a worker that is gone left in `path`: the record it was handling, or 0.
     static func read(_ path: String) -> UInt64 {
