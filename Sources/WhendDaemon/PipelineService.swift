@@ -84,7 +84,11 @@ final class PipelineService: Sendable {
         -> [String: PipelineSpec]
     {
         var specs: [String: PipelineSpec] = [:]
-        let storedThrough = shareStoredThrough(stateDirectory: configuration.stateDirectory)
+        // Only for pipelines: a file mapped for writing keeps the state directory's file system
+        // from being remounted read-only, which whend without pipelines survives.
+        let storedThrough =
+            configuration.effectivePipelines.isEmpty
+            ? nil : shareStoredThrough(stateDirectory: configuration.stateDirectory)
         // A pipeline with an unloaded plugin waits at its cursor: it never skips a stage.
         for (name, plugins) in configuration.effectivePipelines where unloaded.isDisjoint(with: plugins) {
             // Only found, not loaded (a missing one is the plugin check's to refuse).
