@@ -43,7 +43,7 @@ extension SessionIndex {
                 switch try ExportField.key(m, in: bytes) {
                 case "indexedThrough" where through == nil: through = try ExportField.unsigned(m, value)
                 case "maxSessions" where limit == nil:
-                    limit = m.kind == .null ? .some(nil) : Int(try ExportField.unsigned(m, value))
+                    limit = m.kind == .null ? .some(nil) : try ExportField.count(m, value)
                 case "sessions" where listed == nil: listed = try readSessions(value)
                 case "sessionsBeyondMax" where beyond == nil:
                     beyond = m.kind == .null ? .some(nil) : try readSessions(value)
@@ -90,8 +90,7 @@ extension SessionIndex {
                 var inner = JSONScanner(value)
                 try inner.scanObject { c throws(WireError) in
                     let type = try ExportField.key(c, in: value)
-                    let n = try ExportField.unsigned(c, UnsafeBufferPointer(rebasing: value[c.value]))
-                    guard let n = Int(exactly: n) else { throw WireError(.invalidField, "a count past Int") }
+                    let n = try ExportField.count(c, UnsafeBufferPointer(rebasing: value[c.value]))
                     if read[type] == nil { read[type] = n }
                 }
                 counts = read
@@ -129,6 +128,14 @@ extension SessionIndex {
         static func unsigned(_ m: JSONScanner.Member, _ value: UnsafeBufferPointer<UInt8>) throws(WireError) -> UInt64 {
             guard m.kind == .number, let n = UInt64(String(decoding: value, as: UTF8.self)) else {
                 throw WireError(.invalidField, "a member that is not a whole number")
+            }
+            return n
+        }
+
+        /// A whole number that fits an `Int` (a damaged export's larger one trapped the reader).
+        static func count(_ m: JSONScanner.Member, _ value: UnsafeBufferPointer<UInt8>) throws(WireError) -> Int {
+            guard let n = Int(exactly: try unsigned(m, value)) else {
+                throw WireError(.invalidField, "a member past the largest count")
             }
             return n
         }

@@ -291,6 +291,12 @@ struct SessionIndexTests {
             let all = read.sessions + (read.sessionsBeyondMax ?? [])
             #expect(all.map(\.entry) == index.allSessions && read.indexedThrough == index.indexedThrough)
             #expect(Set(all.map(\.key)) == Set((0..<index.count).map { index.entry(at: $0).key }))
+            // A limit past the largest count (a damaged export) is no export, not a trap.
+            let key = Array(#""maxSessions":"#.utf8)
+            let digits = try #require(compact.indices.first { compact[$0...].starts(with: key) }) + key.count
+            let after = compact[digits...].firstIndex { $0 < UInt8(ascii: "0") || $0 > UInt8(ascii: "9") } ?? digits
+            let huge = Array(compact[..<digits]) + Array("18446744073709551615".utf8) + Array(compact[after...])
+            #expect(huge.withUnsafeBufferPointer { SessionIndex.readExport($0) } == nil)
             for _ in 0..<20 {
                 let cut = random.int(compact.count - 1)
                 #expect(compact[..<cut].withUnsafeBufferPointer { SessionIndex.readExport($0) } == nil, "cut at \(cut)")
