@@ -155,6 +155,7 @@ private struct Readiness: Service {
         // run of `aSignalWhileWhendStartsIsActedOnOnceItRuns`).
         if EarlySignals.takeStop() {
             await stop()
+            await untilGracefulShutdown()
             return
         }
         // A SIGHUP while whend started: the configuration it started with may already be old.
@@ -171,7 +172,12 @@ private struct EarlyStop: Service {
     let stop: @Sendable () async -> Void
 
     func run() async throws {
-        if EarlySignals.takeStop() { await stop() }
+        guard EarlySignals.takeStop() else { return }
+        await stop()
+        // Ended in its turn of the shutdown, not before: a service that ends while the group
+        // stops the ones after it "finished unexpectedly", and whend exited 1 on a SIGTERM that
+        // came while it started (seen in a CI run of the socket activation test).
+        await untilGracefulShutdown()
     }
 }
 
