@@ -81,7 +81,7 @@ package final class JournalWriter: EventJournal, @unchecked Sendable {
     /// stored, since its first copy may be lost at a power cut. Guarded by `condition`.
     var notDurableFrom: UInt64?
 
-    /// Opens the journal: recovers the unsealed tail, if any, makes the segments the
+    /// Opens the journal: recovers the unsealed segments at its end, makes the segments the
     /// de-duplication window covers durable, and rebuilds the window from the latest records.
     /// Its cost is bounded by one segment and the window, not by the journal's size.
     ///
@@ -105,20 +105,7 @@ package final class JournalWriter: EventJournal, @unchecked Sendable {
             }
         }
         let dedup = DedupWindow(window: configuration.dedupWindow)
-        var lastSeq: UInt64 = 0
-        if let tail = directory.segments().last {
-            let result = try SegmentRecovery.recover(tail)
-            switch result.outcome {
-            case .alreadySealed: break
-            case .sealed(let dropped):
-                log(
-                    "recovered \(tail.path): kept records up to _seq \(result.lastSeq), cut \(dropped) bytes of torn tail, sealed"
-                )
-            case .removedEmpty:
-                log("removed \(tail.path): it held no complete record")
-            }
-            lastSeq = result.lastSeq
-        }
+        let lastSeq = try SegmentRecovery.recoverEnd(of: directory, log: log)
         let window = UInt64(max(0, configuration.dedupWindow))
         if lastSeq > 0 {
             // What the window covers, and the tail in any case: `_seq`s go on from its last.

@@ -1,0 +1,88 @@
+import Foundation
+import SeededRandom
+import TestScratch
+import Testing
+import WhendWire
+
+@testable import WhendJournal
+
+/// What a power cut leaves at the journal's end when the sync thread is behind the writer:
+/// sealed segments, then any number of unsealed ones (their seals lost), each cut anywhere.
+/// Whatever it is, the journal whend opens is sound: `_seq` from 1 without a gap, the records
+/// exactly those written, up to the first one the cut took; `verify` clean; and the next record
+/// takes the next `_seq`.
+@Suite struct JournalEndRecoveryTests {
+    /// Writes `segments` (records per segment) from `_seq` 1, the first `sealed` of them sealed;
+    /// returns every record written and each segment's path and first `_seq`.
+    func write(
+        _ directory: JournalDirectory, segments: [Int], sealed: Int
+    ) throws -> (records: [[UInt8]], files: [(path: String, firstSeq: UInt64)]) {
+        var records: [[UInt8]] = []
+        var files: [(path: String, firstSeq: UInt64)] = []
+        for (i, count) in segments.enumerated() {
+            let first = UInt64(records.count + 1)
+            let writer = try SegmentWriter(
+                directory: directory, firstSeq: first, compressor: ZstdCompressor(level: 3), frameBytes: 600)
+            // A commit of up to three records at a time, each flushed: frames end between them.
+            var seq = first
+            while seq < first + UInt64(count) {
+                let last = min(seq + 2, first + UInt64(count) - 1)
+                var lines: [UInt8] = []
+                for s in seq...last {
+                    records.append(record(s, String(repeating: "x", count: Int(s % 11))))
+                    lines += records.last! + [0x0A]
+                }
+                try lines.withUnsafeBytes {
+                    try writer.append(
+                        lines: $0, firstSeq: seq, lastSeq: last, minReceived: 0, maxReceived: 0, flush: true)
+                }
+                seq = last + 1
+            }
+            if i < sealed { try writer.seal(sync: false) }
+            files.append((directory.segmentPath(firstSeq: first), first))
+        }
+        return (records, files)
+    }
+
+    @Test(arguments: 0..<150 as Range<UInt64>)
+    func anyEndACutLeavesOpensAsASoundJournal(seed: UInt64) throws {
+        var random = SplitMix64(state: seed)
+        let directory = JournalDirectory(path: temporaryDirectory("end-recovery"))
+        try directory.create()
+        let sealed = random.int(3)
+        let unsealed = 1 + random.int(4)
+        let sizes = (0..<(sealed + unsealed)).map { _ in 1 + random.int(12) }
+        let (records, files) = try write(directory, segments: sizes, sealed: sealed)
+        // Each unsealed segment: whole (its seal lost), or cut anywhere, down to nothing.
+        var survivesThrough = sizes[..<sealed].reduce(0, +)
+        var intact = true
+        for i in sealed..<files.count {
+            let size = Int(FileIO.size(files[i].path) ?? 0)
+            if random.int(3) > 0 { truncate(files[i].path, off_t(random.int(size + 1))) }
+            if intact, FileIO.size(files[i].path) == Int64(size) { survivesThrough += sizes[i] } else { intact = false }
+        }
+
+        let writer = try JournalWriter(configuration: JournalConfiguration(directory: directory))
+        let (lines, problems) = readAll(directory)
+        #expect(problems.isEmpty, "seed \(seed): \(problems)")
+        // Exactly the records written, from the first, up to the first one the cut took.
+        #expect(lines.count >= survivesThrough, "seed \(seed): \(lines.count) records kept of \(survivesThrough)")
+        #expect(lines.count <= records.count)
+        #expect(lines == Array(records.prefix(lines.count)), "seed \(seed)")
+        let report = JournalVerifier(directory: directory).verify()
+        #expect(report.isClean, "seed \(seed): \(report.problems)")
+        // What lies past the records kept is set aside, whole: none of it is lost.
+        for file in files where file.firstSeq > UInt64(lines.count) + 1 {
+            #expect(
+                FileManager.default.fileExists(atPath: file.path + SegmentRecovery.setAsideSuffix),
+                "seed \(seed): \(file.path) is not set aside")
+        }
+
+        writer.start()
+        let stored = JournalWriterTests().submitAndWait(
+            writer, JournalWriterTests().batch([(#""type":"when","name":"after"}"#, "after")]))
+        writer.shutdown()
+        #expect(stored == .stored(lastSeq: UInt64(lines.count) + 1), "seed \(seed): \(stored)")
+        #expect(JournalVerifier(directory: directory).verify().isClean, "seed \(seed)")
+    }
+}

@@ -1,0 +1,63 @@
+import Foundation
+import Testing
+
+/// A power cut while the journal's sync thread is behind the writer: segments the writer
+/// created, filled and sealed since the last sync that completed are lost whole or in part. The
+/// journal whend starts again over must be one `whenctl verify` accepts, with every acked event.
+@Suite(.serialized) struct LaggingSyncPowerCutTests {
+    /// The syncs are held (Tests/Fixtures/syncgate.c) while the writer writes and seals several
+    /// small segments, then the power goes. whend starts again over what survived, takes more
+    /// events, and `whenctl verify` passes: `_seq` from 1 without a gap, every segment but the
+    /// last sealed, no acked event lost.
+    @Test func aPowerCutWhileSyncsLagRotationLeavesAJournalVerifyAccepts() throws {
+        let fs = PowerCutFileSystem("pc-lagsync")
+        try fs.mount()
+        let daemon = try fs.daemon("pc-lagsync", settings: "durability = fsync\nsegment_max_bytes = 4096\n")
+        let gate = fs.directory + "/sync-gate"
+        let shim = try buildTestPlugin("syncgate", into: fs.directory, name: "syncgate")
+        _ = FileManager.default.createFile(atPath: gate, contents: nil)
+        daemon.environment = ["LD_PRELOAD": shim, "WHEND_TEST_SYNC_GATE": gate]
+        try daemon.start()
+
+        // One event larger than a segment: the writer syncs it itself, then seals the segment,
+        // whose sync goes to the sync thread, which is held from then on.
+        let pad = incompressible(6000)
+        let first = try AckedConnection.sending(
+            #"{"type":"when","name":"big","id":"big","params":{"pad":"\#(pad)"}}"# + "\n", to: daemon.socketPath,
+            answered: 1)
+        #expect(first.stored == 1)
+        // Events enough for several segments, written and sealed while no sync completes.
+        let events = (0..<60).map { i in
+            #"{"type":"when","name":"w\#(i)","id":"w\#(i)","params":{"pad":"\#(incompressible(200))"}}"# + "\n"
+        }
+        // In groups of ten: each group is written whole, and the segment rotated after it.
+        let connection = try AckedConnection(daemon.socketPath)
+        for group in stride(from: 0, to: events.count, by: 10) {
+            try connection.connection.send(events[group..<group + 10].joined())
+            usleep(100_000)
+        }
+        #expect(eventually(10) { FileManager.default.fileExists(atPath: gate + ".waiting") }, "no sync was held")
+        #expect(
+            eventually(10) { storedIDs(daemon.journal, whileWritten: true).contains("w59") },
+            "the events were not written")
+        #expect(daemon.journal.segments().count >= 4, "\(daemon.journal.segments())")
+
+        daemon.crashWithWorkers()
+        fs.cut()
+        try fs.mount()
+        unlink(gate)
+        daemon.environment = [:]
+        try daemon.start()
+        let after = try AckedConnection.sending(
+            (0..<5).map { #"{"type":"when","name":"a\#($0)","id":"a\#($0)"}"# + "\n" }.joined(),
+            to: daemon.socketPath, answered: 5)
+        #expect(after.stored == 5, "errors \(after.errors)")
+        #expect(daemon.stop() == 0)
+
+        let verify = try runCommand(executable("whenctl"), ["verify", "--state-dir", daemon.stateDirectory])
+        #expect(verify.status == 0, "\(verify.output) \(verify.error)")
+        let ids = storedIDs(daemon.journal)
+        #expect(ids.first == "big" && ids.suffix(5) == ["a0", "a1", "a2", "a3", "a4"], "\(ids)")
+        fs.cut()
+    }
+}
