@@ -128,14 +128,15 @@ package struct RecordEncoder: Sendable {
         appendJSONString(credentials.comm.utf8, to: &suffix)
         suffix.append(UInt8(ascii: "}"))
         self.trustedSuffix = suffix
-        func field(_ name: String, _ value: [UInt8]?) -> [UInt8]? {
+        func field(_ name: String, _ value: [UInt8]?, stored: [UInt8]? = nil) -> [UInt8]? {
             guard let value else { return nil }
             var out = Array(",\"\(name)\":".utf8)
-            appendJSONString(value, to: &out)
+            if let stored { out += stored } else { appendJSONString(value, to: &out) }
             return out
         }
-        self.helloAppField = field("app", hello.app)
-        self.helloSessionField = field("session", hello.session)
+        // The hello's as stored from its line, as an event's own app and session are.
+        self.helloAppField = field("app", hello.app, stored: hello.storedApp)
+        self.helloSessionField = field("session", hello.session, stored: hello.storedSession)
         // The process name can be empty in theory; an empty app is not an app.
         self.commAppField = field(
             "app", credentials.comm.isEmpty ? Array("unknown".utf8) : Array(credentials.comm.utf8))!

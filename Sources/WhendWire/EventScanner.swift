@@ -24,11 +24,23 @@ package struct Hello: Sendable, Equatable {
     /// Default `session`, decoded UTF-8.
     package var session: [UInt8]?
     package var acks: Bool
+    /// The app and session as an event's own would be stored: string literals in canonical
+    /// form, quotes included. Decoded UTF-8 has no way to say a lone surrogate (`\ud800`), which
+    /// became U+FFFD where an event's own member kept its escape: one app, stored two ways.
+    package var storedApp: [UInt8]?
+    package var storedSession: [UInt8]?
 
     package init(app: [UInt8]? = nil, session: [UInt8]? = nil, acks: Bool = false) {
         self.app = app
         self.session = session
         self.acks = acks
+        func literal(_ text: [UInt8]) -> [UInt8] {
+            var out: [UInt8] = []
+            appendJSONString(text, to: &out)
+            return out
+        }
+        storedApp = app.map(literal)
+        storedSession = session.map(literal)
     }
 }
 
@@ -298,8 +310,10 @@ package enum EventScanner {
                 }
             } else if equal(key, "app") {
                 hello.app = try stringValue(bytes, m.kind, m.value, field: "hello app", max: 255)
+                hello.storedApp = storedString(bytes, m.value)
             } else if equal(key, "session") {
                 hello.session = try stringValue(bytes, m.kind, m.value, field: "hello session", max: 128)
+                hello.storedSession = storedString(bytes, m.value)
             } else if equal(key, "acks") {
                 guard m.kind == .bool else { throw WireError(.invalidField, "hello \"acks\" must be true or false") }
                 hello.acks = bytes[m.value.lowerBound] == UInt8(ascii: "t")
@@ -310,6 +324,14 @@ package enum EventScanner {
     }
 
     /// Decodes a string field and checks its length in bytes.
+    /// A validated string's literal as whend stores it (`appendCanonicalString`).
+    static func storedString(_ bytes: UnsafeBufferPointer<UInt8>, _ range: Range<Int>) -> [UInt8] {
+        var out: [UInt8] = []
+        let contents = UnsafeBufferPointer(rebasing: bytes[(range.lowerBound + 1)..<(range.upperBound - 1)])
+        appendCanonicalString(contents, to: &out)
+        return out
+    }
+
     static func stringValue(
         _ bytes: UnsafeBufferPointer<UInt8>, _ kind: JSONKind, _ range: Range<Int>, field: String, min: Int = 1,
         max: Int, escaped known: Bool? = nil

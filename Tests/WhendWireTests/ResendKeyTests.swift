@@ -111,6 +111,38 @@ func resendKeys(id: String, hello: Hello = Hello()) throws -> (live: DedupKey?, 
         #expect(own == key)
     }
 
+    /// An app and a session given in the hello are stored, and keyed, as the same strings given
+    /// by the event itself, however each is spelled: before, a lone surrogate in the hello's
+    /// became U+FFFD, where the event's own kept its escape.
+    @Test(arguments: 0..<1000 as Range<UInt64>)
+    func theHellosAppAndSessionAreStoredAsAnEventsOwn(seed: UInt64) throws {
+        var g = GeneratedID(seed: seed)
+        var app = g.value()
+        var session = g.value()
+        // An app and a session are never empty.
+        if app.isEmpty { app = [0x61] }
+        if session.isEmpty { session = [0x73] }
+        let named = #""app":"\#(g.spelling(of: app))","session":"\#(g.spelling(of: session))""#
+        let hello = #"{"hello":{"protocol":1,"# + named + "}}"
+        guard
+            case .hello(let scanned) = try Array(hello.utf8).withUnsafeBufferPointer({
+                try EventScanner.scan($0, helloAllowed: true)
+            })
+        else { throw WireError(.invalidJSON, "not a hello: \(hello)") }
+        let (defaulted, defaultedKey) = try body(#"{"type":"when","name":"e","id":"e1"}"#, hello: scanned)
+        let own =
+            #"{"type":"when","name":"e","id":"e1","# + #""app":"\#(g.spelling(of: app))","#
+            + #""session":"\#(g.spelling(of: session))"}"#
+        let (explicit, explicitKey) = try body(own, hello: Hello())
+        func member(_ name: String, _ record: String) throws -> Substring {
+            let start = try #require(record.range(of: #","\#(name)":""#), "seed \(seed): \(record)")
+            return record[start.upperBound...].prefix { $0 != "," }
+        }
+        #expect(try member("app", defaulted) == member("app", explicit), "seed \(seed): \(hello) \(own)")
+        #expect(try member("session", defaulted) == member("session", explicit), "seed \(seed): \(hello) \(own)")
+        #expect(defaultedKey != nil && defaultedKey == explicitKey, "seed \(seed)")
+    }
+
     static func check(seed: UInt64) throws {
         var g = GeneratedID(seed: seed)
         let a = g.value()
