@@ -98,6 +98,10 @@ package final class Daemon: Sendable {
     let startedAt = Date()
     /// What the sockets are, for the line that says whend is ready.
     let listening = NIOLockedValueBox<(events: String, control: String)>(("", ""))
+    /// Whether the stop gave up waiting for the journal's last write or sync: whend then exits
+    /// with status 1.
+    package var stoppedWithoutTheJournal: Bool { journalAbandoned.withLockedValue { $0 } }
+    private let journalAbandoned = NIOLockedValueBox(false)
     /// The heartbeat's reports: STATUS=, the rate limit's summary, memory given back.
     let reporter: StatusReporter
     /// The pipelines: their workers, the shared host, what retention took from them.
@@ -207,10 +211,22 @@ package final class Daemon: Sendable {
         }
     }
 
-    /// Commits what is left, seals the active segment, and lets the event loops go.
+    /// Commits what is left, seals the active segment, and lets the event loops go: within
+    /// `shutdown_timeout`. A write or a sync the device never finishes (a disk gone, a hung
+    /// network file system) held the stop for as long as it hung; past the timeout whend stops
+    /// without it, as a crash would: nothing it held was acknowledged, and the next start
+    /// recovers the segment.
     func stopJournal() async {
         let writer = self.writer
-        await onAThreadOfItsOwn { writer.shutdown() }
+        // At least a second: `shutdown_timeout = 0` asks not to wait for connections, not to
+        // leave a journal that would seal in milliseconds unsealed.
+        let seconds = max(1, configuration.shutdownTimeout)
+        if await !onAThreadOfItsOwn(within: seconds, { writer.shutdown() }) {
+            journalAbandoned.withLockedValue { $0 = true }
+            logger.error(
+                "the journal's last write or sync did not finish within shutdown_timeout (\(Settings.number(seconds)) s); stopping without it: nothing it held was acknowledged, and the next start recovers the segment. A sync that does not return is the device's: check the disk under \(configuration.stateDirectory)"
+            )
+        }
         try? await group.shutdownGracefully()
         logger.info("stopped at _seq \(writer.statistics.lastSeq)")
     }

@@ -198,6 +198,26 @@ func onAThreadOfItsOwn(_ body: @escaping @Sendable () -> Void) async {
     }
 }
 
+/// Runs `body` on a thread of its own; true once it returns, false if `seconds` pass first (the
+/// thread is left to finish, or to end with the process).
+func onAThreadOfItsOwn(within seconds: TimeInterval, _ body: @escaping @Sendable () -> Void) async -> Bool {
+    let settled = NIOLockedValueBox(false)
+    return await withCheckedContinuation { (done: CheckedContinuation<Bool, Never>) in
+        @Sendable func settle(_ finished: Bool) {
+            let first = settled.withLockedValue { was in
+                defer { was = true }
+                return !was
+            }
+            if first { done.resume(returning: finished) }
+        }
+        Thread {
+            body()
+            settle(true)
+        }.start()
+        DispatchQueue.global().asyncAfter(deadline: .now() + max(0, seconds)) { settle(false) }
+    }
+}
+
 /// Returns once the group's graceful shutdown has begun, or the task is cancelled.
 ///
 /// Not ServiceLifecycle's `gracefulShutdown()`: that resumes its waiter from an unstructured

@@ -176,6 +176,7 @@ struct Whend: AsyncParsableCommand {
                     reloadFrom: { try command.resolveConfiguration().0 })
             }
             try await DaemonServices(daemon).run()
+            if daemon.stoppedWithoutTheJournal { throw ExitCode(1) }
         } catch let error as DaemonStartError {
             // A plugin that refuses its configuration may quote it.
             logger.critical("\(Secrets.scrub(error.description, configuration.allSecretValues))")

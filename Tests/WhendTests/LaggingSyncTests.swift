@@ -1,10 +1,9 @@
 import Foundation
 import Testing
 
-/// A power cut while the journal's sync thread is behind the writer: segments the writer
-/// created, filled and sealed since the last sync that completed are lost whole or in part. The
-/// journal whend starts again over must be one `whenctl verify` accepts, with every acked event.
-@Suite(.serialized) struct LaggingSyncPowerCutTests {
+/// The journal's sync thread behind the writer, or stuck (held by Tests/Fixtures/syncgate.c):
+/// a power cut then, or a stop.
+@Suite(.serialized) struct LaggingSyncTests {
     /// The syncs are held (Tests/Fixtures/syncgate.c) while the writer writes and seals several
     /// small segments, then the power goes. whend starts again over what survived, takes more
     /// events, and `whenctl verify` passes: `_seq` from 1 without a gap, every segment but the
@@ -59,5 +58,52 @@ import Testing
         let ids = storedIDs(daemon.journal)
         #expect(ids.first == "big" && ids.suffix(5) == ["a0", "a1", "a2", "a3", "a4"], "\(ids)")
         fs.cut()
+    }
+
+    /// A sync that never returns does not hold a stop past `shutdown_timeout`: whend says why,
+    /// exits with status 1 (before: alive until the sync returned, 23 s in an attack), and the
+    /// next start recovers the journal with every acked event.
+    @Test func aStuckSyncDoesNotHoldTheStopPastItsTimeout() throws {
+        let directory = scratchDirectory("stuck-sync-stop")
+        let daemon = TestDaemon.live(
+            "stuck-sync-stop",
+            arguments: ["--builtin-pipelines", "false", "--config", directory + "/whend.conf"],
+            stateDirectory: directory + "/state")
+        try "durability = fsync\nsegment_max_bytes = 4096\nshutdown_timeout = 1\n".write(
+            toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
+        let gate = directory + "/sync-gate"
+        let shim = try buildTestPlugin("syncgate", into: directory, name: "syncgate")
+        _ = FileManager.default.createFile(atPath: gate, contents: nil)
+        daemon.environment = ["LD_PRELOAD": shim, "WHEND_TEST_SYNC_GATE": gate]
+        try daemon.start()
+        defer { unlink(gate) }
+        // Synced by the writer itself, then sealed: the seal's sync is held from then on.
+        let first = try AckedConnection.sending(
+            #"{"type":"when","name":"big","id":"big","params":{"pad":"\#(incompressible(6000))"}}"# + "\n",
+            to: daemon.socketPath, answered: 1)
+        #expect(first.stored == 1)
+        #expect(eventually(10) { FileManager.default.fileExists(atPath: gate + ".waiting") }, "no sync was held")
+
+        let process = try #require(daemon.process)
+        let stopped = Date()
+        kill(process.processIdentifier, SIGTERM)
+        let ended = eventually(8) { !process.isRunning }
+        #expect(ended, "still running 8 s after SIGTERM with shutdown_timeout = 1")
+        if !ended { unlink(gate) }
+        process.waitUntilExit()
+        #expect(Date().timeIntervalSince(stopped) < 8)
+        #expect(process.terminationStatus == 1)
+        #expect(daemon.log.contains("did not finish within shutdown_timeout (1 s)"), "\(daemon.log.suffix(2000))")
+
+        unlink(gate)
+        daemon.environment = [:]
+        try daemon.start()
+        let after = try AckedConnection.sending(
+            #"{"type":"when","name":"after","id":"after"}"# + "\n", to: daemon.socketPath, answered: 1)
+        #expect(after.stored == 1)
+        #expect(daemon.stop() == 0)
+        let verify = try runCommand(executable("whenctl"), ["verify", "--state-dir", daemon.stateDirectory])
+        #expect(verify.status == 0, "\(verify.output) \(verify.error)")
+        #expect(storedIDs(daemon.journal) == ["big", "after"])
     }
 }
