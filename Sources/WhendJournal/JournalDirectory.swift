@@ -50,7 +50,8 @@ package struct JournalDirectory: Sendable {
         var result: [SegmentFile] = []
         for name in names where name.hasSuffix(".jsonl.zst") {
             let stem = name.dropLast(".jsonl.zst".count)
-            guard !stem.isEmpty, stem.allSatisfy(\.isNumber), let seq = UInt64(stem) else { continue }
+            // Named by its first `_seq`, which is never 0: a file named 0 is none of whend's.
+            guard !stem.isEmpty, stem.allSatisfy(\.isNumber), let seq = UInt64(stem), seq > 0 else { continue }
             result.append(SegmentFile(firstSeq: seq, path: path + "/" + name))
         }
         return result.sorted()

@@ -37,7 +37,14 @@ extension SegmentRecovery {
         for segment in segments[firstUnsealed...] {
             if gapAt == nil, let expected, segment.firstSeq != expected { gapAt = expected }
             if let gap = gapAt {
-                let aside = segment.path + setAsideSuffix
+                // Never over an earlier one: the `_seq`s a set-aside segment began at are given
+                // out again, and so are segment names.
+                var aside = segment.path + setAsideSuffix
+                var n = 1
+                while FileManager.default.fileExists(atPath: aside) {
+                    aside = segment.path + setAsideSuffix + ".\(n)"
+                    n += 1
+                }
                 guard rename(segment.path, aside) == 0 else {
                     throw JournalIOError(operation: "rename", path: segment.path, errno: errno)
                 }
@@ -51,7 +58,7 @@ extension SegmentRecovery {
             case .alreadySealed: break
             case .sealed(let dropped):
                 log(
-                    "recovered \(segment.path): kept records up to _seq \(result.lastSeq), cut \(dropped) bytes of torn tail, sealed"
+                    "recovered \(segment.path): kept records up to _seq \(result.lastSeq) (the \(dropped) bytes after its last whole frame read again, what was torn cut), sealed"
                 )
             case .removedEmpty:
                 log("removed \(segment.path): it held no complete record")

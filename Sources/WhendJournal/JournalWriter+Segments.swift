@@ -80,7 +80,12 @@ extension JournalWriter {
     /// a failed sync is seen by the thread that acknowledges (a second `fdatasync` of the same
     /// file would report success for the pages the first failed to write).
     func seal(_ segment: SegmentWriter) throws {
-        guard configurationInUse.durability == .fsync, let syncer else { return try segment.seal() }
+        guard configurationInUse.durability == .fsync, let syncer else {
+            // Synced whole: under `write` and `none`, where the records become durable.
+            try segment.seal()
+            syncedThrough.synced(from: segment.file.firstSeq, through: segment.lastSeq)
+            return
+        }
         try segment.seal(sync: false)
         syncer.hand(
             WrittenGroup(

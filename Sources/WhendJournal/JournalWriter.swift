@@ -51,6 +51,8 @@ package final class JournalWriter: EventJournal, @unchecked Sendable {
     /// What of `scratch` an idle writer keeps.
     static let idleScratchBytes = 1 << 20
     var lastRetention = Date.distantPast
+    /// Through which `_seq` everything is durable, as the next start reads it.
+    let syncedThrough: SyncedThrough
     var lastMaintenance = Date.distantPast
     let log: @Sendable (String) -> Void
     /// The time rotation by age and retention go by: the system's, or a test's own.
@@ -108,10 +110,20 @@ package final class JournalWriter: EventJournal, @unchecked Sendable {
         let lastSeq = try SegmentRecovery.recoverEnd(of: directory, log: log)
         let window = UInt64(max(0, configuration.dedupWindow))
         if lastSeq > 0 {
-            // What the window covers, and the tail in any case: `_seq`s go on from its last.
-            let from = window == 0 ? lastSeq : lastSeq > window ? lastSeq - window + 1 : 1
+            // What the window covers, and the tail in any case: `_seq`s go on from its last; and
+            // every record not known to be durable (`SyncedThrough`), from the segment of the
+            // last one that is, whose seal may not be.
+            let windowFrom = window == 0 ? lastSeq : lastSeq > window ? lastSeq - window + 1 : 1
+            let mark = SyncedThrough.read(directory).flatMap { $0 <= lastSeq ? $0 : nil }
+            let from = min(windowFrom, max(1, mark ?? 1))
+            if from < windowFrom {
+                let why =
+                    mark.map { "the last whend stopped before syncing past \($0)" } ?? "no mark of what was synced"
+                log("syncing the journal from _seq \(from) on: \(why)")
+            }
             try Self.makeDurable(directory, recordsFrom: from, log: log)
         }
+        self.syncedThrough = SyncedThrough(directory, durableThrough: lastSeq)
         if window > 0, lastSeq > 0 {
             let from = lastSeq > window ? lastSeq - window + 1 : 1
             JournalReader(directory: directory).read(fromSeq: from) { record, _ in
@@ -136,35 +148,6 @@ package final class JournalWriter: EventJournal, @unchecked Sendable {
         self.nextSeq = lastSeq + 1
         self.compressor = ZstdCompressor(level: configuration.compressionLevel)
         self.stats = JournalStatistics(lastSeq: lastSeq)
-    }
-
-    /// Syncs every segment that holds records from `_seq` `from` on, and the directory, before
-    /// anything is acknowledged: the previous whend may have written them and died before their
-    /// syncs (under `durability = fsync` a sealed segment's sync runs after the seal, on the sync
-    /// thread), and a resend acknowledged as a duplicate of a record is only as durable as the
-    /// record. Recovery syncs the unsealed tail, but not the sealed segments before it. A segment
-    /// whose sync fails is rewritten whole and synced, as after a failed sync while running.
-    ///
-    /// Each is an `fdatasync` of a file that is usually clean already (a cache flush at most); the
-    /// window spans a few segments at most unless they are tiny. Not `syncfs`: it would wait for
-    /// every other program's writes on that file system too, and a FUSE file system does not see it.
-    private static func makeDurable(
-        _ directory: JournalDirectory, recordsFrom from: UInt64, log: (String) -> Void
-    ) throws {
-        let segments = directory.segments()
-        for (i, segment) in segments.enumerated() {
-            // A segment's records end where the next one's begin.
-            if i + 1 < segments.count, segments[i + 1].firstSeq <= from { continue }
-            let fd = try FileIO.open(segment.path, O_RDONLY)
-            let synced = fdatasync(fd) == 0
-            let error = errno
-            close(fd)
-            guard !synced else { continue }
-            log(
-                "syncing \(segment.path) at start failed: \(String(cString: strerror(error))); rewriting it")
-            _ = try SegmentRecovery.recover(segment, evenIfSealed: true)
-        }
-        try FileIO.syncDirectory(directory.path)
     }
 
     /// Starts the writer thread.
@@ -274,10 +257,11 @@ package final class JournalWriter: EventJournal, @unchecked Sendable {
                 if configurationInUse.durability == .none, queueIsEmpty() { flushQuietly() }
             } else if stop {
                 break
-            } else if scratch.capacity > Self.idleScratchBytes {
+            } else {
+                syncedThrough.flush()
                 // Idle for a heartbeat: the group a burst built (20 MiB after 1M events, 12 of
                 // them resident) is not kept for the next burst; it grows again if one comes.
-                scratch = []
+                if scratch.capacity > Self.idleScratchBytes { scratch = [] }
             }
             // Rotation by age and retention run whatever the load, at most once a second.
             if now().timeIntervalSince(lastMaintenance) >= 1 { maintain() }
@@ -292,6 +276,7 @@ package final class JournalWriter: EventJournal, @unchecked Sendable {
         }
         active = nil
         syncer?.shutdown()
+        syncedThrough.flush()
     }
 
     private func queueIsEmpty() -> Bool {
@@ -426,6 +411,10 @@ package final class JournalWriter: EventJournal, @unchecked Sendable {
             stats.failing = nil
         }
         condition.unlock()
+        // A sync of a segment's file covers all it holds, whatever durability wrote it.
+        if case .stored(let lastSeq) = outcome, let segment = group.segment {
+            syncedThrough.synced(from: segment.file.firstSeq, through: lastSeq)
+        }
         if case .stored = outcome, group.records > 0, let commitObserver {
             let seconds = Double(DispatchTime.now().uptimeNanoseconds - group.startedNanos) / 1e9
             commitObserver(Int(group.records), group.writtenBytes, seconds)

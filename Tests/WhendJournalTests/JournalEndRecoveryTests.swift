@@ -62,7 +62,14 @@ import WhendWire
             if intact, FileIO.size(files[i].path) == Int64(size) { survivesThrough += sizes[i] } else { intact = false }
         }
 
+        // A segment set aside by an earlier start, named as one of these may be: kept as it is.
+        let earlier = files[random.int(files.count)].path + SegmentRecovery.setAsideSuffix
+        let earlierBytes = Data("an earlier start's".utf8)
+        if random.int(2) == 0 { FileManager.default.createFile(atPath: earlier, contents: earlierBytes) }
+        let hadEarlier = FileManager.default.fileExists(atPath: earlier)
+
         let writer = try JournalWriter(configuration: JournalConfiguration(directory: directory))
+        if hadEarlier { #expect(FileManager.default.contents(atPath: earlier) == earlierBytes, "seed \(seed)") }
         let (lines, problems) = readAll(directory)
         #expect(problems.isEmpty, "seed \(seed): \(problems)")
         // Exactly the records written, from the first, up to the first one the cut took.
@@ -73,9 +80,10 @@ import WhendWire
         #expect(report.isClean, "seed \(seed): \(report.problems)")
         // What lies past the records kept is set aside, whole: none of it is lost.
         for file in files where file.firstSeq > UInt64(lines.count) + 1 {
-            #expect(
-                FileManager.default.fileExists(atPath: file.path + SegmentRecovery.setAsideSuffix),
-                "seed \(seed): \(file.path) is not set aside")
+            let aside =
+                file.path + SegmentRecovery.setAsideSuffix
+                + (file.path + SegmentRecovery.setAsideSuffix == earlier && hadEarlier ? ".1" : "")
+            #expect(FileManager.default.fileExists(atPath: aside), "seed \(seed): \(file.path) is not set aside")
         }
 
         writer.start()
@@ -84,5 +92,43 @@ import WhendWire
         writer.shutdown()
         #expect(stored == .stored(lastSeq: UInt64(lines.count) + 1), "seed \(seed): \(stored)")
         #expect(JournalVerifier(directory: directory).verify().isClean, "seed \(seed)")
+    }
+
+    /// A file named like a segment that begins at `_seq` 0 (none of whend's) is left alone:
+    /// start-up and `verify` trapped on it (an arithmetic overflow), on every start.
+    @Test func aFileNamedLikeSegmentZeroIsNoneOfWhends() throws {
+        let directory = JournalDirectory(path: temporaryDirectory("segment-zero"))
+        try directory.create()
+        _ = try write(directory, segments: [5], sealed: 1)
+        FileManager.default.createFile(atPath: directory.segmentPath(firstSeq: 0), contents: Data())
+        let writer = try JournalWriter(configuration: JournalConfiguration(directory: directory))
+        writer.start()
+        let stored = JournalWriterTests().submitAndWait(
+            writer, JournalWriterTests().batch([(#""type":"when","name":"after"}"#, "after")]))
+        writer.shutdown()
+        #expect(stored == .stored(lastSeq: 6))
+        #expect(JournalVerifier(directory: directory).verify().isClean)
+        #expect(FileManager.default.fileExists(atPath: directory.segmentPath(firstSeq: 0)))
+    }
+
+    /// What the next start reads of what was synced: after a clean stop, every record, whatever
+    /// the durability (under `write` and `none`, a seal is where records are synced).
+    @Test(arguments: [Durability.fsync, .write, .none])
+    func aCleanStopLeavesEveryRecordMarkedSynced(durability: Durability) throws {
+        let directory = JournalDirectory(path: temporaryDirectory("synced-through"))
+        var configuration = JournalConfiguration(directory: directory)
+        configuration.segmentMaxBytes = 300
+        configuration.durability = durability
+        for round in 0..<2 {
+            let writer = try JournalWriter(configuration: configuration)
+            writer.start()
+            for i in 0..<20 {
+                let body = #""type":"when","name":"n","params":{"pad":"\#(String(repeating: "p", count: i * 7))"}}"#
+                _ = JournalWriterTests().submitAndWait(writer, JournalWriterTests().batch([(body, "r\(round)-\(i)")]))
+            }
+            writer.shutdown()
+            #expect(SyncedThrough.read(directory) == UInt64(20 * (round + 1)), "\(durability), round \(round)")
+        }
+        #expect(directory.segments().count >= 2)
     }
 }

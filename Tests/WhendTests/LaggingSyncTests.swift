@@ -106,4 +106,100 @@ import Testing
         #expect(verify.status == 0, "\(verify.output) \(verify.error)")
         #expect(storedIDs(daemon.journal) == ["big", "after"])
     }
+
+    /// whend is killed while its syncs lag (segments written and sealed, none synced), starts
+    /// again and acknowledges new events, then the power goes. What the killed whend wrote is
+    /// made durable by the next start before it acknowledges anything after it: after the cut,
+    /// `verify` is clean, `_seq` without a gap, the new events kept (before: the old segments,
+    /// never synced, were torn out of the middle of the journal, a gap for good with
+    /// acknowledged events after it; an outside attack, with the de-duplication window off or
+    /// past its reach).
+    @Test func aStartSyncsWhatTheKilledWhendLeftUnsyncedBeforeAcknowledging() throws {
+        let fs = PowerCutFileSystem("pc-killed-lag")
+        try fs.mount()
+        let daemon = try fs.daemon(
+            "pc-killed-lag", settings: "durability = fsync\nsegment_max_bytes = 4096\ndedup_window = 0\n")
+        let gate = fs.directory + "/sync-gate"
+        let shim = try buildTestPlugin("syncgate", into: fs.directory, name: "syncgate")
+        _ = FileManager.default.createFile(atPath: gate, contents: nil)
+        daemon.environment = ["LD_PRELOAD": shim, "WHEND_TEST_SYNC_GATE": gate]
+        try daemon.start()
+        let first = try AckedConnection.sending(
+            #"{"type":"when","name":"big","id":"big","params":{"pad":"\#(incompressible(6000))"}}"# + "\n",
+            to: daemon.socketPath, answered: 1)
+        #expect(first.stored == 1)
+        let connection = try AckedConnection(daemon.socketPath)
+        for group in 0..<6 {
+            let events = (0..<10).map { i in
+                #"{"type":"when","name":"w","id":"w\#(group)-\#(i)","params":{"pad":"\#(incompressible(200))"}}"#
+            }
+            try connection.connection.send(events.map { $0 + "\n" }.joined())
+            usleep(100_000)
+        }
+        #expect(eventually(10) { FileManager.default.fileExists(atPath: gate + ".waiting") }, "no sync was held")
+        #expect(eventually(10) { storedIDs(daemon.journal, whileWritten: true).contains("w5-9") })
+        #expect(daemon.journal.segments().count >= 4, "\(daemon.journal.segments())")
+
+        // Killed (not a power cut: what it wrote stays in the page cache), and started again.
+        daemon.crashWithWorkers()
+        unlink(gate)
+        daemon.environment = [:]
+        try daemon.start()
+        let after = try AckedConnection.sending(
+            (0..<5).map { #"{"type":"when","name":"a","id":"a\#($0)"}"# + "\n" }.joined(), to: daemon.socketPath,
+            answered: 5)
+        #expect(after.stored == 5, "errors \(after.errors)")
+
+        daemon.crashWithWorkers()
+        fs.cut()
+        try fs.mount()
+        try daemon.start()
+        #expect(daemon.stop() == 0)
+        let verify = try runCommand(executable("whenctl"), ["verify", "--state-dir", daemon.stateDirectory])
+        #expect(verify.status == 0, "\(verify.output) \(verify.error)")
+        let ids = storedIDs(daemon.journal)
+        for id in ["big", "a0", "a1", "a2", "a3", "a4"] {
+            #expect(ids.contains(id), "\(id) was acked and is lost: \(ids)")
+        }
+        fs.cut()
+    }
+
+    /// Records written under `durability = write` (never synced), then a reload to `fsync` and
+    /// new events acknowledged: those are acknowledged as durable only once what was written
+    /// before them is, so a power cut leaves no gap before them.
+    @Test func aReloadToFsyncSyncsWhatWasWrittenBeforeAcknowledgingAfterIt() throws {
+        let fs = PowerCutFileSystem("pc-reload-fsync")
+        try fs.mount()
+        let daemon = try fs.daemon("pc-reload-fsync", settings: "durability = write\nsegment_max_bytes = 4096\n")
+        try daemon.start()
+        let events = (0..<60).map { i in
+            #"{"type":"when","name":"w","id":"w\#(i)","params":{"pad":"\#(incompressible(200))"}}"# + "\n"
+        }
+        // Ten at a time: each ten written whole, and the segment rotated after them.
+        for group in stride(from: 0, to: events.count, by: 10) {
+            let sent = try AckedConnection.sending(
+                events[group..<group + 10].joined(), to: daemon.socketPath, answered: 10)
+            #expect(sent.stored == 10)
+        }
+        #expect(daemon.journal.segments().count >= 3, "\(daemon.journal.segments())")
+
+        try "durability = fsync\nsegment_max_bytes = 4096\n".write(
+            toFile: fs.configurationFile, atomically: true, encoding: .utf8)
+        let reload = try daemon.whenctl(["reload"])
+        #expect(reload.status == 0, "\(reload.output) \(reload.error)")
+        let after = try AckedConnection.sending(
+            (0..<5).map { #"{"type":"when","name":"a","id":"a\#($0)"}"# + "\n" }.joined(), to: daemon.socketPath,
+            answered: 5)
+        #expect(after.stored == 5, "errors \(after.errors)")
+
+        let seen = try fs.cutPower(under: daemon)
+        for id in ["a0", "a1", "a2", "a3", "a4"] {
+            #expect(seen.contains(id), "\(id) was acked under fsync and is lost")
+        }
+        try daemon.start()
+        #expect(daemon.stop() == 0)
+        let verify = try runCommand(executable("whenctl"), ["verify", "--state-dir", daemon.stateDirectory])
+        #expect(verify.status == 0, "\(verify.output) \(verify.error)")
+        fs.cut()
+    }
 }
