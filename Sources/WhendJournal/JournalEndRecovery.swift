@@ -18,8 +18,15 @@ extension SegmentRecovery {
     /// clients send them again, while kept they would leave a gap in `_seq` for good. Set aside,
     /// not deleted: under `durability = write` or `none` some were acknowledged.
     ///
-    /// Its cost is one index read per unsealed segment at the end, and their recovery.
-    static func recoverEnd(of directory: JournalDirectory, log: (String) -> Void) throws -> UInt64 {
+    /// Its cost is one index read per segment from the doubtful one on, and the recovery of
+    /// those unsealed.
+    ///
+    /// An unsealed segment before those, from the one holding `_seq` `doubtfulFrom` on (what the
+    /// last whend may not have synced), is sealed too, its records kept as they are: a journal a
+    /// power cut during an older whend's start-up left so.
+    static func recoverEnd(
+        of directory: JournalDirectory, resealingFrom doubtfulFrom: UInt64 = 1, log: (String) -> Void
+    ) throws -> UInt64 {
         let segments = directory.segments()
         var firstUnsealed = segments.count
         var sealedBefore: SegmentIndex?
@@ -30,6 +37,16 @@ extension SegmentRecovery {
                 break
             }
             firstUnsealed -= 1
+        }
+        // The segments before the last sealed one, from the doubtful one on.
+        let beforeSealed = max(0, firstUnsealed - 1)
+        let doubtful = segments.lastIndex { $0.firstSeq <= doubtfulFrom } ?? 0
+        for segment in segments[min(doubtful, beforeSealed)..<beforeSealed] {
+            guard SegmentIndex.read(fromFileAt: segment.path)?.firstSeq != segment.firstSeq else { continue }
+            let result = try recover(segment)
+            log(
+                "recovered \(segment.path), unsealed before sealed segments: kept records up to _seq \(result.lastSeq), sealed"
+            )
         }
         var lastSeq = sealedBefore?.lastSeq ?? 0
         var expected = sealedBefore.map { $0.lastSeq + 1 }

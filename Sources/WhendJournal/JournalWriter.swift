@@ -107,21 +107,26 @@ package final class JournalWriter: EventJournal, @unchecked Sendable {
             }
         }
         let dedup = DedupWindow(window: configuration.dedupWindow)
-        let lastSeq = try SegmentRecovery.recoverEnd(of: directory, log: log)
+        // What the last whend may not have synced (`SyncedThrough`: from the segment of the last
+        // record known durable, whose seal may not be) is made durable first, before recovery
+        // rewrites anything: a resealed last segment made durable before the unsynced ones
+        // before it left them unsealed and torn in the middle of the journal at a power cut.
+        let mark = SyncedThrough.read(directory)
+        let doubtfulFrom = max(1, mark ?? 1)
+        if !directory.segments().isEmpty {
+            let why = mark.map { "the last whend stopped before syncing past \($0)" } ?? "no mark of what was synced"
+            if doubtfulFrom < (directory.segments().last?.firstSeq ?? 0) {
+                log("syncing the journal from _seq \(doubtfulFrom) on: \(why)")
+            }
+            try Self.makeDurable(directory, recordsFrom: doubtfulFrom, log: log)
+        }
+        let lastSeq = try SegmentRecovery.recoverEnd(of: directory, resealingFrom: doubtfulFrom, log: log)
         let window = UInt64(max(0, configuration.dedupWindow))
         if lastSeq > 0 {
-            // What the window covers, and the tail in any case: `_seq`s go on from its last; and
-            // every record not known to be durable (`SyncedThrough`), from the segment of the
-            // last one that is, whose seal may not be.
+            // What the window covers, and the tail in any case: `_seq`s go on from its last. And
+            // everything, when the mark is past the journal's end (not this journal's).
             let windowFrom = window == 0 ? lastSeq : lastSeq > window ? lastSeq - window + 1 : 1
-            let mark = SyncedThrough.read(directory).flatMap { $0 <= lastSeq ? $0 : nil }
-            let from = min(windowFrom, max(1, mark ?? 1))
-            if from < windowFrom {
-                let why =
-                    mark.map { "the last whend stopped before syncing past \($0)" } ?? "no mark of what was synced"
-                log("syncing the journal from _seq \(from) on: \(why)")
-            }
-            try Self.makeDurable(directory, recordsFrom: from, log: log)
+            try Self.makeDurable(directory, recordsFrom: (mark ?? 0) > lastSeq ? 1 : windowFrom, log: log)
         }
         self.syncedThrough = SyncedThrough(directory, durableThrough: lastSeq)
         if window > 0, lastSeq > 0 {

@@ -8,10 +8,12 @@ import Foundation
 /// in `_seq` for good, with acknowledged records after it). With this mark, start-up syncs
 /// every segment holding records after it before anything is acknowledged.
 ///
-/// It is written after the syncs it speaks for have returned, without a sync of its own, at
-/// most ten times a second, and in place (20 digits and a newline, never truncated): a value
-/// the disk lost is an older one, still true; a crash leaves the last one written, which the
-/// kernel holds; a file that cannot be read is no mark, and start-up syncs every segment.
+/// It is written after the syncs it speaks for have returned, at most ten times a second, and
+/// in place (20 digits and a newline, never truncated); synced at most every five seconds: a
+/// value the disk lost is an older one, still true; a crash leaves the last one written, which
+/// the kernel holds; a power cut, one at most five seconds old (unsynced, the mark was lost at
+/// every cut, and each start after one synced the whole journal); a file that cannot be read
+/// is no mark, and start-up syncs every segment.
 final class SyncedThrough: @unchecked Sendable {
     // Unchecked: the mutable state is guarded by `lock`.
     static let fileName = "synced-through"
@@ -20,6 +22,7 @@ final class SyncedThrough: @unchecked Sendable {
     private var value: UInt64
     private var written: UInt64?
     private var writtenAtNanos: UInt64 = 0
+    private var syncedAtNanos: UInt64?
 
     /// The mark of `directory` as the last whend left it, if it can be read.
     static func read(_ directory: JournalDirectory) -> UInt64? {
@@ -62,9 +65,17 @@ final class SyncedThrough: @unchecked Sendable {
         let text = Array((String(repeating: "0", count: max(0, 20 - digits.count)) + digits + "\n").utf8)
         let done = text.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) } == text.count
         guard done else { return }
-        lock.withLock {
+        let now = DispatchTime.now().uptimeNanoseconds
+        let syncDue: Bool = lock.withLock {
             written = mark
-            writtenAtNanos = DispatchTime.now().uptimeNanoseconds
+            writtenAtNanos = now
+            return syncedAtNanos.map { now &- $0 >= 5_000_000_000 } ?? true
         }
+        guard syncDue, fdatasync(fd) == 0 else { return }
+        // The first time, its name too.
+        if lock.withLock({ syncedAtNanos == nil }) {
+            try? FileIO.syncDirectory((path as NSString).deletingLastPathComponent)
+        }
+        lock.withLock { syncedAtNanos = now }
     }
 }

@@ -16,9 +16,9 @@ import WhendWire
     /// returns every record written and each segment's path and first `_seq`.
     func write(
         _ directory: JournalDirectory, segments: [Int], sealed: Int
-    ) throws -> (records: [[UInt8]], files: [(path: String, firstSeq: UInt64)]) {
+    ) throws -> (records: [[UInt8]], files: [(path: String, firstSeq: UInt64, unsealedSize: Int64)]) {
         var records: [[UInt8]] = []
-        var files: [(path: String, firstSeq: UInt64)] = []
+        var files: [(path: String, firstSeq: UInt64, unsealedSize: Int64)] = []
         for (i, count) in segments.enumerated() {
             let first = UInt64(records.count + 1)
             let writer = try SegmentWriter(
@@ -38,8 +38,10 @@ import WhendWire
                 }
                 seq = last + 1
             }
+            let path = directory.segmentPath(firstSeq: first)
+            let unsealedSize = FileIO.size(path) ?? 0
             if i < sealed { try writer.seal(sync: false) }
-            files.append((directory.segmentPath(firstSeq: first), first))
+            files.append((path, first, unsealedSize))
         }
         return (records, files)
     }
@@ -49,7 +51,7 @@ import WhendWire
         var random = SplitMix64(state: seed)
         let directory = JournalDirectory(path: temporaryDirectory("end-recovery"))
         try directory.create()
-        let sealed = random.int(3)
+        let sealed = random.int(4)
         let unsealed = 1 + random.int(4)
         let sizes = (0..<(sealed + unsealed)).map { _ in 1 + random.int(12) }
         let (records, files) = try write(directory, segments: sizes, sealed: sealed)
@@ -62,6 +64,12 @@ import WhendWire
             if intact, FileIO.size(files[i].path) == Int64(size) { survivesThrough += sizes[i] } else { intact = false }
         }
 
+        // A sealed segment before the last sealed one that lost its seal, its records whole (a
+        // cut during an older whend's start-up left some so): sealed again, every record kept.
+        if sealed >= 2, random.int(2) == 0 {
+            let victim = files[random.int(sealed - 1)]
+            truncate(victim.path, off_t(victim.unsealedSize))
+        }
         // A segment set aside by an earlier start, named as one of these may be: kept as it is.
         let earlier = files[random.int(files.count)].path + SegmentRecovery.setAsideSuffix
         let earlierBytes = Data("an earlier start's".utf8)
