@@ -73,7 +73,7 @@ import WhendWire
         // A segment set aside by an earlier start, named as one of these may be: kept as it is.
         let earlier = files[random.int(files.count)].path + SegmentRecovery.setAsideSuffix
         let earlierBytes = Data("an earlier start's".utf8)
-        if random.int(2) == 0 { FileManager.default.createFile(atPath: earlier, contents: earlierBytes) }
+        if random.int(2) == 0 { _ = FileManager.default.createFile(atPath: earlier, contents: earlierBytes) }
         let hadEarlier = FileManager.default.fileExists(atPath: earlier)
 
         let writer = try JournalWriter(configuration: JournalConfiguration(directory: directory))
@@ -108,7 +108,7 @@ import WhendWire
         let directory = JournalDirectory(path: temporaryDirectory("segment-zero"))
         try directory.create()
         _ = try write(directory, segments: [5], sealed: 1)
-        FileManager.default.createFile(atPath: directory.segmentPath(firstSeq: 0), contents: Data())
+        _ = FileManager.default.createFile(atPath: directory.segmentPath(firstSeq: 0), contents: Data())
         let writer = try JournalWriter(configuration: JournalConfiguration(directory: directory))
         writer.start()
         let stored = JournalWriterTests().submitAndWait(
