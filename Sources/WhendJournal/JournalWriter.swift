@@ -113,9 +113,10 @@ package final class JournalWriter: EventJournal, @unchecked Sendable {
         // before it left them unsealed and torn in the middle of the journal at a power cut.
         let mark = SyncedThrough.read(directory)
         let doubtfulFrom = max(1, mark ?? 1)
-        if !directory.segments().isEmpty {
-            let why = mark.map { "the last whend stopped before syncing past \($0)" } ?? "no mark of what was synced"
-            if doubtfulFrom < (directory.segments().last?.firstSeq ?? 0) {
+        if let last = directory.segments().last {
+            if doubtfulFrom < last.firstSeq {
+                let why =
+                    mark.map { "the last whend stopped before syncing past \($0)" } ?? "no mark of what was synced"
                 log("syncing the journal from _seq \(doubtfulFrom) on: \(why)")
             }
             try Self.makeDurable(directory, recordsFrom: doubtfulFrom, log: log)
@@ -123,10 +124,12 @@ package final class JournalWriter: EventJournal, @unchecked Sendable {
         let lastSeq = try SegmentRecovery.recoverEnd(of: directory, resealingFrom: doubtfulFrom, log: log)
         let window = UInt64(max(0, configuration.dedupWindow))
         if lastSeq > 0 {
-            // What the window covers, and the tail in any case: `_seq`s go on from its last. And
-            // everything, when the mark is past the journal's end (not this journal's).
+            // What the window covers too (a resend acknowledged as a duplicate is only as durable
+            // as its first copy), and everything when the mark is past the journal's end (not this
+            // journal's). From the doubtful segment on, synced above or rewritten by recovery.
             let windowFrom = window == 0 ? lastSeq : lastSeq > window ? lastSeq - window + 1 : 1
-            try Self.makeDurable(directory, recordsFrom: (mark ?? 0) > lastSeq ? 1 : windowFrom, log: log)
+            let from = (mark ?? 0) > lastSeq ? 1 : windowFrom
+            if from < doubtfulFrom { try Self.makeDurable(directory, recordsFrom: from, log: log) }
         }
         self.syncedThrough = SyncedThrough(directory, durableThrough: lastSeq)
         if window > 0, lastSeq > 0 {

@@ -323,7 +323,6 @@ package enum EventScanner {
         return hello
     }
 
-    /// Decodes a string field and checks its length in bytes.
     /// A validated string's literal as whend stores it (`appendCanonicalString`).
     static func storedString(_ bytes: UnsafeBufferPointer<UInt8>, _ range: Range<Int>) -> [UInt8] {
         var out: [UInt8] = []
@@ -332,6 +331,7 @@ package enum EventScanner {
         return out
     }
 
+    /// Decodes a string field and checks its length in bytes.
     static func stringValue(
         _ bytes: UnsafeBufferPointer<UInt8>, _ kind: JSONKind, _ range: Range<Int>, field: String, min: Int = 1,
         max: Int, escaped known: Bool? = nil

@@ -97,3 +97,24 @@ extension PowerCutFileSystem {
             name, arguments: arguments + ["--config", configurationFile], stateDirectory: mountPoint + "/state")
     }
 }
+
+extension TestDaemon {
+    /// Preloads Tests/Fixtures/syncgate.c, built into `directory`, at the next start: while the
+    /// returned file exists, the journal's sync thread waits before each `fdatasync`.
+    func holdingJournalSyncs(in directory: String) throws -> String {
+        let gate = directory + "/sync-gate"
+        let shim = try buildTestPlugin("syncgate", into: directory, name: "syncgate")
+        _ = FileManager.default.createFile(atPath: gate, contents: nil)
+        environment = ["LD_PRELOAD": shim, "WHEND_TEST_SYNC_GATE": gate]
+        return gate
+    }
+
+    /// One event, `big`, larger than a 4 KiB segment, sent with acks: the writer syncs it
+    /// itself, then seals the segment, whose sync goes to the sync thread (held from then on,
+    /// under `holdingJournalSyncs`).
+    func sendingSegmentSizedEvent() throws -> AckedConnection {
+        try AckedConnection.sending(
+            #"{"type":"when","name":"big","id":"big","params":{"pad":"\#(incompressible(6000))"}}"# + "\n",
+            to: socketPath, answered: 1)
+    }
+}

@@ -12,18 +12,12 @@ import Testing
         let fs = PowerCutFileSystem("pc-lagsync")
         try fs.mount()
         let daemon = try fs.daemon("pc-lagsync", settings: "durability = fsync\nsegment_max_bytes = 4096\n")
-        let gate = fs.directory + "/sync-gate"
-        let shim = try buildTestPlugin("syncgate", into: fs.directory, name: "syncgate")
-        _ = FileManager.default.createFile(atPath: gate, contents: nil)
-        daemon.environment = ["LD_PRELOAD": shim, "WHEND_TEST_SYNC_GATE": gate]
+        let gate = try daemon.holdingJournalSyncs(in: fs.directory)
         try daemon.start()
 
         // One event larger than a segment: the writer syncs it itself, then seals the segment,
         // whose sync goes to the sync thread, which is held from then on.
-        let pad = incompressible(6000)
-        let first = try AckedConnection.sending(
-            #"{"type":"when","name":"big","id":"big","params":{"pad":"\#(pad)"}}"# + "\n", to: daemon.socketPath,
-            answered: 1)
+        let first = try daemon.sendingSegmentSizedEvent()
         #expect(first.stored == 1)
         // Events enough for several segments, written and sealed while no sync completes.
         let events = (0..<60).map { i in
@@ -71,16 +65,11 @@ import Testing
             stateDirectory: directory + "/state")
         try "durability = fsync\nsegment_max_bytes = 4096\nshutdown_timeout = 1\n".write(
             toFile: directory + "/whend.conf", atomically: true, encoding: .utf8)
-        let gate = directory + "/sync-gate"
-        let shim = try buildTestPlugin("syncgate", into: directory, name: "syncgate")
-        _ = FileManager.default.createFile(atPath: gate, contents: nil)
-        daemon.environment = ["LD_PRELOAD": shim, "WHEND_TEST_SYNC_GATE": gate]
+        let gate = try daemon.holdingJournalSyncs(in: directory)
         try daemon.start()
         defer { unlink(gate) }
         // Synced by the writer itself, then sealed: the seal's sync is held from then on.
-        let first = try AckedConnection.sending(
-            #"{"type":"when","name":"big","id":"big","params":{"pad":"\#(incompressible(6000))"}}"# + "\n",
-            to: daemon.socketPath, answered: 1)
+        let first = try daemon.sendingSegmentSizedEvent()
         #expect(first.stored == 1)
         #expect(eventually(10) { FileManager.default.fileExists(atPath: gate + ".waiting") }, "no sync was held")
 
@@ -119,14 +108,9 @@ import Testing
         try fs.mount()
         let daemon = try fs.daemon(
             "pc-killed-lag", settings: "durability = fsync\nsegment_max_bytes = 4096\ndedup_window = 0\n")
-        let gate = fs.directory + "/sync-gate"
-        let shim = try buildTestPlugin("syncgate", into: fs.directory, name: "syncgate")
-        _ = FileManager.default.createFile(atPath: gate, contents: nil)
-        daemon.environment = ["LD_PRELOAD": shim, "WHEND_TEST_SYNC_GATE": gate]
+        let gate = try daemon.holdingJournalSyncs(in: fs.directory)
         try daemon.start()
-        let first = try AckedConnection.sending(
-            #"{"type":"when","name":"big","id":"big","params":{"pad":"\#(incompressible(6000))"}}"# + "\n",
-            to: daemon.socketPath, answered: 1)
+        let first = try daemon.sendingSegmentSizedEvent()
         #expect(first.stored == 1)
         let connection = try AckedConnection(daemon.socketPath)
         for group in 0..<6 {

@@ -28,10 +28,7 @@ import WhendWire
         try fs.mount()
         let daemon = try fs.daemon(
             "pc-restart", settings: "durability = fsync\nsegment_max_bytes = 4096\n", arguments: [])
-        let gate = daemon.directory + "/sync-gate"
-        let shim = try buildTestPlugin("syncgate", into: daemon.directory, name: "syncgate")
-        _ = FileManager.default.createFile(atPath: gate, contents: nil)
-        daemon.environment = ["LD_PRELOAD": shim, "WHEND_TEST_SYNC_GATE": gate]
+        let gate = try daemon.holdingJournalSyncs(in: daemon.directory)
         try daemon.start()
 
         // One event larger than a segment: the writer syncs it itself, then seals the segment,

@@ -14,19 +14,13 @@ struct StoredBoundTests {
         let (daemon, _) = try builtinPipelineDaemon(
             "stored-bound", keeping: "screens",
             settings: ["durability = fsync", "segment_max_bytes = 4096", "pipeline.everything = analytics"])
-        let gate = daemon.directory + "/sync-gate"
-        let shim = try buildTestPlugin("syncgate", into: daemon.directory, name: "syncgate")
-        _ = FileManager.default.createFile(atPath: gate, contents: nil)
-        daemon.environment = ["LD_PRELOAD": shim, "WHEND_TEST_SYNC_GATE": gate]
+        let gate = try daemon.holdingJournalSyncs(in: daemon.directory)
         try daemon.start()
         defer { unlink(gate) }
 
         // One event larger than a segment: the writer syncs it itself, then seals the segment,
         // whose sync goes to the sync thread, which is held from then on.
-        let pad = incompressible(6000)
-        let first = try AckedConnection.sending(
-            #"{"type":"when","name":"big","id":"big","params":{"pad":"\#(pad)"}}"# + "\n", to: daemon.socketPath,
-            answered: 1)
+        let first = try daemon.sendingSegmentSizedEvent()
         #expect(first.stored == 1)
         let events = (0..<40).map { i in
             [
