@@ -8,9 +8,10 @@ DEBIAN_PACKAGES := libzstd-dev libsystemd-dev libnats-dev zlib1g-dev libcurl4-op
 # man to read the installed man pages (man-db), what the README's tour uses (socat, jq), and
 # promtool to check the metrics as Prometheus reads them (prometheus), Python's venv for
 # the readers from PyPI below (python3-venv), and a browser for `whenctl ui`'s page, headless,
-# with the driver Selenium speaks to (chromium, chromium-driver).
+# with the driver Selenium speaks to (chromium, chromium-driver), and gdb, for where a suite that
+# hangs waits (Tests/run-suite.sh).
 TEST_PACKAGES := systemd e2fsprogs util-linux binutils nats-server python3-fusepy man-db socat jq prometheus \
-	python3-venv chromium chromium-driver
+	python3-venv chromium chromium-driver gdb
 # Readers of whend's formats that nobody here wrote, from PyPI, in a virtual environment of the
 # tests' own: pyzstd's seekable-format reader, Segment's own Python library, OpenTelemetry's
 # generated protobuf code (the OTLP decoder), Selenium, which drives the browser, and jsonschema,
@@ -60,7 +61,7 @@ test: test-deps
 	if [ $$status -ne 0 ]; then exit $$status; fi; \
 	if grep -E "^$(CURDIR)/(Sources|Plugins|Tests)/[^:]+:[0-9]+:[0-9]+: warning:" .build/build-tests.log; then \
 		echo "warnings in whend's code are errors: fix the above"; exit 1; fi
-	WHEND_CONFIG=/dev/null $(SWIFT) test --skip-build
+	WHEND_CONFIG=/dev/null SWIFT=$(SWIFT) bash Tests/run-suite.sh
 
 # Longer variants of the reliability tests: SOAK_ROUNDS SIGKILL rounds instead of 20,
 # POWERCUT_ROUNDS power cuts instead of 10, and KILL_SCHEDULES generated kill schedules of the

@@ -10,6 +10,8 @@ package final class BlockingSocket: @unchecked Sendable {
         package var description: String
         /// connect(2)'s errno, when it was the connection that failed.
         package var connectErrno: Int32? = nil
+        /// True when a receive timeout (SO_RCVTIMEO) passed with nothing to read.
+        package var timedOut = false
 
         /// True when nothing listens there: no daemon, rather than a broken one.
         package var nobodyListens: Bool { connectErrno == ENOENT || connectErrno == ECONNREFUSED }
@@ -77,8 +79,10 @@ package final class BlockingSocket: @unchecked Sendable {
         while true {
             let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, max, 0) }
             if n < 0 {
-                if errno == EINTR { continue }
-                throw Failure(description: "recv: \(String(cString: strerror(errno)))")
+                let e = errno
+                if e == EINTR { continue }
+                throw Failure(
+                    description: "recv: \(String(cString: strerror(e)))", timedOut: e == EAGAIN || e == EWOULDBLOCK)
             }
             return Array(buffer[0..<n])
         }

@@ -24,6 +24,10 @@ struct TestFailure: Error, CustomStringConvertible {
     var description: String
 }
 
+/// How long `exchange` waits for whend's next answer, or its close: far longer than any answer
+/// takes, even under the whole suite.
+let exchangeDeadline: Int = 60
+
 /// Sends `lines` on a fresh connection, half-closes, and returns every line the daemon
 /// answered before it closed, parsed.
 func exchange(_ socketPath: String, _ lines: [String], raw: [UInt8]? = nil) throws -> [[String: Any]] {
@@ -38,9 +42,18 @@ func exchange(_ socketPath: String, _ lines: [String], raw: [UInt8]? = nil) thro
         sendError = error
     }
     connection.finishSending()
+    // A whend that neither answers nor closes fails the test, instead of holding the suite.
+    var within = timeval(tv_sec: Int(exchangeDeadline), tv_usec: 0)
+    setsockopt(connection.fd, SOL_SOCKET, SO_RCVTIMEO, &within, socklen_t(MemoryLayout<timeval>.size))
     var answers: [[String: Any]] = []
-    try connection.receiveLines { line in
-        if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] { answers.append(o) }
+    do {
+        try connection.receiveLines { line in
+            if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] { answers.append(o) }
+        }
+    } catch let failure as BlockingSocket.Failure where failure.timedOut {
+        throw TestFailure(
+            description: "whend at \(socketPath) neither answered nor closed within \(exchangeDeadline) s of the "
+                + "last line; answered so far: \(answers)")
     }
     if answers.isEmpty, let sendError { throw sendError }
     return answers

@@ -140,10 +140,18 @@ final class TestDaemon: @unchecked Sendable {
         }
         guard let p = process else { return 0 }
         kill(p.processIdentifier, signal)
-        p.waitUntilExit()
+        if !p.exits(within: Self.stopDeadline) {
+            Issue.record("whend did not stop within \(Self.stopDeadline) s of signal \(signal): \(log.suffix(3000))")
+            kill(p.processIdentifier, SIGKILL)
+            p.waitUntilExit()
+        }
         process = nil
         return p.terminationStatus
     }
+
+    /// How long a stop may take before the test says so: far past whend's own shutdown_timeout,
+    /// so that a stop that hangs fails its test instead of holding the suite.
+    static let stopDeadline: Double = 60
 
     /// SIGKILL: no chance to flush, seal or answer.
     func crash() {
@@ -244,10 +252,25 @@ private final class EmbeddedDaemon: @unchecked Sendable {
     func stop() -> Int32 {
         let services = self.services
         Task(executorPreference: executor) { await services.stop() }
-        ended.wait()
+        if ended.wait(timeout: .now() + TestDaemon.stopDeadline) == .timedOut {
+            // Its services are left to run: nothing in the process can end them.
+            Issue.record("whend in the test's process did not stop within \(TestDaemon.stopDeadline) s")
+            return 1
+        }
         ended.signal()  // a second stop returns at once
         executor.finish()
         return status
+    }
+}
+
+extension Process {
+    /// Waits until the process has exited, at most `seconds`; false if it still runs.
+    func exits(within seconds: Double) -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        while isRunning, Date() < deadline { usleep(10_000) }
+        if isRunning { return false }
+        waitUntilExit()
+        return true
     }
 }
 
