@@ -51,6 +51,9 @@ import WhendWire
             rename(hold + ".tmp", hold)
         }
         func heldKind() -> String? { try? String(contentsOfFile: held, encoding: .utf8) }
+        // Whatever ends the test, nothing stays held: a SIGKILLed whend whose write the harness
+        // holds cannot die, and the test would wait for it for ever.
+        defer { unlink(hold) }
 
         let first = try AckedConnection.sending(Self.events("a", 0..<20), to: daemon.socketPath, answered: 20)
         #expect(first.stored == 20)

@@ -147,6 +147,8 @@ final class NotifySocket {
         #expect(notify.messages(for: 0.6).filter { $0.contains("WATCHDOG=1") }.count >= 3)
 
         try filesystem.freeze()
+        // Whatever ends the test: a whend whose write waits on a frozen file system cannot die.
+        defer { filesystem.thaw() }
         let connection = try BlockingSocket(path: daemon.socketPath)
         try connection.send(helloWithAcks + "\n" + #"{"type":"screen","name":"During"}"# + "\n")
         connection.finishSending()

@@ -71,7 +71,9 @@ extension Array where Element == [String: Any] {
 
 let helloWithAcks = #"{"hello":{"protocol":1,"app":"com.example.mail","session":"s1","acks":true}}"#
 
-func runCommand(_ path: String, _ arguments: [String], environment: [String: String] = [:]) throws -> (
+func runCommand(
+    _ path: String, _ arguments: [String], environment: [String: String] = [:], within seconds: Double = 600
+) throws -> (
     status: Int32, output: String, error: String
 ) {
     let p = Process()
@@ -94,10 +96,24 @@ func runCommand(_ path: String, _ arguments: [String], environment: [String: Str
         errBox.data = err.fileHandleForReading.readDataToEndOfFile()
         done.signal()
     }.start()
+    // A command that hangs fails its test instead of holding the suite.
+    let overdue = Flag()
+    let pid = p.processIdentifier
+    let watch = DispatchWorkItem {
+        overdue.set()
+        kill(pid, SIGKILL)
+    }
+    DispatchQueue.global().asyncAfter(deadline: .now() + seconds, execute: watch)
     let outData = out.fileHandleForReading.readDataToEndOfFile()
     done.wait()
     let errData = errBox.data
     p.waitUntilExit()
+    watch.cancel()
+    if overdue.isSet {
+        let command = ([path] + arguments).joined(separator: " ")
+        let wrote = String(decoding: outData + errData, as: UTF8.self).suffix(4000)
+        throw TestFailure(description: "\(command) did not end within \(seconds) s; killed. It wrote: \(wrote)")
+    }
     return (p.terminationStatus, String(decoding: outData, as: UTF8.self), String(decoding: errData, as: UTF8.self))
 }
 

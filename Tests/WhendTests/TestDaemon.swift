@@ -142,11 +142,10 @@ final class TestDaemon: @unchecked Sendable {
         kill(p.processIdentifier, signal)
         if !p.exits(within: Self.stopDeadline) {
             Issue.record("whend did not stop within \(Self.stopDeadline) s of signal \(signal): \(log.suffix(3000))")
-            kill(p.processIdentifier, SIGKILL)
-            p.waitUntilExit()
+            Self.killAndReap(p)
         }
         process = nil
-        return p.terminationStatus
+        return p.isRunning ? -1 : p.terminationStatus
     }
 
     /// How long a stop may take before the test says so: far past whend's own shutdown_timeout,
@@ -157,17 +156,32 @@ final class TestDaemon: @unchecked Sendable {
     func crash() {
         precondition(mode == .live, "a SIGKILL needs a live daemon: use .live")
         guard let p = process else { return }
-        kill(p.processIdentifier, SIGKILL)
-        p.waitUntilExit()
+        Self.killAndReap(p)
         process = nil
     }
 
     deinit {
         if let daemon = embedded { _ = daemon.stop() }
-        if let p = process, p.isRunning {
-            kill(p.processIdentifier, SIGKILL)
-            p.waitUntilExit()
+        if let p = process, p.isRunning { Self.killAndReap(p) }
+    }
+
+    /// SIGKILL, and the wait for the end, bounded: a thread in a request a file system never
+    /// answers (the power-cut harness holding a write, a frozen ext4) cannot die until it is
+    /// answered, and the test that would answer it (thaw, cut) must not wait for it for ever.
+    private static func killAndReap(_ p: Process) {
+        kill(p.processIdentifier, SIGKILL)
+        if !p.exits(within: 30) {
+            Issue.record(
+                "whend \(p.processIdentifier) is not dead 30 s after SIGKILL; its threads wait in the kernel at: \(kernelWaits(of: p.processIdentifier))"
+            )
         }
+    }
+
+    /// Where each thread of `pid` waits in the kernel (/proc/PID/task/TID/wchan), once each.
+    private static func kernelWaits(of pid: pid_t) -> String {
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+        let waits = tasks.compactMap { try? String(contentsOfFile: "/proc/\(pid)/task/\($0)/wchan", encoding: .utf8) }
+        return Set(waits).sorted().joined(separator: ", ")
     }
 
     /// Every stored record, parsed.
