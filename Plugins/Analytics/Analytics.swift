@@ -17,7 +17,8 @@ final class Analytics: WhendPlugin {
     static let roles: PluginRoles = [.pipeline]
 
     private let host: PluginHost
-    private let filter: AnalyticsFilter
+    /// Called on one thread at a time (the pipeline's): its scratch space needs no checks.
+    @exclusivity(unchecked) private var filter: AnalyticsFilter
     private let eventMaxBytes: Int
     /// What `eventMaxBytes` comes from, as the log says it.
     private let eventBound: String
@@ -164,6 +165,8 @@ struct AnalyticsFilter {
     var excludeWhens: Set<[UInt8]>
     /// Screen views from screen-tracking (default), or the `screen` events apps send.
     var screensFrom: String
+    /// Reused from event to event: a `when`'s params are checked for a key given twice.
+    private var repeatedKeys = RepeatedKeys()
 
     init(_ c: [String: Any]) {
         func bytes(_ key: String) -> Set<[UInt8]>? { (c[key] as? [String]).map { Set($0.map { Array($0.utf8) }) } }
@@ -181,7 +184,7 @@ struct AnalyticsFilter {
     /// most of the plugin's time. A string the event repeats (app, session, id) is copied as
     /// stored when it is plain printable ASCII, else decoded and escaped again, exactly as the
     /// writers did it.
-    func event(for r: PluginRecord) -> [UInt8]? {
+    mutating func event(for r: PluginRecord) -> [UInt8]? {
         let app = r[.app]
         if includeApps != nil || !excludeApps.isEmpty {
             let text = Array((app?.string ?? "").utf8)
@@ -243,7 +246,14 @@ struct AnalyticsFilter {
             }
         }
         if !isWhen { Self.member(#","name":"#, name, &out) }
-        if isWhen {
+        if isWhen, let params = r[.params], repeatedKeys.present(in: params.raw) {
+            // The first of a key given twice, as whend's readers and the tracking plan take it;
+            // the destination's reader would take the last.
+            var firsts: [UInt8] = []
+            repeatedKeys.appendFirstOfEach(params.raw, to: &firsts)
+            Self.literal(#","properties":"#, &out)
+            firsts.withUnsafeBufferPointer { Self.appendCopied($0, &out) }
+        } else if isWhen {
             Self.member(#","properties":"#, r[.params], or: "{}", &out)
         } else if let previous = r[.previous], previous.kind == .string {
             Self.member(#","properties":{"previous":"#, previous, &out)

@@ -434,7 +434,15 @@ final class CrashReports: PersistentStatePlugin {
         crumb.value("action", r[.action])
         crumb.value("message", r[.message])
         crumb.value("name", r[.name])
-        crumb.value("params", r[.params])
+        var repeated = RepeatedKeys()
+        if let params = r[.params], repeated.present(in: params.raw) {
+            // The first of a key given twice, as whend's readers take it (`jq` takes the last).
+            var firsts: [UInt8] = []
+            repeated.appendFirstOfEach(params.raw, to: &firsts)
+            firsts.withUnsafeBufferPointer { crumb.value("params", JSONValue(raw: $0)) }
+        } else {
+            crumb.value("params", r[.params])
+        }
         crumb.value("screen", r[.screen])
         crumb.number("seq", r.seq)
         crumb.value("status", r[.status])

@@ -122,17 +122,23 @@ enum LogRecordMapping {
     }
 
     /// An object as a key-value list, in order; `leavingOutWhends` at the top of a record only
-    /// (an app's `_` keys are reserved there, not in its nested values).
+    /// (an app's `_` keys are reserved there, not in its nested values). A key the object gives
+    /// twice is listed once, with its first value: OTLP allows each key of a list once, and
+    /// whend's own readers take the first.
     private static func keyValueList(_ raw: UnsafeBufferPointer<UInt8>, leavingOutWhends: Bool) -> AnyValue {
         var list = Opentelemetry_Proto_Common_V1_KeyValueList()
+        var given = Set<String>()
         var scanner = JSONScanner(raw)
         // A stored record is valid JSON: whend checked it before it was stored.
         try? scanner.scanObject { m in
             let key = m.keyHasEscapes ? decodeJSONString(UnsafeBufferPointer(rebasing: raw[m.key])) : Array(raw[m.key])
             if leavingOutWhends && key.first == UInt8(ascii: "_") { return }
+            // As the collector reads it: a lone surrogate is U+FFFD there, whatever it was here.
+            let name = String(decoding: key, as: UTF8.self)
+            guard given.insert(name).inserted else { return }
             list.values.append(
                 KeyValue.with {
-                    $0.key = String(decoding: key, as: UTF8.self)
+                    $0.key = name
                     $0.value = anyValue(m.kind, UnsafeBufferPointer(rebasing: raw[m.value]))
                 })
         }

@@ -5,7 +5,7 @@ import WhendWire
 /// The crash reports on disk, as `whenctl crashes` finds them.
 /// What the otlp plugin posted, decoded by OpenTelemetry's own generated code (PyPI's
 /// opentelemetry-proto) in protobuf's JSON mapping.
-private func decodedOTLP(_ bodies: [Data], in directory: String) throws -> [[String: Any]] {
+func decodedOTLP(_ bodies: [Data], in directory: String) throws -> [[String: Any]] {
     var files: [String] = []
     for (i, body) in bodies.enumerated() {
         let file = directory + "/otlp-\(i).binpb"
