@@ -158,7 +158,7 @@ private func whens(_ range: ClosedRange<Int>) -> [String] {
         #expect(eventually { (try? daemon.status()["connections"] as? Int) == 0 })
         var open: [BlockingSocket] = []
         for _ in 0..<3 {
-            let connection = try BlockingSocket(path: daemon.socketPath)
+            let connection = try BlockingSocket(path: daemon.socketPath).bounded()
             try connection.send(helloWithAcks + "\n")
             #expect(connection.waitReadable(timeout: 10))
             #expect(String(decoding: try connection.receive(), as: UTF8.self).contains("welcome"))

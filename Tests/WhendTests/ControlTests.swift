@@ -172,7 +172,7 @@ import WhendWire
     @Test func aControlClientMetByAStopIsToldNothingWasDone() throws {
         let daemon = TestDaemon("ctl-stopping")
         try daemon.start()
-        let waiting = try BlockingSocket(path: daemon.controlPath)
+        let waiting = try BlockingSocket(path: daemon.controlPath).bounded()
         // Answered after the waiting client was accepted (connections are accepted in order).
         #expect(try daemon.whenctl(["status"]).status == 0)
         let stopped = DispatchSemaphore(value: 0)

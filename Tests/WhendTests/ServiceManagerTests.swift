@@ -201,8 +201,18 @@ func spawn(
     return try spawned.mapError { TestFailure(description: "posix_spawn \(path): \($0)") }.get()
 }
 
-func waitForExit(_ pid: pid_t) -> Int32 {
+/// The exit status of child `pid`, waited for at most `seconds`; past that, the test fails and
+/// the child is SIGKILLed (a stop that hangs must not hold the suite).
+func waitForExit(_ pid: pid_t, seconds: Double = TestDaemon.stopDeadline) -> Int32 {
     var status: Int32 = 0
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        let reaped = waitpid(pid, &status, WNOHANG)
+        if reaped == pid || (reaped < 0 && errno != EINTR) { return status }
+        usleep(10_000)
+    }
+    Issue.record("process \(pid) did not exit within \(seconds) s; killing it")
+    kill(pid, SIGKILL)
     while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
     return status
 }
@@ -219,15 +229,17 @@ func waitForExit(_ pid: pid_t) -> Int32 {
         var pid = try spawnActivated(
             listeningFD: listener, socketPath: path, stateDirectory: state, log: directory + "/log")
         var answers: [[String: Any]] = []
-        for _ in 0..<100 where answers.isEmpty {
-            answers = (try? exchange(path, [helloWithAcks, #"{"type":"screen","name":"First"}"#])) ?? []
+        let deadline = Date().addingTimeInterval(30)
+        while answers.isEmpty, Date() < deadline {
+            // Short: until whend takes the socket, a connection waits in the test's own backlog.
+            answers = (try? exchange(path, [helloWithAcks, #"{"type":"screen","name":"First"}"#], within: 5)) ?? []
             if answers.isEmpty { usleep(50_000) }
         }
         #expect(answers.acks.last == 1)
         kill(pid, SIGTERM)
         #expect(waitForExit(pid) == 0)
         // whend is down; the socket is not. A client connects and sends now…
-        let early = try BlockingSocket(path: path)
+        let early = try BlockingSocket(path: path).bounded()
         try early.send(helloWithAcks + "\n" + #"{"type":"screen","name":"WhileDown"}"# + "\n")
         early.finishSending()
         // …and is answered by the next whend.
@@ -268,8 +280,10 @@ func waitForExit(_ pid: pid_t) -> Int32 {
         defer { if !exited { kill(pid, SIGKILL) } }
         // The sockets exist before whend does; the first connection starts it.
         var answers: [[String: Any]] = []
-        for _ in 0..<100 where answers.acks.isEmpty {
-            answers = (try? exchange(events, [helloWithAcks, #"{"type":"screen","name":"Activated"}"#])) ?? []
+        let deadline = Date().addingTimeInterval(30)
+        while answers.acks.isEmpty, Date() < deadline {
+            let lines = [helloWithAcks, #"{"type":"screen","name":"Activated"}"#]
+            answers = (try? exchange(events, lines, within: 5)) ?? []
             if answers.acks.isEmpty { usleep(50_000) }
         }
         #expect(answers.acks == [1])

@@ -49,6 +49,7 @@ func startWhenctl(_ arguments: [String], environment: [String: String]? = nil) t
         }
         p.terminate()
         #expect(eventually(5) { !p.isRunning })
+        p.end(within: 5)  // before reading to its end: one that ran on would hold the read
         #expect(
             names == ["early18", "early19", "early20"] + (1...30).map { "before\($0)" } + (1...30).map { "after\($0)" })
         let said = String(decoding: err.fileHandleForReading.availableData, as: UTF8.self)
@@ -72,6 +73,7 @@ func startWhenctl(_ arguments: [String], environment: [String: String]? = nil) t
             daemon, app: "a", session: "s",
             [#"{"type":"when","name":"n4"}"#] + (1...5).map { _ in #"{"type":"error","message":"m"}"# })
         #expect(eventually(10) { !p.isRunning }, "tail -f --to 6 ended once _seq 6 was examined")
+        p.end(within: 5)  // before reading to its end: one that ran on would hold the read
         let text = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         #expect(text.split(separator: "\n").count == 4)
     }
@@ -98,6 +100,7 @@ func startWhenctl(_ arguments: [String], environment: [String: String]? = nil) t
                 #"{"type":"error","message":"\u001b[2J\u202egone"}"#
             ])
         #expect(eventually(10) { !p.isRunning }, "tail -f --to 14 ended once _seq 14 was examined")
+        p.end(within: 5)  // before reading to its end: one that ran on would hold the read
         let text = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         let problems = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         let lines = text.split(separator: "\n")

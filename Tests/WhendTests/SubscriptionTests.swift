@@ -271,8 +271,13 @@ func seenThrough(_ line: [String: Any]) -> Int? {
         usleep(500_000)
         try "subscribe_group = \n".write(toFile: file, atomically: true, encoding: .utf8)
         #expect(try daemon.whenctl(["reload"]).status == 0)
+        // Ended by whend's revocation; if that never comes, by this, not by the suite's limit.
+        let pid = p.processIdentifier
+        let overdue = DispatchWorkItem { kill(pid, SIGKILL) }
+        DispatchQueue.global().asyncAfter(deadline: .now() + 60, execute: overdue)
         let text = out.fileHandleForReading.readDataToEndOfFile()
         p.waitUntilExit()
+        overdue.cancel()
         let lines = text.split(separator: 0x0A, omittingEmptySubsequences: false)
         #expect(text.last == 0x0A, "the last line is whole")
         let parsed = lines.dropLast().map { try? JSONSerialization.jsonObject(with: Data($0)) as? [String: Any] }

@@ -30,8 +30,10 @@ let exchangeDeadline: Int = 60
 
 /// Sends `lines` on a fresh connection, half-closes, and returns every line the daemon
 /// answered before it closed, parsed.
-func exchange(_ socketPath: String, _ lines: [String], raw: [UInt8]? = nil) throws -> [[String: Any]] {
-    let connection = try BlockingSocket(path: socketPath)
+func exchange(
+    _ socketPath: String, _ lines: [String], raw: [UInt8]? = nil, within seconds: Int = exchangeDeadline
+) throws -> [[String: Any]] {
+    let connection = try BlockingSocket(path: socketPath).bounded(seconds)
     // whend may close a connection before all of it is sent (a hello it refuses): what it
     // answered until then is still there to read, and is what the test looks at.
     var sendError: (any Error)?
@@ -42,9 +44,6 @@ func exchange(_ socketPath: String, _ lines: [String], raw: [UInt8]? = nil) thro
         sendError = error
     }
     connection.finishSending()
-    // A whend that neither answers nor closes fails the test, instead of holding the suite.
-    var within = timeval(tv_sec: Int(exchangeDeadline), tv_usec: 0)
-    setsockopt(connection.fd, SOL_SOCKET, SO_RCVTIMEO, &within, socklen_t(MemoryLayout<timeval>.size))
     var answers: [[String: Any]] = []
     do {
         try connection.receiveLines { line in
@@ -52,11 +51,23 @@ func exchange(_ socketPath: String, _ lines: [String], raw: [UInt8]? = nil) thro
         }
     } catch let failure as BlockingSocket.Failure where failure.timedOut {
         throw TestFailure(
-            description: "whend at \(socketPath) neither answered nor closed within \(exchangeDeadline) s of the "
+            description: "whend at \(socketPath) neither answered nor closed within \(seconds) s of the "
                 + "last line; answered so far: \(answers)")
     }
     if answers.isEmpty, let sendError { throw sendError }
     return answers
+}
+
+extension BlockingSocket {
+    /// Each send and each receive waits at most `seconds` (SO_SNDTIMEO, SO_RCVTIMEO): a whend
+    /// that neither reads, answers nor closes fails the test instead of holding the suite.
+    func bounded(_ seconds: Int = exchangeDeadline) -> BlockingSocket {
+        var within = timeval(tv_sec: seconds, tv_usec: 0)
+        for option in [SO_SNDTIMEO, SO_RCVTIMEO] {
+            setsockopt(fd, SOL_SOCKET, option, &within, socklen_t(MemoryLayout<timeval>.size))
+        }
+        return self
+    }
 }
 
 extension Array where Element == [String: Any] {

@@ -286,6 +286,17 @@ extension Process {
         waitUntilExit()
         return true
     }
+
+    /// SIGTERM, then SIGKILL if it still runs `seconds` later: a child of a test inherits the
+    /// blocked signals of the thread that started it, and one that does not unblock them
+    /// (Python) takes no notice of SIGTERM.
+    func end(within seconds: Double = 20) {
+        if isRunning { terminate() }
+        if !exits(within: seconds) {
+            kill(processIdentifier, SIGKILL)
+            _ = exits(within: 10)
+        }
+    }
 }
 
 /// A `TaskExecutor` that runs its jobs on one thread of its own until finished.

@@ -82,12 +82,7 @@ final class UIProcess {
     /// The page's origin, as printed.
     var base: String { "http://\(host):\(port)" }
 
-    deinit {
-        if process.isRunning {
-            process.terminate()
-            process.waitUntilExit()
-        }
-    }
+    deinit { process.end() }
 }
 
 /// A headless Chromium driven through Selenium (`Tests/Fixtures/ui_browser.py`, in the tests'
@@ -109,7 +104,7 @@ final class UIBrowser {
         try process.run()
         answers = LineReader(out.fileHandleForReading)
         guard let line = answers.next(timeout: 60), let first = Self.decode(line), first["ok"] as? Bool == true else {
-            process.terminate()
+            process.end(within: 5)
             let why = String(decoding: errors.fileHandleForReading.availableData, as: UTF8.self)
             throw TestFailure(
                 description:
@@ -173,8 +168,7 @@ final class UIBrowser {
 
     deinit {
         _ = try? send(["op": "quit"], timeout: 10)
-        if process.isRunning { process.terminate() }
-        process.waitUntilExit()
+        process.end()
     }
 }
 
