@@ -165,8 +165,9 @@ struct AnalyticsFilter {
     var excludeWhens: Set<[UInt8]>
     /// Screen views from screen-tracking (default), or the `screen` events apps send.
     var screensFrom: String
-    /// Reused from event to event: a `when`'s params are checked for a key given twice.
-    private var repeatedKeys = RepeatedKeys()
+    /// Reused from event to event: a `when`'s params are checked for a key given twice. A lone
+    /// surrogate is U+FFFD's, as the event writes it (`appendCopied`).
+    private var repeatedKeys = RepeatedKeys(loneSurrogatesAsReplacement: true)
 
     init(_ c: [String: Any]) {
         func bytes(_ key: String) -> Set<[UInt8]>? { (c[key] as? [String]).map { Set($0.map { Array($0.utf8) }) } }

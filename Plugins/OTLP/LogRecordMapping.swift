@@ -127,18 +127,18 @@ enum LogRecordMapping {
     /// whend's own readers take the first.
     private static func keyValueList(_ raw: UnsafeBufferPointer<UInt8>, leavingOutWhends: Bool) -> AnyValue {
         var list = Opentelemetry_Proto_Common_V1_KeyValueList()
-        var given = Set<String>()
+        var given = Set<[UInt8]>()
         var scanner = JSONScanner(raw)
         // A stored record is valid JSON: whend checked it before it was stored.
         try? scanner.scanObject { m in
             let key = m.keyHasEscapes ? decodeJSONString(UnsafeBufferPointer(rebasing: raw[m.key])) : Array(raw[m.key])
             if leavingOutWhends && key.first == UInt8(ascii: "_") { return }
-            // As the collector reads it: a lone surrogate is U+FFFD there, whatever it was here.
-            let name = String(decoding: key, as: UTF8.self)
-            guard given.insert(name).inserted else { return }
+            // As the collector reads it: by its bytes (two spellings Unicode takes for one text
+            // are two keys), a lone surrogate as U+FFFD, which `key` already has.
+            guard given.insert(key).inserted else { return }
             list.values.append(
                 KeyValue.with {
-                    $0.key = name
+                    $0.key = String(decoding: key, as: UTF8.self)
                     $0.value = anyValue(m.kind, UnsafeBufferPointer(rebasing: raw[m.value]))
                 })
         }

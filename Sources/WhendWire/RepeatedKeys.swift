@@ -8,13 +8,21 @@ import Foundation
 /// each key of a list once. So exports carry each key once, the first, at every depth.
 ///
 /// Keys are told apart by what they decode to (`"x"` and `"\u0078"` are one key), as every JSON
-/// reader tells them apart; in the canonical form whend stores, that is their bytes.
+/// reader tells them apart; in the canonical form whend stores, that is their bytes. Two keys
+/// that differ only as Unicode's normalisation allows ("é" and "e" with a combining accent) are
+/// two keys, to whend and to JSON readers.
 package struct RepeatedKeys {
     /// The keys of the objects being scanned, each object's after its parent's: reused from
     /// value to value, so that a check allocates nothing once it has grown.
     private var keys: [Range<Int>] = []
 
-    package init() {}
+    /// Whether a surrogate without its partner (`\ud800`) is read as U+FFFD, as by an export
+    /// that writes it so (analytics), or kept apart from it, as by one that keeps the escape.
+    private let loneSurrogatesAsReplacement: Bool
+
+    package init(loneSurrogatesAsReplacement: Bool = false) {
+        self.loneSurrogatesAsReplacement = loneSurrogatesAsReplacement
+    }
 
     /// Beyond this many keys in one object, keys are compared through a set rather than each
     /// with each: a hostile object of thousands of keys must not cost their square.
@@ -181,10 +189,11 @@ package struct RepeatedKeys {
         return false
     }
 
-    /// What a key decodes to (a surrogate without its partner kept apart from U+FFFD).
+    /// What a key decodes to (a surrogate without its partner as `loneSurrogatesAsReplacement`
+    /// says).
     private func identity(_ bytes: UnsafeBufferPointer<UInt8>, _ key: Range<Int>) -> [UInt8] {
         let raw = UnsafeBufferPointer(rebasing: bytes[key])
         guard let base = raw.baseAddress, memchr(base, 0x5C, raw.count) != nil else { return Array(raw) }
-        return decodeJSONString(raw, keepingLoneSurrogates: true)
+        return decodeJSONString(raw, keepingLoneSurrogates: !loneSurrogatesAsReplacement)
     }
 }
