@@ -247,15 +247,13 @@ struct AnalyticsFilter {
             }
         }
         if !isWhen { Self.member(#","name":"#, name, &out) }
-        if isWhen, let params = r[.params], repeatedKeys.present(in: params.raw) {
-            // The first of a key given twice, as whend's readers and the tracking plan take it;
-            // the destination's reader would take the last.
-            var firsts: [UInt8] = []
-            repeatedKeys.appendFirstOfEach(params.raw, to: &firsts)
+        if isWhen, let params = r[.params] {
+            // The first of a key given twice, as whend's plugins read it; the destination's
+            // reader would take the last.
             Self.literal(#","properties":"#, &out)
-            firsts.withUnsafeBufferPointer { Self.appendCopied($0, &out) }
+            repeatedKeys.withFirstOfEach(params.raw) { Self.appendCopied($0, &out) }
         } else if isWhen {
-            Self.member(#","properties":"#, r[.params], or: "{}", &out)
+            Self.literal(#","properties":{}"#, &out)
         } else if let previous = r[.previous], previous.kind == .string {
             Self.member(#","properties":{"previous":"#, previous, &out)
             Self.literal("}", &out)

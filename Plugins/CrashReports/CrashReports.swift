@@ -434,14 +434,10 @@ final class CrashReports: PersistentStatePlugin {
         crumb.value("action", r[.action])
         crumb.value("message", r[.message])
         crumb.value("name", r[.name])
-        var repeated = RepeatedKeys()
-        if let params = r[.params], repeated.present(in: params.raw) {
-            // The first of a key given twice, as whend's readers take it (`jq` takes the last).
-            var firsts: [UInt8] = []
-            repeated.appendFirstOfEach(params.raw, to: &firsts)
-            firsts.withUnsafeBufferPointer { crumb.value("params", JSONValue(raw: $0)) }
-        } else {
-            crumb.value("params", r[.params])
+        if let params = r[.params] {
+            // The first of a key given twice, as whend's plugins read it (`jq` takes the last).
+            var repeated = RepeatedKeys()
+            repeated.withFirstOfEach(params.raw) { crumb.value("params", JSONValue(raw: $0)) }
         }
         crumb.value("screen", r[.screen])
         crumb.number("seq", r.seq)

@@ -84,10 +84,7 @@ package struct RepeatedKeys {
                     let key = (i + 1)..<quote
                     let base = bases[depth - 1]
                     guard keys.count - base < Self.linearLimit else { return nil }
-                    let raw = UnsafeBufferPointer(rebasing: value[key])
-                    for given in keys[base...] where JSONBytes.equal(raw, UnsafeBufferPointer(rebasing: value[given])) {
-                        return true
-                    }
+                    if isGiven(key, in: value, since: base) { return true }
                     keys.append(key)
                     expectKey = false
                 }
@@ -98,6 +95,17 @@ package struct RepeatedKeys {
             i += 1
         }
         return false
+    }
+
+    /// Calls `body` with `value` as an export writes it: itself when no key in it repeats (the
+    /// common case, with no copy), else with each key's first member only.
+    package mutating func withFirstOfEach<R>(
+        _ value: UnsafeBufferPointer<UInt8>, _ body: (UnsafeBufferPointer<UInt8>) -> R
+    ) -> R {
+        guard present(in: value) else { return body(value) }
+        var firsts: [UInt8] = []
+        appendFirstOfEach(value, to: &firsts)
+        return firsts.withUnsafeBufferPointer(body)
     }
 
     /// `value` with each object's members but the first of each key left out, at every depth;
@@ -181,12 +189,15 @@ package struct RepeatedKeys {
             keys.append(key)
             return !inserted
         }
-        let raw = UnsafeBufferPointer(rebasing: bytes[key])
-        for given in keys[base...] where JSONBytes.equal(raw, UnsafeBufferPointer(rebasing: bytes[given])) {
-            return true
-        }
+        if isGiven(key, in: bytes, since: base) { return true }
         keys.append(key)
         return false
+    }
+
+    /// Whether the plain key `key` is, byte for byte, one of the keys noted from `base` on.
+    private func isGiven(_ key: Range<Int>, in bytes: UnsafeBufferPointer<UInt8>, since base: Int) -> Bool {
+        let raw = UnsafeBufferPointer(rebasing: bytes[key])
+        return keys[base...].contains { JSONBytes.equal(raw, UnsafeBufferPointer(rebasing: bytes[$0])) }
     }
 
     /// What a key decodes to (a surrogate without its partner as `loneSurrogatesAsReplacement`
